@@ -1,0 +1,128 @@
+#include "common/flags.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+
+namespace muster {
+
+FlagSet::FlagSet(std::string program, std::string usage)
+    : program_(std::move(program)), usage_(std::move(usage)) {}
+
+void FlagSet::AddString(const std::string& name, std::string* target, const std::string& help) {
+  flags_.push_back({name, help, absl::StrCat("\"", *target, "\""), false,
+                    [target](absl::string_view v) {
+                      *target = std::string(v);
+                      return true;
+                    }});
+}
+
+void FlagSet::AddInt(const std::string& name, int64_t* target, const std::string& help) {
+  flags_.push_back({name, help, absl::StrCat(*target), false,
+                    [target](absl::string_view v) { return absl::SimpleAtoi(v, target); }});
+}
+
+void FlagSet::AddDouble(const std::string& name, double* target, const std::string& help) {
+  flags_.push_back({name, help, absl::StrCat(*target), false,
+                    [target](absl::string_view v) { return absl::SimpleAtod(v, target); }});
+}
+
+void FlagSet::AddBool(const std::string& name, bool* target, const std::string& help) {
+  flags_.push_back({name, help, *target ? "true" : "false", true,
+                    [target](absl::string_view v) { return absl::SimpleAtob(v, target); }});
+}
+
+const FlagSet::Flag* FlagSet::Find(absl::string_view name) const {
+  for (const Flag& f : flags_) {
+    if (f.name == name) return &f;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, char** argv) {
+  std::vector<std::string> args;
+  for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+  return Parse(args);
+}
+
+absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::string>& args) {
+  std::vector<std::string> positional;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      positional.insert(positional.end(), args.begin() + i + 1, args.end());
+      break;
+    }
+    if (arg == "--help" || arg == "-h") {
+      help_requested_ = true;
+      return positional;
+    }
+    if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
+      positional.push_back(arg);
+      continue;
+    }
+    std::string body = arg.substr(2);
+    std::string name = body;
+    std::string value;
+    bool has_value = false;
+    size_t eq = body.find('=');
+    if (eq != std::string::npos) {
+      name = body.substr(0, eq);
+      value = body.substr(eq + 1);
+      has_value = true;
+    }
+    const Flag* flag = Find(name);
+    if (flag == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unknown flag --", name, " (see ", program_, " --help)"));
+    }
+    if (!has_value) {
+      if (flag->is_bool) {
+        value = "true";
+      } else if (i + 1 < args.size()) {
+        value = args[++i];
+      } else {
+        return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
+      }
+    }
+    if (!flag->set(value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("flag --", name, ": cannot parse '", value, "'"));
+    }
+  }
+  return positional;
+}
+
+std::string FlagSet::Usage() const {
+  std::string out = usage_;
+  if (!out.empty() && out.back() != '\n') out += '\n';
+  out += "\nFlags:\n";
+  for (const Flag& f : flags_) {
+    absl::StrAppend(&out, "  --", f.name, f.is_bool ? "" : " VALUE", "\n");
+    for (absl::string_view line : absl::StrSplit(f.help, '\n')) {
+      absl::StrAppend(&out, "      ", line, "\n");
+    }
+    absl::StrAppend(&out, "      (default: ", f.default_text, ")\n");
+  }
+  absl::StrAppend(&out, "  --help\n      Print this help and exit.\n");
+  return out;
+}
+
+std::vector<std::string> FlagSet::ParseOrExit(int argc, char** argv) {
+  auto parsed = Parse(argc, argv);
+  if (help_requested_) {
+    std::fputs(Usage().c_str(), stdout);
+    std::exit(0);
+  }
+  if (!parsed.ok()) {
+    std::fprintf(stderr, "%s: %s\n", program_.c_str(), std::string(parsed.status().message()).c_str());
+    std::exit(2);
+  }
+  return *std::move(parsed);
+}
+
+}  // namespace muster

@@ -1,0 +1,55 @@
+#include "common/flags.h"
+
+#include <catch2/catch.hpp>
+
+namespace muster {
+namespace {
+
+TEST_CASE("FlagSet parses dashed flags, both value spellings, bools and positionals") {
+  std::string socket = "/default";
+  int64_t port = 29510;
+  double grace = 2;
+  bool json = false;
+  FlagSet flags("prog", "usage");
+  flags.AddString("socket", &socket, "the socket");
+  flags.AddInt("grpc-port", &port, "port");
+  flags.AddDouble("grace", &grace, "grace");
+  flags.AddBool("json", &json, "json");
+  auto rest = flags.Parse({"status", "--socket", "/s", "--grpc-port=0", "--json", "--grace=0.5",
+                           "x", "--", "--not-a-flag"});
+  REQUIRE(rest.ok());
+  CHECK(socket == "/s");
+  CHECK(port == 0);
+  CHECK(json);
+  CHECK(grace == 0.5);
+  CHECK(*rest == std::vector<std::string>{"status", "x", "--not-a-flag"});
+}
+
+TEST_CASE("FlagSet names the bad flag") {
+  int64_t port = 1;
+  bool json = true;
+  FlagSet flags("prog", "usage");
+  flags.AddInt("grpc-port", &port, "port");
+  flags.AddBool("json", &json, "json");
+  CHECK(flags.Parse({"--nope"}).status().message() == "unknown flag --nope (see prog --help)");
+  CHECK(flags.Parse({"--grpc-port=abc"}).status().message() ==
+        "flag --grpc-port: cannot parse 'abc'");
+  CHECK(flags.Parse({"--grpc-port"}).status().message() == "flag --grpc-port needs a value");
+  CHECK(flags.Parse({"--json=false"}).ok());
+  CHECK_FALSE(json);
+}
+
+TEST_CASE("FlagSet --help lists every flag with its default") {
+  std::string s = "d";
+  FlagSet flags("prog", "prog: does things");
+  flags.AddString("socket", &s, "where");
+  REQUIRE(flags.Parse({"--help"}).ok());
+  CHECK(flags.help_requested());
+  std::string usage = flags.Usage();
+  CHECK(usage.find("prog: does things") == 0);
+  CHECK(usage.find("--socket VALUE") != std::string::npos);
+  CHECK(usage.find("(default: \"d\")") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,124 @@
+#include "daemon/daemon.h"
+
+#include <unistd.h>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/version.h"
+#include "daemon/admin_service.h"
+#include "daemon/ready_file.h"
+#include "daemon/socket_lock.h"
+#include "daemon/systemd_notify.h"
+
+namespace muster {
+namespace {
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+// "host:port" with IPv6 literals bracketed.
+std::string JoinHostPort(const std::string& host, int port) {
+  if (host.find(':') != std::string::npos && host.front() != '[') {
+    return absl::StrCat("[", host, "]:", port);
+  }
+  return absl::StrCat(host, ":", port);
+}
+
+}  // namespace
+
+Daemon::Daemon(const DaemonOptions& options) : options_(options), start_time_(absl::Now()) {}
+
+absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& options) {
+  if (options.grpc_port < 0 || options.grpc_port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--grpc-port must be in [0, 65535], got ", options.grpc_port));
+  }
+  std::unique_ptr<Daemon> daemon(new Daemon(options));
+  ASSIGN_OR_RETURN(daemon->socket_lock_, SocketLock::Acquire(options.socket_path));
+
+  Daemon* self = daemon.get();
+  daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });
+
+  grpc::ServerBuilder builder;
+  // Without this, gRPC sets SO_REUSEPORT and a second daemon could share the port.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
+                           grpc::InsecureServerCredentials());
+  std::string tcp_address = JoinHostPort(options.listen_address, options.grpc_port);
+  builder.AddListeningPort(tcp_address, grpc::InsecureServerCredentials(), &daemon->grpc_port_);
+  builder.RegisterService(daemon->admin_service_.get());
+  daemon->server_ = builder.BuildAndStart();
+  if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
+    if (daemon->server_ != nullptr) daemon->server_->Shutdown();
+    return absl::UnavailableError(absl::StrCat(
+        "cannot serve gRPC on ", tcp_address, " and unix:", options.socket_path,
+        " (is the port in use, or the address not local?)"));
+  }
+  MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path
+             << " and " << JoinHostPort(options.listen_address, daemon->grpc_port_);
+
+  if (!options.ready_file.empty()) {
+    ReadyInfo info;
+    info.pid = ::getpid();
+    info.grpc_port = daemon->grpc_port_;
+    info.store_port = 0;
+    info.socket = options.socket_path;
+    info.version = kVersion;
+    absl::Status written = WriteReadyFile(options.ready_file, info);
+    if (!written.ok()) {
+      daemon->Shutdown();
+      return written;
+    }
+  }
+  absl::Status notified = NotifySystemd(absl::StrCat("READY=1\nMAINPID=", ::getpid()));
+  if (!notified.ok()) MLOG(WARNING) << "systemd notification failed: " << notified.message();
+  return daemon;
+}
+
+muster::v1::StatusResponse Daemon::Snapshot() const {
+  muster::v1::StatusResponse s;
+  s.set_version(kVersion);
+  s.set_pid(::getpid());
+  s.set_hostname(Hostname());
+  s.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
+  s.set_socket_path(options_.socket_path);
+  s.set_grpc_address(JoinHostPort(options_.listen_address, grpc_port_));
+  s.set_grpc_port(grpc_port_);
+  // Sessions, jobs, groups and the store are added by their components; this
+  // daemon has none of them yet, so the true counts are zero.
+  s.set_num_sessions(0);
+  s.set_num_jobs(0);
+  s.set_num_groups(0);
+  return s;
+}
+
+void Daemon::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (socket_lock_ == nullptr) return;  // never started: nothing to undo
+  absl::Status notified = NotifySystemd("STOPPING=1");
+  if (!notified.ok()) MLOG(WARNING) << "systemd notification failed: " << notified.message();
+  if (admin_service_ != nullptr) admin_service_->SetDraining();
+  if (server_ != nullptr) {
+    MLOG(INFO) << "shutting down: waiting up to " << absl::FormatDuration(options_.shutdown_grace)
+               << " for in-flight RPCs";
+    server_->Shutdown(absl::ToChronoTime(absl::Now() + options_.shutdown_grace));
+    server_->Wait();
+  }
+  if (!options_.ready_file.empty()) ::unlink(options_.ready_file.c_str());
+  if (socket_lock_ != nullptr) socket_lock_->RemoveFiles();
+  MLOG(INFO) << "shut down";
+}
+
+Daemon::~Daemon() { Shutdown(); }
+
+}  // namespace muster

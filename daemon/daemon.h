@@ -1,0 +1,72 @@
+// Daemon: one running musterd — its gRPC server (unix socket for local ranks
+// and the CLI, TCP for peer daemons), the services behind it, and the files
+// it owns (socket, lock, ready file).
+//
+// Lifecycle: Start() returns a serving daemon; Shutdown() (idempotent, any
+// thread) drains it: Health turns DRAINING, in-flight RPCs get up to
+// `shutdown_grace` to finish and are then cancelled, files are removed.
+// Thread-safe.
+#ifndef MUSTER_DAEMON_DAEMON_H_
+#define MUSTER_DAEMON_DAEMON_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "proto/admin.pb.h"
+
+namespace grpc {
+class Server;
+}
+
+namespace muster {
+
+class AdminService;
+class SocketLock;
+
+struct DaemonOptions {
+  // Unix socket for local ranks and musterctl (required, absolute).
+  std::string socket_path;
+  // TCP address and port of the gRPC server; port 0 picks a free one.
+  std::string listen_address = "0.0.0.0";
+  int grpc_port = 29510;
+  // If set, where to write the ready JSON once serving.
+  std::string ready_file;
+  // How long in-flight RPCs may run after shutdown begins.
+  absl::Duration shutdown_grace = absl::Seconds(2);
+};
+
+class Daemon {
+ public:
+  static absl::StatusOr<std::unique_ptr<Daemon>> Start(const DaemonOptions& options);
+  ~Daemon();
+  Daemon(const Daemon&) = delete;
+  Daemon& operator=(const Daemon&) = delete;
+
+  // Stops serving and removes the daemon's files. Idempotent.
+  void Shutdown();
+
+  int grpc_port() const { return grpc_port_; }
+  const std::string& socket_path() const { return options_.socket_path; }
+  // What the Status RPC returns.
+  muster::v1::StatusResponse Snapshot() const;
+
+ private:
+  explicit Daemon(const DaemonOptions& options);
+
+  const DaemonOptions options_;
+  const absl::Time start_time_;
+  int grpc_port_ = 0;
+  std::unique_ptr<SocketLock> socket_lock_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> server_;
+
+  absl::Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_DAEMON_H_

@@ -1,0 +1,213 @@
+// Integration tests of a real musterd process and the real musterctl binary:
+// start, status, double start, graceful shutdown, unreachable daemon,
+// systemd notification, --help.
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
+#include "common/json.h"
+#include "proto/admin.grpc.pb.h"
+#include "test/daemon_harness.h"
+
+namespace muster::testing {
+namespace {
+
+std::string Musterctl() { return RunfilePath("tools/musterctl"); }
+
+std::unique_ptr<TestDaemon> StartDaemon(TestDaemonOptions options = {}) {
+  auto daemon = TestDaemon::Start(std::move(options));
+  INFO(daemon.status().ToString());
+  REQUIRE(daemon.ok());
+  return *std::move(daemon);
+}
+
+TEST_CASE("musterd writes its ready file and answers Health and Status over both transports") {
+  auto daemon = StartDaemon();
+  CHECK(daemon->grpc_port() > 0);
+  CHECK(daemon->store_port() == 0);
+  CHECK(daemon->version() == "0.1.0");
+  CHECK(FileExists(daemon->socket_path()));
+
+  for (const std::string& target : {"unix:" + daemon->socket_path(),
+                                    "127.0.0.1:" + std::to_string(daemon->grpc_port())}) {
+    INFO(target);
+    auto stub = muster::v1::Admin::NewStub(
+        grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+    grpc::ClientContext health_context;
+    muster::v1::HealthResponse health;
+    REQUIRE(stub->Health(&health_context, {}, &health).ok());
+    CHECK(health.status() == muster::v1::HealthResponse::SERVING);
+    grpc::ClientContext status_context;
+    muster::v1::StatusResponse status;
+    REQUIRE(stub->Status(&status_context, {}, &status).ok());
+    CHECK(status.pid() == daemon->pid());
+    CHECK(status.grpc_port() == daemon->grpc_port());
+    CHECK(status.socket_path() == daemon->socket_path());
+    CHECK(status.uptime_seconds() >= 0);
+  }
+}
+
+TEST_CASE("musterctl status prints a table, and JSON with --json, for --socket and --addr") {
+  auto daemon = StartDaemon();
+  auto table = Run({Musterctl(), daemon->SocketFlag(), "status"});
+  REQUIRE(table.ok());
+  INFO(table->err);
+  CHECK(table->exit.exited);
+  CHECK(table->exit.code == 0);
+  CHECK(absl::StrContains(table->out, "health     SERVING"));
+  CHECK(absl::StrContains(table->out, "pid        " + std::to_string(daemon->pid())));
+  CHECK(absl::StrContains(table->out, "socket     " + daemon->socket_path()));
+
+  auto json = Run({Musterctl(), "--addr=127.0.0.1:" + std::to_string(daemon->grpc_port()),
+                   "status", "--json"});
+  REQUIRE(json.ok());
+  CHECK(json->exit.code == 0);
+  auto parsed = ParseFlatJsonObject(json->out);
+  INFO(json->out);
+  REQUIRE(parsed.ok());
+  CHECK(parsed->at("health") == "SERVING");
+  CHECK(parsed->at("pid") == std::to_string(daemon->pid()));
+  CHECK(parsed->at("grpc_port") == std::to_string(daemon->grpc_port()));
+  CHECK(parsed->at("socket") == daemon->socket_path());
+  CHECK(parsed->at("sessions") == "0");
+  CHECK(parsed->at("groups") == "0");
+
+  // MUSTER_SOCKET is the default target.
+  auto by_env = Run({Musterctl(), "status"}, {{"MUSTER_SOCKET", daemon->socket_path()}});
+  REQUIRE(by_env.ok());
+  CHECK(by_env->exit.code == 0);
+}
+
+TEST_CASE("a second musterd on the same socket refuses to start and leaves the first intact") {
+  auto first = StartDaemon();
+  TestDaemonOptions options;
+  options.socket_path = first->socket_path();
+  auto second = TestDaemon::Start(options);
+  REQUIRE_FALSE(second.ok());
+  CHECK(absl::StrContains(second.status().message(), "exited with status 1"));
+  CHECK(absl::StrContains(second.status().message(),
+                          "another musterd (pid " + std::to_string(first->pid()) +
+                              ") is already serving " + first->socket_path()));
+  CHECK(FileExists(first->socket_path()));
+  auto status = Run({Musterctl(), first->SocketFlag(), "status"});
+  REQUIRE(status.ok());
+  CHECK(status->exit.code == 0);
+}
+
+TEST_CASE("a daemon killed with SIGKILL does not block its successor on the same socket") {
+  auto first = StartDaemon();
+  auto killed = first->Stop(SIGKILL);
+  REQUIRE(killed.ok());
+  CHECK(killed->signal == SIGKILL);
+  CHECK(FileExists(first->socket_path()));  // stale socket left behind
+  TestDaemonOptions options;
+  options.socket_path = first->socket_path();
+  auto second = StartDaemon(options);
+  auto status = Run({Musterctl(), second->SocketFlag(), "status"});
+  REQUIRE(status.ok());
+  CHECK(status->exit.code == 0);
+}
+
+TEST_CASE("SIGTERM and SIGINT stop musterd with exit 0 within 5 s and remove its files") {
+  int signal_number = GENERATE(SIGTERM, SIGINT);
+  INFO("signal " << signal_number);
+  auto daemon = StartDaemon();
+  absl::Time start = absl::Now();
+  auto exit = daemon->Stop(signal_number, absl::Seconds(5));
+  REQUIRE(exit.ok());
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  CHECK(exit->exited);
+  CHECK(exit->code == 0);
+  CHECK_FALSE(FileExists(daemon->socket_path()));
+  CHECK_FALSE(FileExists(daemon->socket_path() + ".lock"));
+  CHECK_FALSE(FileExists(daemon->ready_file()));
+  CHECK(absl::StrContains(daemon->process().Stderr(), "shut down"));
+}
+
+TEST_CASE("musterctl reports an unreachable daemon in one line with a non-zero exit") {
+  TempDir dir;
+  auto result = Run({Musterctl(), "--socket=" + dir.File("nobody.sock"), "status"});
+  REQUIRE(result.ok());
+  CHECK(result->exit.code == 1);
+  CHECK(result->out.empty());
+  CHECK(absl::StartsWith(result->err, "musterctl: cannot reach musterd at unix socket " +
+                                          dir.File("nobody.sock")));
+  CHECK(std::count(result->err.begin(), result->err.end(), '\n') == 1);
+
+  auto tcp = Run({Musterctl(), "--addr=127.0.0.1:1", "--timeout=2", "status"});
+  REQUIRE(tcp.ok());
+  CHECK(tcp->exit.code == 1);
+  CHECK(absl::StartsWith(tcp->err, "musterctl: cannot reach musterd at 127.0.0.1:1"));
+}
+
+TEST_CASE("musterctl rejects bad usage with exit 2") {
+  auto unknown = Run({Musterctl(), "frobnicate"});
+  REQUIRE(unknown.ok());
+  CHECK(unknown->exit.code == 2);
+  CHECK(absl::StrContains(unknown->err, "unknown command 'frobnicate'"));
+  auto both = Run({Musterctl(), "--socket=/x", "--addr=h:1", "status"});
+  REQUIRE(both.ok());
+  CHECK(both->exit.code == 2);
+}
+
+TEST_CASE("musterd tells systemd READY=1 and STOPPING=1 through NOTIFY_SOCKET") {
+  TempDir dir;
+  std::string notify_path = dir.File("notify");
+  int fd = ::socket(AF_UNIX, SOCK_DGRAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  std::strncpy(addr.sun_path, notify_path.c_str(), sizeof(addr.sun_path) - 1);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  timeval tv{5, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+
+  TestDaemonOptions options;
+  options.env["NOTIFY_SOCKET"] = notify_path;
+  auto daemon = StartDaemon(options);
+  char buf[256] = {};
+  ssize_t n = ::recv(fd, buf, sizeof(buf) - 1, 0);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, n) == "READY=1\nMAINPID=" + std::to_string(daemon->pid()));
+  auto exit = daemon->Stop();
+  REQUIRE(exit.ok());
+  CHECK(exit->code == 0);
+  n = ::recv(fd, buf, sizeof(buf) - 1, 0);
+  REQUIRE(n > 0);
+  CHECK(std::string(buf, n) == "STOPPING=1");
+  ::close(fd);
+}
+
+TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag") {
+  auto help = Run({RunfilePath("daemon/musterd"), "--help"});
+  REQUIRE(help.ok());
+  CHECK(help->exit.code == 0);
+  for (const char* flag : {"--socket", "--listen", "--grpc-port", "--ready-file",
+                           "--shutdown-grace-seconds", "--log-level", "--version"}) {
+    INFO(flag);
+    CHECK(absl::StrContains(help->out, flag));
+  }
+  auto bad = Run({RunfilePath("daemon/musterd"), "--grpc-port=http"});
+  REQUIRE(bad.ok());
+  CHECK(bad->exit.code == 2);
+  CHECK(absl::StrContains(bad->err, "--grpc-port"));
+}
+
+TEST_CASE("musterd fails clearly when its gRPC port is taken") {
+  auto first = StartDaemon();
+  TestDaemonOptions options;
+  options.extra_args = {"--grpc-port=" + std::to_string(first->grpc_port())};
+  auto second = TestDaemon::Start(options);
+  REQUIRE_FALSE(second.ok());
+  CHECK(absl::StrContains(second.status().message(), "cannot serve gRPC on 127.0.0.1:" +
+                                                          std::to_string(first->grpc_port())));
+}
+
+}  // namespace
+}  // namespace muster::testing

@@ -1,0 +1,165 @@
+#include "test/subprocess.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+extern char** environ;
+
+namespace muster::testing {
+
+std::string RunfilePath(const std::string& relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir != nullptr) {
+    std::string candidate =
+        absl::StrCat(srcdir, "/", workspace != nullptr ? workspace : "muster", "/", relative);
+    if (FileExists(candidate)) return candidate;
+  }
+  return relative;
+}
+
+TempDir::TempDir() {
+  char tmpl[] = "/tmp/muster-test-XXXXXX";
+  char* made = ::mkdtemp(tmpl);
+  if (made == nullptr) {
+    std::fprintf(stderr, "mkdtemp failed: %s\n", std::strerror(errno));
+    std::abort();
+  }
+  path_ = made;
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string ExitInfo::Describe() const {
+  if (exited) return absl::StrCat("exited with status ", code);
+  return absl::StrCat("killed by signal ", signal, " (", strsignal(signal), ")");
+}
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(
+    const std::vector<std::string>& argv, const std::string& output_dir,
+    const std::map<std::string, std::string>& env) {
+  static std::atomic<int> counter{0};
+  int n = counter++;
+  std::string base = argv.empty() ? "proc" : std::filesystem::path(argv[0]).filename().string();
+  std::string out = absl::StrCat(output_dir, "/", base, ".", n, ".stdout");
+  std::string err = absl::StrCat(output_dir, "/", base, ".", n, ".stderr");
+
+  std::vector<std::string> env_strings;
+  for (char** e = environ; *e != nullptr; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    if (env.count(name) == 0) env_strings.push_back(entry);
+  }
+  for (const auto& [name, value] : env) env_strings.push_back(absl::StrCat(name, "=", value));
+  std::vector<char*> c_argv;
+  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+  c_argv.push_back(nullptr);
+  std::vector<char*> c_env;
+  for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
+  c_env.push_back(nullptr);
+
+  int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (out_fd < 0 || err_fd < 0) return ErrnoToStatus(errno, "open output files");
+  pid_t pid = ::fork();
+  if (pid < 0) return ErrnoToStatus(errno, "fork");
+  if (pid == 0) {
+    ::dup2(out_fd, STDOUT_FILENO);
+    ::dup2(err_fd, STDERR_FILENO);
+    int null_fd = ::open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execve(c_argv[0], c_argv.data(), c_env.data());
+    std::fprintf(stderr, "execve %s: %s\n", c_argv[0], std::strerror(errno));
+    ::_exit(127);
+  }
+  ::close(out_fd);
+  ::close(err_fd);
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, out, err));
+}
+
+Subprocess::~Subprocess() {
+  if (Running()) {
+    ::kill(pid_, SIGKILL);
+    (void)Wait(absl::Seconds(10));
+  }
+}
+
+bool Subprocess::Running() {
+  if (exit_.has_value()) return false;
+  int status = 0;
+  pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == 0) return true;
+  ExitInfo info;
+  if (r == pid_) {
+    info.exited = WIFEXITED(status);
+    info.code = info.exited ? WEXITSTATUS(status) : -1;
+    info.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+  }
+  exit_ = info;
+  return false;
+}
+
+absl::Status Subprocess::Signal(int signal_number) {
+  if (!Running()) return absl::FailedPreconditionError("process already exited");
+  if (::kill(pid_, signal_number) != 0) return ErrnoToStatus(errno, "kill");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ExitInfo> Subprocess::Wait(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  while (Running()) {
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("pid ", pid_, " still running after ", absl::FormatDuration(timeout)));
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return *exit_;
+}
+
+std::string Subprocess::Stdout() const { return ReadFileOrEmpty(stdout_path_); }
+std::string Subprocess::Stderr() const { return ReadFileOrEmpty(stderr_path_); }
+
+absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv,
+                              const std::map<std::string, std::string>& env,
+                              absl::Duration timeout) {
+  TempDir dir;
+  ASSIGN_OR_RETURN(auto process, Subprocess::Start(argv, dir.path(), env));
+  auto exit = process->Wait(timeout);
+  if (!exit.ok()) return exit.status();
+  return RunResult{*exit, process->Stdout(), process->Stderr()};
+}
+
+std::string ReadFileOrEmpty(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool FileExists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+}  // namespace muster::testing
