@@ -14,11 +14,11 @@ FlagSet::FlagSet(std::string program, std::string usage)
     : program_(std::move(program)), usage_(std::move(usage)) {}
 
 void FlagSet::AddString(const std::string& name, std::string* target, const std::string& help) {
-  flags_.push_back({name, help, absl::StrCat("\"", *target, "\""), false,
-                    [target](absl::string_view v) {
-                      *target = std::string(v);
-                      return true;
-                    }});
+  flags_.push_back(
+      {name, help, absl::StrCat("\"", *target, "\""), false, [target](absl::string_view v) {
+         *target = std::string(v);
+         return true;
+       }});
 }
 
 void FlagSet::AddInt(const std::string& name, int64_t* target, const std::string& help) {
@@ -119,7 +119,8 @@ std::vector<std::string> FlagSet::ParseOrExit(int argc, char** argv) {
     std::exit(0);
   }
   if (!parsed.ok()) {
-    std::fprintf(stderr, "%s: %s\n", program_.c_str(), std::string(parsed.status().message()).c_str());
+    std::fprintf(stderr, "%s: %s\n", program_.c_str(),
+                 std::string(parsed.status().message()).c_str());
     std::exit(2);
   }
   return *std::move(parsed);

@@ -216,8 +216,9 @@ class FlatParser {
 
   absl::StatusOr<std::string> ParseLiteral() {
     size_t start = pos_;
-    while (pos_ < text_.size() && (std::isalnum(static_cast<unsigned char>(text_[pos_])) ||
-                                   text_[pos_] == '-' || text_[pos_] == '+' || text_[pos_] == '.')) {
+    while (pos_ < text_.size() &&
+           (std::isalnum(static_cast<unsigned char>(text_[pos_])) || text_[pos_] == '-' ||
+            text_[pos_] == '+' || text_[pos_] == '.')) {
       ++pos_;
     }
     if (start == pos_) return Error("expected a value");

@@ -8,6 +8,7 @@
 #define MUSTER_COMMON_LOGGING_H_
 
 #include <sstream>
+
 #include "absl/strings/string_view.h"
 
 namespace muster {
@@ -47,9 +48,9 @@ class LogMessage {
 
 // A for-statement rather than if/else so that MLOG is safe inside an
 // unbraced if (no dangling else).
-#define MLOG(level)                                                                 \
-  for (bool muster_log_on_ = MUSTER_LOG_LEVEL_##level >= ::muster::MinLogLevel(); \
-       muster_log_on_; muster_log_on_ = false)                                     \
+#define MLOG(level)                                                                               \
+  for (bool muster_log_on_ = MUSTER_LOG_LEVEL_##level >= ::muster::MinLogLevel(); muster_log_on_; \
+       muster_log_on_ = false)                                                                    \
   ::muster::internal::LogMessage(MUSTER_LOG_LEVEL_##level).stream()
 
 #endif  // MUSTER_COMMON_LOGGING_H_

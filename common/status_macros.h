@@ -5,11 +5,10 @@
 
 #include <string>
 
-#include "absl/strings/string_view.h"
-
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 #define MUSTER_CONCAT_INNER_(a, b) a##b
 #define MUSTER_CONCAT_(a, b) MUSTER_CONCAT_INNER_(a, b)

@@ -1,8 +1,7 @@
 #include "daemon/daemon.h"
 
-#include <unistd.h>
-
 #include <grpcpp/grpcpp.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -56,12 +55,12 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
     if (daemon->server_ != nullptr) daemon->server_->Shutdown();
-    return absl::UnavailableError(absl::StrCat(
-        "cannot serve gRPC on ", tcp_address, " and unix:", options.socket_path,
-        " (is the port in use, or the address not local?)"));
+    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", tcp_address,
+                                               " and unix:", options.socket_path,
+                                               " (is the port in use, or the address not local?)"));
   }
-  MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path
-             << " and " << JoinHostPort(options.listen_address, daemon->grpc_port_);
+  MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path << " and "
+             << JoinHostPort(options.listen_address, daemon->grpc_port_);
 
   if (!options.ready_file.empty()) {
     ReadyInfo info;

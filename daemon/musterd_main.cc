@@ -52,9 +52,10 @@ int main(int argc, char** argv) {
   flags.AddString("listen", &options.listen_address,
                   "Address the TCP gRPC server binds to (0.0.0.0, 127.0.0.1, ::, ...).");
   flags.AddInt("grpc-port", &grpc_port, "TCP port of the gRPC server; 0 picks a free port.");
-  flags.AddString("ready-file", &options.ready_file,
-                  "Once serving, write {\"pid\",\"grpc_port\",\"store_port\",\"socket\",\"version\"}\n"
-                  "as one JSON object to this path (atomically); removed on shutdown.");
+  flags.AddString(
+      "ready-file", &options.ready_file,
+      "Once serving, write {\"pid\",\"grpc_port\",\"store_port\",\"socket\",\"version\"}\n"
+      "as one JSON object to this path (atomically); removed on shutdown.");
   flags.AddDouble("shutdown-grace-seconds", &grace_seconds,
                   "On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are\n"
                   "cancelled (0 to 60).");

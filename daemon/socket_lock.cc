@@ -47,9 +47,9 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
         absl::StrCat("--socket must be an absolute path, got '", socket_path, "'"));
   }
   if (socket_path.size() >= sizeof(sockaddr_un::sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("socket path '", socket_path, "' is ",
-                                                   socket_path.size(), " bytes; unix sockets allow ",
-                                                   sizeof(sockaddr_un::sun_path) - 1));
+    return absl::InvalidArgumentError(
+        absl::StrCat("socket path '", socket_path, "' is ", socket_path.size(),
+                     " bytes; unix sockets allow ", sizeof(sockaddr_un::sun_path) - 1));
   }
   RETURN_IF_ERROR(MakeParentDirs(socket_path));
   std::string lock_path = socket_path + ".lock";
@@ -60,9 +60,9 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
     std::string holder = ReadHolderPid(fd);
     ::close(fd);
     if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "another musterd (pid ", holder, ") is already serving ", socket_path,
-          "; stop it first or start this one with a different --socket"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("another musterd (pid ", holder, ") is already serving ", socket_path,
+                       "; stop it first or start this one with a different --socket"));
     }
     return ErrnoToStatus(err, absl::StrCat("cannot lock ", lock_path));
   }

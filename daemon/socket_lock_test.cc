@@ -27,8 +27,7 @@ TEST_CASE("SocketLock admits one holder, names it, and frees the path when dropp
 }
 
 TEST_CASE("SocketLock rejects relative and over-long paths") {
-  CHECK(SocketLock::Acquire("relative.sock").status().code() ==
-        absl::StatusCode::kInvalidArgument);
+  CHECK(SocketLock::Acquire("relative.sock").status().code() == absl::StatusCode::kInvalidArgument);
   CHECK(SocketLock::Acquire("/tmp/" + std::string(200, 'x')).status().code() ==
         absl::StatusCode::kInvalidArgument);
 }

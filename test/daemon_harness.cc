@@ -30,9 +30,9 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(TestDaemonOptions 
                        " before it was ready; stderr: ", daemon->process_->Stderr()));
     }
     if (absl::Now() > deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat("musterd not ready after ", absl::FormatDuration(options.ready_timeout),
-                       "; stderr: ", daemon->process_->Stderr()));
+      return absl::DeadlineExceededError(absl::StrCat("musterd not ready after ",
+                                                      absl::FormatDuration(options.ready_timeout),
+                                                      "; stderr: ", daemon->process_->Stderr()));
     }
     absl::SleepFor(absl::Milliseconds(5));
   }

@@ -1,13 +1,13 @@
 // Integration tests of a real musterd process and the real musterctl binary:
 // start, status, double start, graceful shutdown, unreachable daemon,
 // systemd notification, --help.
+#include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-#include <grpcpp/grpcpp.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
@@ -34,11 +34,11 @@ TEST_CASE("musterd writes its ready file and answers Health and Status over both
   CHECK(daemon->version() == "0.1.0");
   CHECK(FileExists(daemon->socket_path()));
 
-  for (const std::string& target : {"unix:" + daemon->socket_path(),
-                                    "127.0.0.1:" + std::to_string(daemon->grpc_port())}) {
+  for (const std::string& target :
+       {"unix:" + daemon->socket_path(), "127.0.0.1:" + std::to_string(daemon->grpc_port())}) {
     INFO(target);
-    auto stub = muster::v1::Admin::NewStub(
-        grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
+    auto stub =
+        muster::v1::Admin::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
     grpc::ClientContext health_context;
     muster::v1::HealthResponse health;
     REQUIRE(stub->Health(&health_context, {}, &health).ok());
@@ -64,8 +64,8 @@ TEST_CASE("musterctl status prints a table, and JSON with --json, for --socket a
   CHECK(absl::StrContains(table->out, "pid        " + std::to_string(daemon->pid())));
   CHECK(absl::StrContains(table->out, "socket     " + daemon->socket_path()));
 
-  auto json = Run({Musterctl(), "--addr=127.0.0.1:" + std::to_string(daemon->grpc_port()),
-                   "status", "--json"});
+  auto json = Run(
+      {Musterctl(), "--addr=127.0.0.1:" + std::to_string(daemon->grpc_port()), "status", "--json"});
   REQUIRE(json.ok());
   CHECK(json->exit.code == 0);
   auto parsed = ParseFlatJsonObject(json->out);
@@ -136,8 +136,8 @@ TEST_CASE("musterctl reports an unreachable daemon in one line with a non-zero e
   REQUIRE(result.ok());
   CHECK(result->exit.code == 1);
   CHECK(result->out.empty());
-  CHECK(absl::StartsWith(result->err, "musterctl: cannot reach musterd at unix socket " +
-                                          dir.File("nobody.sock")));
+  CHECK(absl::StartsWith(
+      result->err, "musterctl: cannot reach musterd at unix socket " + dir.File("nobody.sock")));
   CHECK(std::count(result->err.begin(), result->err.end(), '\n') == 1);
 
   auto tcp = Run({Musterctl(), "--addr=127.0.0.1:1", "--timeout=2", "status"});
@@ -205,8 +205,8 @@ TEST_CASE("musterd fails clearly when its gRPC port is taken") {
   options.extra_args = {"--grpc-port=" + std::to_string(first->grpc_port())};
   auto second = TestDaemon::Start(options);
   REQUIRE_FALSE(second.ok());
-  CHECK(absl::StrContains(second.status().message(), "cannot serve gRPC on 127.0.0.1:" +
-                                                          std::to_string(first->grpc_port())));
+  CHECK(absl::StrContains(second.status().message(),
+                          "cannot serve gRPC on 127.0.0.1:" + std::to_string(first->grpc_port())));
 }
 
 }  // namespace

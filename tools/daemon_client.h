@@ -6,10 +6,10 @@
 #ifndef MUSTER_TOOLS_DAEMON_CLIENT_H_
 #define MUSTER_TOOLS_DAEMON_CLIENT_H_
 
+#include <grpcpp/grpcpp.h>
+
 #include <memory>
 #include <string>
-
-#include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"

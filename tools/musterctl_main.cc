@@ -121,16 +121,18 @@ int main(int argc, char** argv) {
   std::string socket_path;
   std::string address;
   double timeout_seconds = 5;
-  muster::FlagSet flags("musterctl",
-                        "musterctl: inspect and control a running musterd.\n"
-                        "Usage: musterctl [flags] COMMAND\n"
-                        "\n"
-                        "Commands:\n"
-                        "  status    the daemon's identity, endpoints and counts; exit 0 when\n"
-                        "            healthy, 1 with a one-line reason when unreachable or draining");
+  muster::FlagSet flags(
+      "musterctl",
+      "musterctl: inspect and control a running musterd.\n"
+      "Usage: musterctl [flags] COMMAND\n"
+      "\n"
+      "Commands:\n"
+      "  status    the daemon's identity, endpoints and counts; exit 0 when\n"
+      "            healthy, 1 with a one-line reason when unreachable or draining");
   flags.AddString("socket", &socket_path,
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
-  flags.AddString("addr", &address, "TCP host:port of the daemon's gRPC server (instead of --socket).");
+  flags.AddString("addr", &address,
+                  "TCP host:port of the daemon's gRPC server (instead of --socket).");
   flags.AddBool("json", &options.json, "Print JSON instead of a table.");
   flags.AddDouble("timeout", &timeout_seconds, "Seconds to wait for the daemon's answer.");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
@@ -151,7 +153,6 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args[0] == "status" && args.size() == 1) return muster::RunStatus(options);
-  std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n",
-               args[0].c_str());
+  std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }

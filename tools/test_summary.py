@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""Counts test results from a `bazel test --test_summary=short` transcript.
+
+Reads the transcript on stdin (it is echoed through), then prints
+    tests: N passed, M failed
+counting Catch2 test cases from each target's test.log (a target without a
+Catch2 summary counts as one test). A target that did not pass (FAILED,
+TIMEOUT, NO STATUS, FAILED TO BUILD) without a Catch2 failure count counts
+as one failure. A log line "MUSTER_TEST_SKIPPED: reason" marks a skipped
+test (e.g. a GPU test on a machine without a GPU); skips are listed above
+the final line. Exit status: 0 if nothing failed, else 1.
+"""
+import os
+import re
+import sys
+
+TARGET_LINE = re.compile(r"^(//\S+)\s+(?:\(cached\)\s+)?(PASSED|FAILED|TIMEOUT|FLAKY|NO STATUS|FAILED TO BUILD|SKIPPED)\b")
+ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cases?\)")
+SOME_FAILED = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) passed \|\s+(\d+) failed")
+ONLY_FAILED = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) failed")
+SKIP = re.compile(r"MUSTER_TEST_SKIPPED: (.*)")
+
+
+def log_path(testlogs, label):
+    package, _, name = label[2:].partition(":")
+    return os.path.join(testlogs, package, name, "test.log")
+
+
+def main():
+    testlogs = sys.argv[1] if len(sys.argv) > 1 else "bazel-testlogs"
+    transcript = sys.stdin.read()
+    sys.stdout.write(transcript)
+    passed = failed = 0
+    skipped = []
+    seen = set()
+    for line in transcript.splitlines():
+        m = TARGET_LINE.match(line.strip())
+        if not m or m.group(1) in seen:
+            continue
+        label, status = m.group(1), m.group(2)
+        seen.add(label)
+        text = ""
+        path = log_path(testlogs, label)
+        if status not in ("NO STATUS", "FAILED TO BUILD") and os.path.exists(path):
+            with open(path, errors="replace") as f:
+                text = f.read()
+        for s in SKIP.findall(text):
+            skipped.append(f"{label}: {s}")
+        ok = status in ("PASSED", "FLAKY")
+        if (m2 := ALL_PASSED.search(text)) and ok:
+            passed += int(m2.group(2))
+        elif m2 := SOME_FAILED.search(text):
+            passed += int(m2.group(2))
+            failed += int(m2.group(3))
+        elif m2 := ONLY_FAILED.search(text):
+            failed += int(m2.group(2))
+        elif ok:
+            passed += 1
+        else:
+            failed += 1
+            print(f"test_summary: {label} {status}", file=sys.stderr)
+    if not seen:
+        failed += 1
+        print("test_summary: no test results (did the build fail?)", file=sys.stderr)
+    for s in skipped:
+        print(f"skipped: {s}")
+    print(f"tests: {passed} passed, {failed} failed")
+    return 0 if failed == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
