@@ -1,0 +1,245 @@
+#include "daemon/store/kv_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/store_wire.h"
+
+namespace muster {
+
+absl::Status KvStore::Reserve(uint64_t added, uint64_t removed, absl::string_view key) {
+  uint64_t after = total_bytes_ - std::min(removed, total_bytes_) + added;
+  if (added > removed && after > max_total_bytes_) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("store holds ", total_bytes_, " bytes; writing key '", wire::PrintableKey(key),
+                     "' would exceed --store-max-total-bytes=", max_total_bytes_));
+  }
+  return absl::OkStatus();
+}
+
+void KvStore::Report(Mutation::Type type, absl::string_view key, absl::string_view value) {
+  if (listener_) listener_(Mutation{type, key, value});
+}
+
+void KvStore::StoreValue(absl::string_view key, std::string value) {
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    total_bytes_ += key.size() + value.size();
+    map_.emplace(std::string(key), std::move(value));
+  } else {
+    total_bytes_ = total_bytes_ - it->second.size() + value.size();
+    it->second = std::move(value);
+  }
+}
+
+absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
+  const std::string* old = Find(key);
+  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  if (!ok.ok()) return ok;
+  StoreValue(key, std::string(value));
+  Report(Mutation::Type::kSet, key, value);
+  KeyWritten(key);
+  return absl::OkStatus();
+}
+
+const std::string* KvStore::Find(absl::string_view key) const {
+  auto it = map_.find(key);
+  return it == map_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
+  const std::string* old = Find(key);
+  int64_t value = delta;
+  if (old != nullptr) {
+    std::optional<int64_t> current = wire::ParseCounter(*old);
+    if (!current.has_value()) {
+      return absl::FailedPreconditionError(absl::StrCat("ADD on key '", wire::PrintableKey(key),
+                                                        "' whose value is not a number (",
+                                                        old->size(), " bytes)"));
+    }
+    // Wrap around like the two's-complement arithmetic of the reference.
+    value = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(delta));
+  }
+  std::string text = absl::StrCat(value);
+  absl::Status ok = Reserve(text.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  if (!ok.ok()) return ok;
+  StoreValue(key, text);
+  Report(Mutation::Type::kSet, key, text);
+  KeyWritten(key);
+  return value;
+}
+
+absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key, absl::string_view expected,
+                                                absl::string_view desired) {
+  const std::string* old = Find(key);
+  std::string reply;
+  std::optional<std::string> to_store = wire::CompareSetResult(
+      old ? std::optional<std::string>(*old) : std::nullopt, expected, desired, &reply);
+  if (to_store.has_value()) {
+    absl::Status ok =
+        Reserve(to_store->size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+    if (!ok.ok()) return ok;
+    StoreValue(key, *to_store);
+    Report(Mutation::Type::kSet, key, *to_store);
+    KeyWritten(key);
+  }
+  return reply;
+}
+
+absl::Status KvStore::Append(absl::string_view key, absl::string_view value) {
+  const std::string* old = Find(key);
+  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), 0, key);
+  if (!ok.ok()) return ok;
+  auto it = map_.find(key);
+  if (it == map_.end()) {
+    map_.emplace(std::string(key), std::string(value));
+    total_bytes_ += key.size() + value.size();
+  } else {
+    it->second.append(value.data(), value.size());
+    total_bytes_ += value.size();
+  }
+  Report(Mutation::Type::kAppend, key, value);
+  KeyWritten(key);
+  return absl::OkStatus();
+}
+
+absl::Status KvStore::MultiSet(const std::vector<std::string>& keys,
+                               const std::vector<std::string>& values) {
+  // All or nothing: check the total first.
+  uint64_t added = 0, removed = 0;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    const std::string* old = Find(keys[i]);
+    added += values[i].size() + (old ? 0 : keys[i].size());
+    removed += old ? old->size() : 0;
+  }
+  absl::Status ok = Reserve(added, removed, keys.empty() ? "" : keys[0]);
+  if (!ok.ok()) return ok;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    StoreValue(keys[i], values[i]);
+    Report(Mutation::Type::kSet, keys[i], values[i]);
+  }
+  for (const std::string& k : keys) KeyWritten(k);
+  return absl::OkStatus();
+}
+
+bool KvStore::Delete(absl::string_view key) {
+  auto it = map_.find(key);
+  if (it == map_.end()) return false;
+  total_bytes_ -= it->first.size() + it->second.size();
+  map_.erase(it);
+  Report(Mutation::Type::kDelete, key);
+  return true;
+}
+
+bool KvStore::Check(const std::vector<std::string>& keys) const {
+  for (const std::string& k : keys) {
+    if (map_.find(k) == map_.end() && QueueLen(k) == 0) return false;
+  }
+  return true;
+}
+
+std::vector<std::string> KvStore::MissingKeys(const std::vector<std::string>& keys) const {
+  std::vector<std::string> missing;
+  for (const std::string& k : keys) {
+    if (map_.find(k) == map_.end() && QueueLen(k) == 0) missing.push_back(k);
+  }
+  return missing;
+}
+
+std::vector<std::string> KvStore::ListKeys(absl::string_view prefix) const {
+  std::vector<std::string> keys;
+  for (const auto& [k, v] : map_) {
+    if (absl::StartsWith(k, prefix)) keys.push_back(k);
+  }
+  std::sort(keys.begin(), keys.end());
+  return keys;
+}
+
+absl::Status KvStore::QueuePush(absl::string_view key, absl::string_view value) {
+  absl::Status ok = Reserve(key.size() + value.size(), 0, key);
+  if (!ok.ok()) return ok;
+  queues_[key].emplace_back(value);
+  total_bytes_ += key.size() + value.size();
+  Report(Mutation::Type::kQueuePush, key, value);
+  KeyWritten(key, /*wake_one=*/true);
+  return absl::OkStatus();
+}
+
+int64_t KvStore::QueuePop(absl::string_view key, std::string* value) {
+  auto it = queues_.find(key);
+  if (it == queues_.end() || it->second.empty()) return 0;
+  int64_t before = static_cast<int64_t>(it->second.size());
+  *value = std::move(it->second.front());
+  it->second.pop_front();
+  total_bytes_ -= key.size() + value->size();
+  if (it->second.empty()) queues_.erase(it);
+  Report(Mutation::Type::kQueuePop, key);
+  return before;
+}
+
+int64_t KvStore::QueueLen(absl::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+}
+
+void KvStore::ForEachQueueItem(
+    const std::function<void(absl::string_view, absl::string_view)>& fn) const {
+  for (const auto& [key, items] : queues_) {
+    for (const std::string& item : items) fn(key, item);
+  }
+}
+
+KvStore::WaitId KvStore::Wait(const std::vector<std::string>& keys,
+                              std::function<void()> on_ready) {
+  std::vector<std::string> missing = MissingKeys(keys);
+  if (missing.empty()) return 0;
+  std::sort(missing.begin(), missing.end());
+  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  WaitId id = next_wait_id_++;
+  for (const std::string& k : missing) waiters_[k].push_back(id);
+  size_t count = missing.size();
+  waits_[id] = WaitState{std::move(missing), count, std::move(on_ready)};
+  return id;
+}
+
+void KvStore::CancelWait(WaitId id) {
+  auto it = waits_.find(id);
+  if (it == waits_.end()) return;
+  for (const std::string& k : it->second.keys) {
+    auto list = waiters_.find(k);
+    if (list == waiters_.end()) continue;  // that key was already written
+    auto& ids = list->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    if (ids.empty()) waiters_.erase(list);
+  }
+  waits_.erase(it);
+}
+
+void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<WaitId> ids;
+  if (wake_one) {
+    // Hand the item to the longest-waiting registration only.
+    auto& list = it->second;
+    ids.push_back(list.front());
+    list.erase(list.begin());
+    if (list.empty()) waiters_.erase(it);
+  } else {
+    ids = std::move(it->second);
+    waiters_.erase(it);
+  }
+  std::vector<std::function<void()>> released;
+  for (WaitId id : ids) {
+    auto w = waits_.find(id);
+    if (w == waits_.end()) continue;  // cancelled
+    if (--w->second.missing == 0) {
+      released.push_back(std::move(w->second.on_ready));
+      waits_.erase(w);
+    }
+  }
+  for (auto& callback : released) callback();
+}
+
+}  // namespace muster

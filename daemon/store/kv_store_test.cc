@@ -1,0 +1,107 @@
+#include "daemon/store/kv_store.h"
+
+#include <catch2/catch.hpp>
+
+namespace muster {
+namespace {
+
+TEST_CASE("ADD keeps decimal text, starts from the delta, refuses non-numbers") {
+  KvStore kv;
+  CHECK(*kv.Add("c", 5) == 5);
+  CHECK(*kv.Add("c", -2) == 3);
+  CHECK(*kv.Find("c") == "3");
+  REQUIRE(kv.Set("t", "12abc").ok());
+  CHECK(*kv.Add("t", 1) == 13);
+  REQUIRE(kv.Set("x", "hello").ok());
+  auto bad = kv.Add("x", 1);
+  CHECK(bad.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(*kv.Find("x") == "hello");
+}
+
+TEST_CASE("waits fire once when every key exists, after the releasing write") {
+  KvStore kv;
+  int fired = 0;
+  KvStore::WaitId id = kv.Wait({"a", "b", "a"}, [&] {
+    ++fired;
+    CHECK(kv.Find("b") != nullptr);  // the write is visible to the callback
+  });
+  REQUIRE(id != 0);
+  REQUIRE(kv.Set("a", "1").ok());
+  CHECK(fired == 0);
+  REQUIRE(kv.Append("b", "x").ok());
+  CHECK(fired == 1);
+  REQUIRE(kv.Set("b", "2").ok());
+  CHECK(fired == 1);
+  CHECK(kv.num_waits() == 0);
+  CHECK(kv.Wait({"a"}, [] { FAIL("present keys never register"); }) == 0);
+}
+
+TEST_CASE("cancelled waits never fire and leave nothing behind") {
+  KvStore kv;
+  bool fired = false;
+  KvStore::WaitId id = kv.Wait({"k1", "k2"}, [&] { fired = true; });
+  kv.CancelWait(id);
+  CHECK(kv.num_waits() == 0);
+  REQUIRE(kv.Set("k1", "v").ok());
+  REQUIRE(kv.Set("k2", "v").ok());
+  CHECK_FALSE(fired);
+  for (int i = 0; i < 1000; ++i) kv.CancelWait(kv.Wait({"never"}, [] {}));
+  CHECK(kv.num_waits() == 0);
+}
+
+TEST_CASE("COMPARE_SET, DELETE and counts follow c10d") {
+  KvStore kv;
+  CHECK(*kv.CompareSet("k", "a", "b") == "a");
+  CHECK(kv.Find("k") == nullptr);
+  CHECK(*kv.CompareSet("k", "", "v1") == "v1");
+  CHECK(*kv.CompareSet("k", "zz", "v2") == "v1");
+  CHECK(*kv.CompareSet("k", "v1", "v2") == "v2");
+  CHECK(kv.NumKeys() == 1);
+  CHECK(kv.Delete("k"));
+  CHECK_FALSE(kv.Delete("k"));
+  CHECK(kv.NumKeys() == 0);
+  CHECK(kv.total_bytes() == 0);
+}
+
+TEST_CASE("queues are FIFO, wake one waiter per push, and count as present") {
+  KvStore kv;
+  int woken = 0;
+  kv.Wait({"q"}, [&] { ++woken; });
+  kv.Wait({"q"}, [&] { ++woken; });
+  REQUIRE(kv.QueuePush("q", "1").ok());
+  CHECK(woken == 1);
+  REQUIRE(kv.QueuePush("q", "2").ok());
+  CHECK(woken == 2);
+  CHECK(kv.Check({"q"}));
+  CHECK(kv.NumKeys() == 0);
+  std::string v;
+  CHECK(kv.QueuePop("q", &v) == 2);
+  CHECK(v == "1");
+  CHECK(kv.QueuePop("q", &v) == 1);
+  CHECK(v == "2");
+  CHECK(kv.QueuePop("q", &v) == 0);
+  CHECK(kv.QueueLen("q") == 0);
+}
+
+TEST_CASE("the total size limit refuses writes that would exceed it, all or nothing") {
+  KvStore kv(100);
+  REQUIRE(kv.Set("k", std::string(90, 'x')).ok());
+  auto full = kv.Set("k2", std::string(20, 'y'));
+  CHECK(full.code() == absl::StatusCode::kResourceExhausted);
+  CHECK(std::string(full.message()).find("--store-max-total-bytes=100") != std::string::npos);
+  CHECK_FALSE(kv.MultiSet({"a", "b"}, {std::string(5, 'a'), std::string(20, 'b')}).ok());
+  CHECK(kv.Find("a") == nullptr);
+  // Overwriting with a smaller value is always allowed.
+  CHECK(kv.Set("k", "small").ok());
+  CHECK(kv.total_bytes() == 6);
+}
+
+TEST_CASE("ListKeys is sorted and filters by prefix") {
+  KvStore kv;
+  for (const char* k : {"b/2", "a/1", "b/1"}) REQUIRE(kv.Set(k, "v").ok());
+  CHECK(kv.ListKeys() == std::vector<std::string>{"a/1", "b/1", "b/2"});
+  CHECK(kv.ListKeys("b/") == std::vector<std::string>{"b/1", "b/2"});
+}
+
+}  // namespace
+}  // namespace muster

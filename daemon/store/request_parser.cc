@@ -1,0 +1,242 @@
+#include "daemon/store/request_parser.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+namespace {
+
+enum class Step { kOk, kNeedMore, kError };
+
+// Reads fields from the front of the input; never past its end.
+class Reader {
+ public:
+  // A dry reader checks lengths and limits but copies nothing: the parser
+  // runs dry until a whole request is buffered, so a large value arriving
+  // in many segments is copied once, not once per segment.
+  Reader(absl::string_view input, const wire::StoreLimits& limits, bool dry, std::string* error)
+      : input_(input), limits_(limits), dry_(dry), error_(error) {}
+
+  size_t position() const { return pos_; }
+  // After kNeedMore: the input size below which retrying is pointless.
+  size_t needed() const { return needed_; }
+
+  Step U8(uint8_t* v) {
+    if (pos_ + 1 > input_.size()) return NeedMore(1);
+    *v = static_cast<uint8_t>(input_[pos_++]);
+    return Step::kOk;
+  }
+  Step U32(uint32_t* v) {
+    if (pos_ + 4 > input_.size()) return NeedMore(4);
+    std::memcpy(v, input_.data() + pos_, 4);
+    pos_ += 4;
+    return Step::kOk;
+  }
+  Step U64(uint64_t* v) {
+    if (pos_ + 8 > input_.size()) return NeedMore(8);
+    std::memcpy(v, input_.data() + pos_, 8);
+    pos_ += 8;
+    return Step::kOk;
+  }
+  Step I64(int64_t* v) {
+    uint64_t u;
+    Step s = U64(&u);
+    *v = static_cast<int64_t>(u);
+    return s;
+  }
+  // A u64-length-prefixed byte string of at most `limit` bytes.
+  Step Bytes(std::string* out, uint64_t limit, const char* what, const char* flag) {
+    uint64_t len;
+    if (Step s = U64(&len); s != Step::kOk) return s;
+    if (len > limit) {
+      *error_ = absl::StrCat(what, " of ", len, " bytes exceeds ", flag, "=", limit);
+      return Step::kError;
+    }
+    total_ += len;
+    if (total_ > limits_.max_request_bytes) {
+      *error_ = absl::StrCat("request of more than ", total_, " bytes exceeds ",
+                             "--store-max-request-bytes=", limits_.max_request_bytes);
+      return Step::kError;
+    }
+    if (pos_ + len > input_.size()) return NeedMore(len);
+    if (!dry_) out->assign(input_.data() + pos_, len);
+    pos_ += len;
+    return Step::kOk;
+  }
+  Step Key(std::string* out) {
+    return Bytes(out, limits_.max_key_bytes, "key", "--store-max-key-bytes");
+  }
+  Step Value(std::string* out) {
+    return Bytes(out, limits_.max_value_bytes, "value", "--store-max-value-bytes");
+  }
+  Step Count(uint64_t* n) {
+    if (Step s = U64(n); s != Step::kOk) return s;
+    if (*n > limits_.max_keys_per_request) {
+      *error_ = absl::StrCat(*n, " keys in one request exceeds --store-max-keys-per-request=",
+                             limits_.max_keys_per_request);
+      return Step::kError;
+    }
+    return Step::kOk;
+  }
+  Step KeyList(std::vector<std::string>* keys) {
+    uint64_t n;
+    if (Step s = Count(&n); s != Step::kOk) return s;
+    keys->resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      if (Step s = Key(&(*keys)[i]); s != Step::kOk) return s;
+    }
+    return Step::kOk;
+  }
+
+ private:
+  Step NeedMore(uint64_t bytes) {
+    needed_ = pos_ + bytes;
+    return Step::kNeedMore;
+  }
+
+  absl::string_view input_;
+  const wire::StoreLimits& limits_;
+  bool dry_;
+  std::string* error_;
+  size_t pos_ = 0;
+  size_t needed_ = 0;
+  uint64_t total_ = 0;
+};
+
+#define STEP(expr)                        \
+  do {                                    \
+    Step step_ = (expr);                  \
+    if (step_ != Step::kOk) return step_; \
+  } while (0)
+
+// Parses the body of `op` (after its command byte).
+Step ParseBody(wire::Op op, Reader& r, StoreRequest* req, const wire::StoreLimits& limits) {
+  using wire::Op;
+  switch (op) {
+    case Op::kSet:
+    case Op::kAppend:
+    case Op::kQueuePush:
+      req->keys.resize(1);
+      req->values.resize(1);
+      STEP(r.Key(&req->keys[0]));
+      return r.Value(&req->values[0]);
+    case Op::kCompareSet:
+      req->keys.resize(1);
+      req->values.resize(2);
+      STEP(r.Key(&req->keys[0]));
+      STEP(r.Value(&req->values[0]));
+      return r.Value(&req->values[1]);
+    case Op::kGet:
+    case Op::kWatchKey:
+    case Op::kDeleteKey:
+    case Op::kQueuePop:
+    case Op::kQueueLen:
+      req->keys.resize(1);
+      return r.Key(&req->keys[0]);
+    case Op::kAdd:
+      req->keys.resize(1);
+      STEP(r.Key(&req->keys[0]));
+      return r.I64(&req->number);
+    case Op::kCheck:
+    case Op::kWait:
+    case Op::kMultiGet:
+      return r.KeyList(&req->keys);
+    case Op::kWaitFor:
+    case Op::kGetWaitFor:
+      STEP(r.KeyList(&req->keys));
+      return r.I64(&req->number);
+    case Op::kMultiSet: {
+      uint64_t n;
+      STEP(r.Count(&n));
+      req->keys.resize(n);
+      req->values.resize(n);
+      for (uint64_t i = 0; i < n; ++i) {
+        STEP(r.Key(&req->keys[i]));
+        STEP(r.Value(&req->values[i]));
+      }
+      return Step::kOk;
+    }
+    case Op::kNumKeys:
+    case Op::kCancelWait:
+    case Op::kListKeys:
+      return Step::kOk;
+    case Op::kPing:
+      return r.U32(&req->nonce);
+    case Op::kValidate: {
+      uint32_t magic;
+      STEP(r.U32(&magic));
+      req->nonce = magic;
+      return Step::kOk;
+    }
+    case Op::kAuth:
+      req->values.resize(1);
+      return r.Bytes(&req->values[0], limits.max_token_bytes, "token", "the token limit");
+  }
+  return Step::kError;
+}
+
+}  // namespace
+
+RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest* request,
+                                          size_t* consumed, std::string* error) {
+  *request = StoreRequest();
+  if (input.empty() || input.size() < min_needed_) return Result::kNeedMore;
+  uint8_t command = static_cast<uint8_t>(input[0]);
+  wire::Dialect dialect = dialect_;
+  if (dialect == wire::Dialect::kUnknown) {
+    if (command == wire::kAuthByte) {
+      dialect = wire::Dialect::kNative;
+    } else if (command == 0) {
+      // VALIDATE (2.2+) and SET (1.13) share byte 0: the magic decides.
+      if (input.size() < 5) return Result::kNeedMore;
+      uint32_t magic;
+      std::memcpy(&magic, input.data() + 1, 4);
+      dialect = magic == wire::kValidateMagic ? wire::Dialect::kTorch2 : wire::Dialect::kTorch113;
+    } else {
+      dialect = wire::Dialect::kTorch113;
+    }
+  }
+  std::optional<wire::Op> op;
+  if (dialect_ == wire::Dialect::kUnknown && dialect == wire::Dialect::kNative) {
+    op = wire::Op::kAuth;
+  } else {
+    op = wire::OpFromByte(dialect, command);
+  }
+  if (!op.has_value()) {
+    *error = absl::StrCat("unknown command byte ", static_cast<int>(command), " for a ",
+                          wire::DialectName(dialect), " client");
+    return Result::kError;
+  }
+  if (*op == wire::Op::kValidate && dialect_ != wire::Dialect::kUnknown) {
+    *error = "VALIDATE is only allowed as the first request";
+    return Result::kError;
+  }
+  Reader dry(input.substr(1), limits_, /*dry=*/true, error);
+  switch (ParseBody(*op, dry, request, limits_)) {
+    case Step::kNeedMore:
+      min_needed_ = 1 + dry.needed();
+      return Result::kNeedMore;
+    case Step::kError:
+      return Result::kError;
+    case Step::kOk:
+      break;
+  }
+  *request = StoreRequest();
+  request->op = *op;
+  Reader reader(input.substr(1), limits_, /*dry=*/false, error);
+  if (ParseBody(*op, reader, request, limits_) != Step::kOk) {
+    *error = "internal parser error";  // the dry run accepted these bytes
+    return Result::kError;
+  }
+  min_needed_ = 0;
+  if (*op == wire::Op::kValidate && request->nonce != wire::kValidateMagic) {
+    *error = "VALIDATE with a wrong magic number";
+    return Result::kError;
+  }
+  dialect_ = dialect;
+  *consumed = 1 + reader.position();
+  return Result::kRequest;
+}
+
+}  // namespace muster

@@ -1,0 +1,198 @@
+#include "daemon/store/request_parser.h"
+
+#include <catch2/catch.hpp>
+
+namespace muster {
+namespace {
+
+using wire::Dialect;
+using wire::Op;
+
+std::string Torch113Set(const std::string& key, const std::string& value) {
+  std::string s;
+  wire::PutU8(&s, 0);
+  wire::PutBytes(&s, key);
+  wire::PutBytes(&s, value);
+  return s;
+}
+
+std::string Validate() {
+  std::string s;
+  wire::PutU8(&s, 0);
+  wire::PutU32(&s, wire::kValidateMagic);
+  return s;
+}
+
+TEST_CASE("the first bytes pick the dialect") {
+  wire::StoreLimits limits;
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  {
+    RequestParser p(limits);
+    std::string in = Validate();
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(req.op == Op::kValidate);
+    CHECK(used == 5);
+    CHECK(p.dialect() == Dialect::kTorch2);
+  }
+  {
+    RequestParser p(limits);
+    std::string in = Torch113Set("/k", "v");
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(req.op == Op::kSet);
+    CHECK(req.keys[0] == "/k");
+    CHECK(req.values[0] == "v");
+    CHECK(p.dialect() == Dialect::kTorch113);
+  }
+  {
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, wire::kAuthByte);
+    wire::PutBytes(&in, "secret");
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(req.op == Op::kAuth);
+    CHECK(req.values[0] == "secret");
+    CHECK(p.dialect() == Dialect::kNative);
+  }
+  {
+    // 1.13 ADD init/ (byte 3) is GET in 2.x; the 1.13 meaning wins here.
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, 3);
+    wire::PutBytes(&in, "init/");
+    wire::PutI64(&in, 1);
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(req.op == Op::kAdd);
+    CHECK(req.number == 1);
+  }
+}
+
+TEST_CASE("requests split at every byte boundary parse the same") {
+  wire::StoreLimits limits;
+  std::string stream = Validate();
+  wire::PutU8(&stream, 2);  // COMPARE_SET
+  wire::PutBytes(&stream, "key");
+  wire::PutBytes(&stream, "old");
+  wire::PutBytes(&stream, "new");
+  wire::PutU8(&stream, 11);  // MULTI_SET (count sent as i64 by torch)
+  wire::PutI64(&stream, 2);
+  wire::PutBytes(&stream, "a");
+  wire::PutBytes(&stream, "1");
+  wire::PutBytes(&stream, "b");
+  wire::PutBytes(&stream, "2");
+  wire::PutU8(&stream, 13);  // PING
+  wire::PutU32(&stream, 1234);
+  for (size_t chunk = 1; chunk <= stream.size(); ++chunk) {
+    RequestParser p(limits);
+    std::string buffer;
+    std::vector<StoreRequest> got;
+    for (size_t fed = 0; fed < stream.size();) {
+      size_t n = std::min(chunk, stream.size() - fed);
+      buffer.append(stream, fed, n);
+      fed += n;
+      while (true) {
+        StoreRequest req;
+        size_t used = 0;
+        std::string err;
+        auto r = p.Next(buffer, &req, &used, &err);
+        REQUIRE(r != RequestParser::Result::kError);
+        if (r == RequestParser::Result::kNeedMore) break;
+        got.push_back(req);
+        buffer.erase(0, used);
+      }
+    }
+    INFO("chunk " << chunk);
+    REQUIRE(got.size() == 4);
+    CHECK(buffer.empty());
+    CHECK(got[1].op == Op::kCompareSet);
+    CHECK(got[1].values == std::vector<std::string>{"old", "new"});
+    CHECK(got[2].op == Op::kMultiSet);
+    CHECK(got[2].keys == std::vector<std::string>{"a", "b"});
+    CHECK(got[2].values == std::vector<std::string>{"1", "2"});
+    CHECK(got[3].op == Op::kPing);
+    CHECK(got[3].nonce == 1234);
+  }
+}
+
+TEST_CASE("limits are enforced from the length field, before the body arrives") {
+  wire::StoreLimits limits;
+  limits.max_key_bytes = 16;
+  limits.max_value_bytes = 32;
+  limits.max_keys_per_request = 4;
+  limits.max_request_bytes = 100;
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  {
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, 0);
+    wire::PutU64(&in, 17);  // key length only; no body yet
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "key of 17 bytes exceeds --store-max-key-bytes=16");
+  }
+  {
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, 0);
+    wire::PutBytes(&in, "k");
+    wire::PutU64(&in, 1ull << 40);
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "value of 1099511627776 bytes exceeds --store-max-value-bytes=32");
+  }
+  {
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, 5);  // 1.13 WAIT
+    wire::PutU64(&in, 5);
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "5 keys in one request exceeds --store-max-keys-per-request=4");
+  }
+  {
+    RequestParser p(limits);
+    std::string in = Validate();
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    in.clear();
+    wire::PutU8(&in, 11);
+    wire::PutU64(&in, 4);
+    for (int i = 0; i < 4; ++i) {
+      wire::PutBytes(&in, "key");
+      wire::PutBytes(&in, std::string(30, 'v'));
+    }
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err.find("--store-max-request-bytes=100") != std::string::npos);
+  }
+}
+
+TEST_CASE("unknown commands and misplaced VALIDATE are errors") {
+  wire::StoreLimits limits;
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  {
+    RequestParser p(limits);
+    std::string in = "\x63";
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "unknown command byte 99 for a torch-1.13 client");
+  }
+  {
+    RequestParser p(limits);
+    std::string in = Validate() + Validate();
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(p.Next(in.substr(used), &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "VALIDATE is only allowed as the first request");
+  }
+  {
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, 0);
+    wire::PutU32(&in, wire::kValidateMagic);
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    in = std::string("\x14", 1);  // 20: unassigned in 2.x
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+  }
+}
+
+}  // namespace
+}  // namespace muster

@@ -1,0 +1,753 @@
+#include "daemon/store/store_server.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <map>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "daemon/store/request_parser.h"
+#include "daemon/store/store_log.h"
+
+namespace muster {
+namespace {
+
+constexpr uint64_t kListenerId = 0;
+constexpr uint64_t kWakeId = 1;
+constexpr size_t kReadChunk = 64 << 10;
+// Per readable event, so one busy client cannot starve the others.
+constexpr size_t kMaxReadPerEvent = 1 << 20;
+
+// Compares tokens without an early exit (only the length can leak).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
+  return diff == 0;
+}
+
+absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
+  int fd = -1;
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  bool any = address.empty() || address == "0.0.0.0" || address == "::";
+  if (any) {
+    fd = ::socket(AF_INET6, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd >= 0) {
+      int off = 0;
+      ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+      auto& a6 = reinterpret_cast<sockaddr_in6&>(addr);
+      a6.sin6_family = AF_INET6;
+      a6.sin6_addr = in6addr_any;
+      a6.sin6_port = htons(port);
+      addr_len = sizeof(a6);
+    } else {
+      fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      auto& a4 = reinterpret_cast<sockaddr_in&>(addr);
+      a4.sin_family = AF_INET;
+      a4.sin_addr.s_addr = htonl(INADDR_ANY);
+      a4.sin_port = htons(port);
+      addr_len = sizeof(a4);
+    }
+  } else {
+    addrinfo hints{};
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = AI_PASSIVE;
+    addrinfo* result = nullptr;
+    int rc = ::getaddrinfo(address.c_str(), std::to_string(port).c_str(), &hints, &result);
+    if (rc != 0 || result == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("cannot resolve store address '", address, "': ", gai_strerror(rc)));
+    }
+    std::memcpy(&addr, result->ai_addr, result->ai_addrlen);
+    addr_len = result->ai_addrlen;
+    fd = ::socket(result->ai_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    ::freeaddrinfo(result);
+  }
+  if (fd < 0) return ErrnoToStatus(errno, "store socket");
+  int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), addr_len) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, absl::StrCat("cannot bind the store to ", any ? "*" : address, ":",
+                                           port, err == EADDRINUSE ? " (port in use)" : ""));
+  }
+  if (::listen(fd, 65535) != 0) {
+    int err = errno;
+    ::close(fd);
+    return ErrnoToStatus(err, "store listen");
+  }
+  sockaddr_storage bound{};
+  socklen_t bound_len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &bound_len);
+  *bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
+                                                  : reinterpret_cast<sockaddr_in&>(bound).sin_port);
+  return fd;
+}
+
+}  // namespace
+
+class StoreServer::Impl : public StoreServer::Loop {
+ public:
+  explicit Impl(StoreServerOptions options) : options_(std::move(options)), kv_(UINT64_MAX) {}
+
+  ~Impl() override {
+    Stop();
+    for (auto& [id, conn] : conns_) ::close(conn->fd);
+    if (listen_fd_ >= 0) ::close(listen_fd_);
+    if (wake_fd_ >= 0) ::close(wake_fd_);
+    if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  }
+
+  absl::Status Init(int* port) {
+    if (!options_.state_dir.empty()) {
+      RecoveryStats recovery;
+      ASSIGN_OR_RETURN(log_, StoreLog::Open(options_.state_dir, options_.fsync, &kv_, &recovery));
+      MLOG(INFO) << "store: recovered " << kv_.NumKeys() << " keys from " << recovery.records
+                 << " log records in " << log_->path();
+      kv_.SetMutationListener([this](const Mutation& m) { log_->Record(m); });
+    }
+    kv_.set_max_total_bytes(options_.max_total_bytes);
+    ASSIGN_OR_RETURN(listen_fd_, Listen(options_.listen_address, options_.port, port));
+    epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    wake_fd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+    if (epoll_fd_ < 0 || wake_fd_ < 0) return ErrnoToStatus(errno, "store epoll/eventfd");
+    Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_ADD);
+    Watch(wake_fd_, kWakeId, EPOLLIN, EPOLL_CTL_ADD);
+    thread_ = std::thread([this] { Run(); });
+    return absl::OkStatus();
+  }
+
+  void Stop() {
+    {
+      absl::MutexLock lock(&tasks_mu_);
+      if (stop_requested_) {
+        // fall through to join below if needed
+      }
+      stop_requested_ = true;
+    }
+    uint64_t one = 1;
+    if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool Post(std::function<void(Loop&)> task) {
+    {
+      absl::MutexLock lock(&tasks_mu_);
+      if (stop_requested_) return false;
+      tasks_.push_back(std::move(task));
+    }
+    uint64_t one = 1;
+    (void)!::write(wake_fd_, &one, sizeof(one));
+    return true;
+  }
+
+  Stats stats() const {
+    Stats s;
+    s.keys = stat_keys_.load();
+    s.connections = stat_connections_.load();
+    s.bytes = stat_bytes_.load();
+    s.refused_connections = stat_refused_.load();
+    return s;
+  }
+
+  // Loop interface.
+  KvStore& kv() override { return kv_; }
+  TimerId AddTimer(absl::Time deadline, std::function<void()> fn) override {
+    TimerId id = next_timer_id_++;
+    timers_.emplace(std::make_pair(deadline, id), std::move(fn));
+    timer_deadlines_[id] = deadline;
+    return id;
+  }
+  void CancelTimer(TimerId id) override {
+    auto it = timer_deadlines_.find(id);
+    if (it == timer_deadlines_.end()) return;
+    timers_.erase(std::make_pair(it->second, id));
+    timer_deadlines_.erase(it);
+  }
+  void AfterFlush(std::function<void()> fn) override { after_flush_.push_back(std::move(fn)); }
+  bool stopping() const override { return stopping_; }
+
+ private:
+  enum class WaitKind { kNone, kTorchWait, kWaitFor, kGetWaitFor };
+
+  struct Connection {
+    uint64_t id = 0;
+    int fd = -1;
+    std::string peer;
+    bool unauthenticated_allowed = false;
+    bool authenticated = false;
+    RequestParser parser;
+    std::string in;
+    size_t in_off = 0;
+    std::string out;
+    size_t out_off = 0;
+    uint32_t events = 0;   // what epoll watches now
+    bool closing = false;  // stop reading; close once `out` is sent
+    WaitKind wait_kind = WaitKind::kNone;
+    KvStore::WaitId wait_id = 0;
+    TimerId wait_timer = 0;
+    std::vector<std::string> wait_keys;
+
+    explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
+    size_t pending_out() const { return out.size() - out_off; }
+    bool native() const { return parser.dialect() == wire::Dialect::kNative; }
+  };
+
+  void Watch(int fd, uint64_t id, uint32_t events, int op) {
+    epoll_event ev{};
+    ev.events = events;
+    ev.data.u64 = id;
+    ::epoll_ctl(epoll_fd_, op, fd, &ev);
+  }
+
+  void SetEvents(Connection& c, uint32_t events) {
+    if (c.events == events) return;
+    c.events = events;
+    Watch(c.fd, c.id, events, EPOLL_CTL_MOD);
+  }
+
+  // At most 20 warnings a second; the rest are counted and summarized.
+  void Warn(const std::string& message) {
+    absl::Time now = absl::Now();
+    if (now - warn_window_start_ > absl::Seconds(1)) {
+      if (warn_suppressed_ > 0) {
+        MLOG(WARNING) << "store: " << warn_suppressed_ << " similar warnings suppressed";
+      }
+      warn_window_start_ = now;
+      warn_count_ = 0;
+      warn_suppressed_ = 0;
+    }
+    if (++warn_count_ <= 20) {
+      MLOG(WARNING) << "store: " << message;
+    } else {
+      ++warn_suppressed_;
+    }
+  }
+
+  void Run() {
+    std::vector<epoll_event> events(256);
+    while (true) {
+      {
+        absl::MutexLock lock(&tasks_mu_);
+        if (stop_requested_) break;
+      }
+      int timeout_ms = -1;
+      if (!timers_.empty()) {
+        absl::Duration d = timers_.begin()->first.first - absl::Now();
+        timeout_ms =
+            d <= absl::ZeroDuration()
+                ? 0
+                : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
+      }
+      if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
+      int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
+      if (n < 0 && errno != EINTR) {
+        MLOG(ERROR) << "store: epoll_wait: " << std::strerror(errno);
+        break;
+      }
+      for (int i = 0; i < n; ++i) {
+        uint64_t id = events[i].data.u64;
+        if (id == kListenerId) {
+          AcceptAll();
+        } else if (id == kWakeId) {
+          uint64_t count;
+          (void)!::read(wake_fd_, &count, sizeof(count));
+          RunTasks();
+        } else {
+          auto it = conns_.find(id);
+          if (it == conns_.end()) continue;
+          Connection& c = *it->second;
+          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(c);
+          if (!c.closing || c.pending_out() > 0) {
+            if (events[i].events & EPOLLOUT) MarkDirty(c);
+          }
+        }
+      }
+      if (listener_paused_ && absl::Now() >= listener_resume_) {
+        listener_paused_ = false;
+        Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_MOD);
+      }
+      RunDueTimers(absl::Now());
+      EndIteration();
+    }
+    // Shutdown: fire every timer early so posted waits can finish.
+    stopping_ = true;
+    RunTasks();
+    RunDueTimers(absl::InfiniteFuture());
+    EndIteration();
+    for (auto& [id, conn] : conns_) ::close(conn->fd);
+    conns_.clear();
+    stat_connections_ = 0;
+  }
+
+  void RunTasks() {
+    std::vector<std::function<void(Loop&)>> tasks;
+    {
+      absl::MutexLock lock(&tasks_mu_);
+      tasks.swap(tasks_);
+    }
+    for (auto& task : tasks) task(*this);
+  }
+
+  void RunDueTimers(absl::Time now) {
+    while (!timers_.empty() && timers_.begin()->first.first <= now) {
+      auto it = timers_.begin();
+      TimerId id = it->first.second;
+      std::function<void()> fn = std::move(it->second);
+      timers_.erase(it);
+      timer_deadlines_.erase(id);
+      fn();
+    }
+  }
+
+  // Resumes parked connections, flushes the log, then sends replies.
+  void EndIteration() {
+    while (!resumed_.empty()) {
+      std::vector<uint64_t> ids;
+      ids.swap(resumed_);
+      for (uint64_t id : ids) {
+        auto it = conns_.find(id);
+        if (it != conns_.end()) FinishWait(*it->second, /*timed_out=*/false);
+      }
+    }
+    if (log_ != nullptr) {
+      absl::Status flushed = log_->Flush(kv_);
+      if (!flushed.ok()) MLOG(ERROR) << "store: durability log: " << flushed.message();
+    }
+    std::vector<std::function<void()>> after;
+    after.swap(after_flush_);
+    for (auto& fn : after) fn();
+    std::vector<uint64_t> dirty;
+    dirty.swap(dirty_);
+    for (uint64_t id : dirty) {
+      auto it = conns_.find(id);
+      if (it != conns_.end()) Send(*it->second);
+    }
+    stat_keys_ = kv_.NumKeys();
+    stat_bytes_ = kv_.total_bytes();
+    stat_connections_ = static_cast<int64_t>(conns_.size());
+  }
+
+  void AcceptAll() {
+    while (true) {
+      sockaddr_storage addr{};
+      socklen_t len = sizeof(addr);
+      int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
+                         SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) return;
+        if (errno == EMFILE || errno == ENFILE) {
+          Warn(absl::StrCat("cannot accept more connections: ", std::strerror(errno),
+                            " (raise LimitNOFILE / ulimit -n); pausing accept for 100 ms"));
+          listener_paused_ = true;
+          listener_resume_ = absl::Now() + absl::Milliseconds(100);
+          Watch(listen_fd_, kListenerId, 0, EPOLL_CTL_MOD);
+          return;
+        }
+        Warn(absl::StrCat("accept: ", std::strerror(errno)));
+        return;
+      }
+      std::string peer = FormatPeer(addr);
+      if (conns_.size() >= options_.max_connections) {
+        ++stat_refused_;
+        Warn(absl::StrCat("refused connection from ", peer,
+                          ": --store-max-connections=", options_.max_connections, " reached"));
+        ::close(fd);
+        continue;
+      }
+      int one = 1;
+      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+      auto conn = std::make_unique<Connection>(options_.limits);
+      conn->id = next_conn_id_++;
+      conn->fd = fd;
+      conn->peer = std::move(peer);
+      conn->unauthenticated_allowed =
+          options_.token.empty() || options_.allow_unauthenticated.Contains(addr);
+      conn->events = EPOLLIN;
+      Watch(fd, conn->id, EPOLLIN, EPOLL_CTL_ADD);
+      MLOG(DEBUG) << "store: connection " << conn->id << " from " << conn->peer;
+      conns_[conn->id] = std::move(conn);
+    }
+  }
+
+  void ReadFrom(Connection& c) {
+    if (c.closing) {
+      // Not reading any more; drop whatever arrives, notice EOF.
+      char sink[4096];
+      ssize_t n = ::read(c.fd, sink, sizeof(sink));
+      if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) Close(c.id);
+      return;
+    }
+    size_t total = 0;
+    while (total < kMaxReadPerEvent) {
+      size_t old = c.in.size();
+      c.in.resize(old + kReadChunk);
+      ssize_t n = ::read(c.fd, c.in.data() + old, kReadChunk);
+      c.in.resize(old + (n > 0 ? n : 0));
+      if (n > 0) {
+        total += n;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
+      // EOF or error: the client is gone; it gets no more replies.
+      MLOG(DEBUG) << "store: connection " << c.id << " from " << c.peer << " closed by peer";
+      Close(c.id);
+      return;
+    }
+    ProcessInput(c);
+  }
+
+  void ProcessInput(Connection& c) {
+    uint64_t id = c.id;
+    while (!c.closing) {
+      if (c.wait_kind != WaitKind::kNone) {
+        if (c.parser.dialect() == wire::Dialect::kTorch113 && c.in.size() > c.in_off) {
+          // A 1.13 client sends nothing while it really waits: it timed out.
+          MLOG(DEBUG) << "store: " << c.peer << " abandoned its WAIT";
+          CancelConnectionWait(c);
+        } else if (c.parser.dialect() == wire::Dialect::kTorch2 && c.in.size() > c.in_off &&
+                   static_cast<uint8_t>(c.in[c.in_off]) ==
+                       *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kCancelWait)) {
+          // handled below as a normal request
+        } else {
+          break;  // parked until the wait ends
+        }
+      }
+      if (c.pending_out() > options_.max_output_bytes) {
+        SetEvents(c, EPOLLOUT);  // resume reading once replies drained
+        break;
+      }
+      StoreRequest request;
+      size_t consumed = 0;
+      std::string error;
+      absl::string_view input(c.in.data() + c.in_off, c.in.size() - c.in_off);
+      RequestParser::Result r = c.parser.Next(input, &request, &consumed, &error);
+      if (r == RequestParser::Result::kNeedMore) break;
+      if (r == RequestParser::Result::kError) {
+        Reject(c, absl::InvalidArgumentError(error));
+        break;
+      }
+      c.in_off += consumed;
+      Handle(c, request);
+      if (conns_.find(id) == conns_.end()) return;  // closed while handling
+    }
+    if (c.in_off > 0 && (c.in_off == c.in.size() || c.in_off > (1 << 20))) {
+      c.in.erase(0, c.in_off);
+      c.in_off = 0;
+    }
+    if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20)) c.in.shrink_to_fit();
+  }
+
+  void MarkDirty(Connection& c) { dirty_.push_back(c.id); }
+
+  // Starts a reply: native replies carry a status byte.
+  std::string& Reply(Connection& c) {
+    if (c.native()) wire::PutU8(&c.out, wire::kReplyOk);
+    MarkDirty(c);
+    return c.out;
+  }
+
+  // Closes the connection because of what the client sent; a native client
+  // is told why first.
+  void Reject(Connection& c, const absl::Status& why) {
+    Warn(absl::StrCat("closing connection from ", c.peer, " (",
+                      wire::DialectName(c.parser.dialect()), " client): ", why.message()));
+    if (c.native()) {
+      wire::PutU8(&c.out, wire::kReplyError);
+      wire::PutU8(&c.out, static_cast<uint8_t>(why.code()));
+      wire::PutBytes(&c.out, why.message());
+    }
+    c.closing = true;
+    CancelConnectionWait(c);
+    MarkDirty(c);
+  }
+
+  void Send(Connection& c) {
+    while (c.pending_out() > 0) {
+      ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending_out(), MSG_NOSIGNAL);
+      if (n > 0) {
+        c.out_off += n;
+        continue;
+      }
+      if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+        SetEvents(c, c.closing ? EPOLLOUT : (EPOLLIN | EPOLLOUT));
+        if (c.pending_out() > options_.max_output_bytes) SetEvents(c, EPOLLOUT);
+        return;
+      }
+      Close(c.id);  // peer gone
+      return;
+    }
+    c.out.clear();
+    c.out_off = 0;
+    if (c.out.capacity() > (4 << 20)) c.out.shrink_to_fit();
+    if (c.closing) {
+      Close(c.id);
+      return;
+    }
+    bool was_throttled = !(c.events & EPOLLIN);
+    SetEvents(c, EPOLLIN);
+    if (was_throttled) ProcessInput(c);
+  }
+
+  void Close(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Connection& c = *it->second;
+    CancelConnectionWait(c);
+    ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+    ::close(c.fd);
+    conns_.erase(it);
+  }
+
+  void CancelConnectionWait(Connection& c) {
+    if (c.wait_kind == WaitKind::kNone) return;
+    kv_.CancelWait(c.wait_id);
+    CancelTimer(c.wait_timer);
+    c.wait_kind = WaitKind::kNone;
+    c.wait_id = 0;
+    c.wait_timer = 0;
+    c.wait_keys.clear();
+  }
+
+  // Parks `c` until `keys` exist (or the native timeout passes).
+  void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, int64_t timeout_ms) {
+    uint64_t id = c.id;
+    c.wait_kind = kind;
+    c.wait_keys = std::move(keys);
+    c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
+    if (c.wait_id == 0) {
+      FinishWait(c, /*timed_out=*/false);
+      return;
+    }
+    if (kind != WaitKind::kTorchWait && timeout_ms > 0) {
+      c.wait_timer = AddTimer(absl::Now() + absl::Milliseconds(timeout_ms), [this, id] {
+        auto it = conns_.find(id);
+        if (it == conns_.end()) return;
+        it->second->wait_timer = 0;
+        FinishWait(*it->second, /*timed_out=*/true);
+      });
+    }
+  }
+
+  void FinishWait(Connection& c, bool timed_out) {
+    WaitKind kind = c.wait_kind;
+    if (kind == WaitKind::kNone) return;  // cancelled meanwhile
+    std::vector<std::string> keys = std::move(c.wait_keys);
+    if (timed_out) kv_.CancelWait(c.wait_id);
+    CancelTimer(c.wait_timer);
+    c.wait_kind = WaitKind::kNone;
+    c.wait_id = 0;
+    c.wait_timer = 0;
+    if (stopping_ && timed_out && c.native()) {
+      Reject(c, absl::UnavailableError("musterd is shutting down"));
+      return;
+    }
+    std::string& out = Reply(c);
+    if (kind == WaitKind::kTorchWait) {
+      wire::PutU8(&out, wire::kStopWaiting);
+    } else if (timed_out) {
+      wire::PutU8(&out, wire::kWaitTimedOut);
+      wire::PutKeyList(&out, kv_.MissingKeys(keys));
+    } else {
+      wire::PutU8(&out, wire::kWaitDone);
+      if (kind == WaitKind::kGetWaitFor) {
+        for (const std::string& k : keys) {
+          const std::string* v = kv_.Find(k);
+          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
+        }
+      }
+    }
+    if (!c.closing) ProcessInput(c);
+  }
+
+  bool Authenticate(Connection& c, const StoreRequest& req) {
+    if (req.op == wire::Op::kAuth) {
+      if (!options_.token.empty() && !ConstantTimeEquals(req.values[0], options_.token)) {
+        Reject(c, absl::PermissionDeniedError("authentication failed: wrong store token"));
+        return false;
+      }
+      c.authenticated = true;
+      std::string& out = Reply(c);
+      wire::PutU64(&out, options_.limits.max_key_bytes);
+      wire::PutU64(&out, options_.limits.max_value_bytes);
+      wire::PutU64(&out, options_.limits.max_keys_per_request);
+      wire::PutU64(&out, options_.limits.max_request_bytes);
+      return false;  // AUTH is fully handled
+    }
+    if (!c.unauthenticated_allowed) {
+      Reject(c, absl::PermissionDeniedError(absl::StrCat(
+                    "unauthenticated ", wire::DialectName(c.parser.dialect()),
+                    " client refused: the store requires a token (--store-token-file) and ",
+                    "this peer is not in --store-allow-unauthenticated")));
+      return false;
+    }
+    c.authenticated = true;
+    return true;
+  }
+
+  void Handle(Connection& c, StoreRequest& req) {
+    using wire::Op;
+    if (!c.authenticated && !Authenticate(c, req)) return;
+    switch (req.op) {
+      case Op::kAuth:
+      case Op::kValidate:
+        return;
+      case Op::kPing:
+        wire::PutU32(&Reply(c), req.nonce);
+        return;
+      case Op::kSet:
+        if (absl::Status s = kv_.Set(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
+        return;
+      case Op::kAppend:
+        if (absl::Status s = kv_.Append(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
+        return;
+      case Op::kMultiSet:
+        if (absl::Status s = kv_.MultiSet(req.keys, req.values); !s.ok()) Reject(c, s);
+        return;
+      case Op::kQueuePush:
+        if (absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
+        return;
+      case Op::kCompareSet: {
+        auto r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
+        if (!r.ok()) return Reject(c, r.status());
+        wire::PutBytes(&Reply(c), *r);
+        return;
+      }
+      case Op::kGet: {
+        // A missing key answers an empty value (like PyTorch's libuv
+        // server) rather than dropping the connection.
+        const std::string* v = kv_.Find(req.keys[0]);
+        wire::PutBytes(&Reply(c), v ? absl::string_view(*v) : absl::string_view());
+        return;
+      }
+      case Op::kAdd: {
+        auto r = kv_.Add(req.keys[0], req.number);
+        if (!r.ok()) return Reject(c, r.status());
+        wire::PutI64(&Reply(c), *r);
+        return;
+      }
+      case Op::kCheck:
+        wire::PutU8(&Reply(c), kv_.Check(req.keys) ? wire::kCheckReady : wire::kCheckNotReady);
+        return;
+      case Op::kWait:
+        StartWait(c, WaitKind::kTorchWait, std::move(req.keys), 0);
+        return;
+      case Op::kWaitFor:
+        StartWait(c, WaitKind::kWaitFor, std::move(req.keys), req.number);
+        return;
+      case Op::kGetWaitFor:
+        StartWait(c, WaitKind::kGetWaitFor, std::move(req.keys), req.number);
+        return;
+      case Op::kCancelWait:
+        CancelConnectionWait(c);
+        wire::PutU8(&Reply(c), wire::kWaitCanceled);
+        return;
+      case Op::kNumKeys:
+        wire::PutI64(&Reply(c), kv_.NumKeys());
+        return;
+      case Op::kDeleteKey:
+        wire::PutI64(&Reply(c), kv_.Delete(req.keys[0]) ? 1 : 0);
+        return;
+      case Op::kWatchKey:
+        // Registered, but no change events are ever pushed (allowed: the
+        // 1.13 Python API cannot watch keys).
+        wire::PutU8(&Reply(c), wire::kWatchRegistered);
+        return;
+      case Op::kMultiGet: {
+        std::string& out = Reply(c);
+        for (const std::string& k : req.keys) {
+          const std::string* v = kv_.Find(k);
+          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
+        }
+        return;
+      }
+      case Op::kListKeys: {
+        std::vector<std::string> keys = kv_.ListKeys();
+        std::string& out = Reply(c);
+        wire::PutI64(&out, static_cast<int64_t>(keys.size()));
+        for (const std::string& k : keys) wire::PutBytes(&out, k);
+        return;
+      }
+      case Op::kQueuePop: {
+        std::string value;
+        int64_t before = kv_.QueuePop(req.keys[0], &value);
+        std::string& out = Reply(c);
+        wire::PutI64(&out, before);
+        if (before > 0) wire::PutBytes(&out, value);
+        return;
+      }
+      case Op::kQueueLen:
+        wire::PutI64(&Reply(c), kv_.QueueLen(req.keys[0]));
+        return;
+    }
+  }
+
+  const StoreServerOptions options_;
+  KvStore kv_;
+  std::unique_ptr<StoreLog> log_;
+  int listen_fd_ = -1;
+  int epoll_fd_ = -1;
+  int wake_fd_ = -1;
+  std::thread thread_;
+
+  absl::Mutex tasks_mu_;
+  std::vector<std::function<void(Loop&)>> tasks_ ABSL_GUARDED_BY(tasks_mu_);
+  bool stop_requested_ ABSL_GUARDED_BY(tasks_mu_) = false;
+
+  // Loop-thread state.
+  bool stopping_ = false;
+  absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  uint64_t next_conn_id_ = 2;      // 0 and 1 are the listener and the wake fd
+  std::vector<uint64_t> dirty_;    // connections with replies to send
+  std::vector<uint64_t> resumed_;  // connections whose wait was satisfied
+  std::map<std::pair<absl::Time, TimerId>, std::function<void()>> timers_;
+  absl::flat_hash_map<TimerId, absl::Time> timer_deadlines_;
+  TimerId next_timer_id_ = 1;
+  std::vector<std::function<void()>> after_flush_;
+  bool listener_paused_ = false;
+  absl::Time listener_resume_;
+  absl::Time warn_window_start_;
+  int warn_count_ = 0;
+  int warn_suppressed_ = 0;
+
+  std::atomic<int64_t> stat_keys_{0};
+  std::atomic<int64_t> stat_connections_{0};
+  std::atomic<uint64_t> stat_bytes_{0};
+  std::atomic<uint64_t> stat_refused_{0};
+};
+
+StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptions options) {
+  if (options.port < 0 || options.port > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store-port must be in [0, 65535], got ", options.port));
+  }
+  auto impl = std::make_unique<Impl>(std::move(options));
+  int port = 0;
+  RETURN_IF_ERROR(impl->Init(&port));
+  std::unique_ptr<StoreServer> server(new StoreServer(std::move(impl)));
+  server->port_ = port;
+  return server;
+}
+
+StoreServer::~StoreServer() { Stop(); }
+void StoreServer::Stop() { impl_->Stop(); }
+StoreServer::Stats StoreServer::stats() const { return impl_->stats(); }
+bool StoreServer::Post(std::function<void(Loop&)> task) { return impl_->Post(std::move(task)); }
+
+}  // namespace muster

@@ -1,0 +1,108 @@
+// StoreServer: musterd's TCP key-value store, wire compatible with PyTorch's
+// TCPStore (1.13 and 2.2+) and with muster's native client.
+//
+// One event-loop thread (epoll, level-triggered) owns every connection, the
+// KvStore and the durability log; idle connections cost one fd and a few
+// hundred bytes. Requests are parsed incrementally (RequestParser) and
+// replies go out in request order. A connection whose client waits for keys
+// is parked: its later input is held until the wait ends, except
+// CANCEL_WAIT (2.x). A 1.13 client that sends anything while a WAIT is
+// parked has given up on it (its socket timed out), so the wait is dropped
+// silently instead of answering later with a stray byte.
+//
+// Bad input (malformed frames, oversized keys/values/requests, unknown
+// commands, missing authentication) closes only that connection, with a
+// rate-limited log line naming the peer and the reason; a native client
+// first gets the reason as an error reply. Memory is bounded by the store
+// size limit, the request size limit and a per-connection output limit
+// (past it the connection is not read until its client drains replies).
+//
+// Thread-safety: Start/Stop/port/stats/Post are thread-safe; everything
+// else runs on the loop thread. Tasks given to Post() run on the loop thread
+// and receive the Loop interface.
+#ifndef MUSTER_DAEMON_STORE_STORE_SERVER_H_
+#define MUSTER_DAEMON_STORE_STORE_SERVER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "common/store_wire.h"
+#include "daemon/store/cidr.h"
+#include "daemon/store/kv_store.h"
+
+namespace muster {
+
+struct StoreServerOptions {
+  // "0.0.0.0" or "::" listen on every IPv4 and IPv6 address (dual stack).
+  std::string listen_address = "0.0.0.0";
+  int port = 29500;  // 0 picks a free port
+  wire::StoreLimits limits;
+  uint64_t max_connections = 16384;
+  uint64_t max_total_bytes = uint64_t{4} << 30;
+  // Past this many unsent reply bytes a connection is not read further.
+  uint64_t max_output_bytes = 64 << 20;
+  // Non-empty: clients must authenticate with this token (native AUTH), or
+  // come from `allow_unauthenticated`.
+  std::string token;
+  CidrSet allow_unauthenticated;
+  // Non-empty: durable store (write-ahead log) in this directory.
+  std::string state_dir;
+  bool fsync = false;
+};
+
+class StoreServer {
+ public:
+  using TimerId = uint64_t;
+
+  // What a posted task may use; valid only during the task.
+  class Loop {
+   public:
+    virtual ~Loop() = default;
+    virtual KvStore& kv() = 0;
+    // Runs `fn` on the loop at `deadline` (or at shutdown) unless cancelled.
+    virtual TimerId AddTimer(absl::Time deadline, std::function<void()> fn) = 0;
+    virtual void CancelTimer(TimerId id) = 0;
+    // Runs `fn` after this iteration's log flush (acknowledge durable writes).
+    virtual void AfterFlush(std::function<void()> fn) = 0;
+    // True while the server shuts down (timers then fire early).
+    virtual bool stopping() const = 0;
+  };
+
+  static absl::StatusOr<std::unique_ptr<StoreServer>> Start(StoreServerOptions options);
+  ~StoreServer();
+  StoreServer(const StoreServer&) = delete;
+  StoreServer& operator=(const StoreServer&) = delete;
+
+  // Closes every connection and stops the loop. Idempotent.
+  void Stop();
+
+  int port() const { return port_; }
+  struct Stats {
+    int64_t keys = 0;
+    int64_t connections = 0;
+    uint64_t bytes = 0;
+    uint64_t refused_connections = 0;
+  };
+  Stats stats() const;
+
+  // Runs `task` on the loop thread; false if the server has stopped.
+  bool Post(std::function<void(Loop&)> task);
+
+ private:
+  class Impl;
+  explicit StoreServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_STORE_STORE_SERVER_H_
