@@ -403,9 +403,12 @@ class StoreServer::Impl : public StoreServer::Loop {
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
-      // EOF or error: the client is gone; it gets no more replies.
+      // EOF or error: the client is gone. What it sent before closing still
+      // counts (a SET followed by close must not be lost); then close.
       MLOG(DEBUG) << "store: connection " << c.id << " from " << c.peer << " closed by peer";
-      Close(c.id);
+      uint64_t id = c.id;
+      ProcessInput(c);
+      Close(id);
       return;
     }
     ProcessInput(c);
