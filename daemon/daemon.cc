@@ -10,6 +10,7 @@
 #include "daemon/admin_service.h"
 #include "daemon/ready_file.h"
 #include "daemon/socket_lock.h"
+#include "daemon/store/store_service.h"
 #include "daemon/systemd_notify.h"
 
 namespace muster {
@@ -41,6 +42,19 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::unique_ptr<Daemon> daemon(new Daemon(options));
   ASSIGN_OR_RETURN(daemon->socket_lock_, SocketLock::Acquire(options.socket_path));
 
+  if (options.store_enabled) {
+    StoreServerOptions store_options = options.store;
+    store_options.listen_address = options.listen_address;
+    ASSIGN_OR_RETURN(daemon->store_, StoreServer::Start(store_options));
+    daemon->store_service_ =
+        std::make_unique<StoreService>(daemon->store_.get(), store_options.limits);
+    MLOG(INFO) << "store serving on " << JoinHostPort(options.listen_address, daemon->store_port())
+               << (store_options.token.empty() ? "" : " (token required)")
+               << (store_options.state_dir.empty()
+                       ? " (memory only)"
+                       : absl::StrCat(" (durable in ", store_options.state_dir, ")"));
+  }
+
   Daemon* self = daemon.get();
   daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });
 
@@ -52,6 +66,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::string tcp_address = JoinHostPort(options.listen_address, options.grpc_port);
   builder.AddListeningPort(tcp_address, grpc::InsecureServerCredentials(), &daemon->grpc_port_);
   builder.RegisterService(daemon->admin_service_.get());
+  if (daemon->store_service_ != nullptr) builder.RegisterService(daemon->store_service_.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
     if (daemon->server_ != nullptr) daemon->server_->Shutdown();
@@ -66,7 +81,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     ReadyInfo info;
     info.pid = ::getpid();
     info.grpc_port = daemon->grpc_port_;
-    info.store_port = 0;
+    info.store_port = daemon->store_port();
     info.socket = options.socket_path;
     info.version = kVersion;
     absl::Status written = WriteReadyFile(options.ready_file, info);
@@ -89,8 +104,15 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
   s.set_socket_path(options_.socket_path);
   s.set_grpc_address(JoinHostPort(options_.listen_address, grpc_port_));
   s.set_grpc_port(grpc_port_);
-  // Sessions, jobs, groups and the store are added by their components; this
-  // daemon has none of them yet, so the true counts are zero.
+  if (store_ != nullptr) {
+    StoreServer::Stats stats = store_->stats();
+    s.set_store_address(JoinHostPort(options_.listen_address, store_->port()));
+    s.set_store_port(store_->port());
+    s.set_num_store_keys(stats.keys);
+    s.set_num_store_connections(static_cast<int32_t>(stats.connections));
+  }
+  // Sessions, jobs and groups are added by their components; this daemon
+  // has none of them yet, so the true counts are zero.
   s.set_num_sessions(0);
   s.set_num_jobs(0);
   s.set_num_groups(0);
@@ -107,6 +129,9 @@ void Daemon::Shutdown() {
   absl::Status notified = NotifySystemd("STOPPING=1");
   if (!notified.ok()) MLOG(WARNING) << "systemd notification failed: " << notified.message();
   if (admin_service_ != nullptr) admin_service_->SetDraining();
+  // The store first: its stop finishes parked gRPC store waits (UNAVAILABLE)
+  // so the gRPC server has nothing left that could outlive the grace period.
+  if (store_ != nullptr) store_->Stop();
   if (server_ != nullptr) {
     MLOG(INFO) << "shutting down: waiting up to " << absl::FormatDuration(options_.shutdown_grace)
                << " for in-flight RPCs";

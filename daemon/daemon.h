@@ -1,6 +1,6 @@
 // Daemon: one running musterd — its gRPC server (unix socket for local ranks
-// and the CLI, TCP for peer daemons), the services behind it, and the files
-// it owns (socket, lock, ready file).
+// and the CLI, TCP for peer daemons), the TCP key-value store, the services
+// behind them, and the files it owns (socket, lock, ready file).
 //
 // Lifecycle: Start() returns a serving daemon; Shutdown() (idempotent, any
 // thread) drains it: Health turns DRAINING, in-flight RPCs get up to
@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/store/store_server.h"
 #include "proto/admin.pb.h"
 
 namespace grpc {
@@ -25,6 +26,7 @@ namespace muster {
 
 class AdminService;
 class SocketLock;
+class StoreService;
 
 struct DaemonOptions {
   // Unix socket for local ranks and musterctl (required, absolute).
@@ -36,6 +38,9 @@ struct DaemonOptions {
   std::string ready_file;
   // How long in-flight RPCs may run after shutdown begins.
   absl::Duration shutdown_grace = absl::Seconds(2);
+  // The TCP key-value store (its listen address is `listen_address`).
+  bool store_enabled = true;
+  StoreServerOptions store;
 };
 
 class Daemon {
@@ -49,6 +54,7 @@ class Daemon {
   void Shutdown();
 
   int grpc_port() const { return grpc_port_; }
+  int store_port() const { return store_ != nullptr ? store_->port() : 0; }
   const std::string& socket_path() const { return options_.socket_path; }
   // What the Status RPC returns.
   muster::v1::StatusResponse Snapshot() const;
@@ -60,7 +66,9 @@ class Daemon {
   const absl::Time start_time_;
   int grpc_port_ = 0;
   std::unique_ptr<SocketLock> socket_lock_;
+  std::unique_ptr<StoreServer> store_;
   std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<grpc::Server> server_;
 
   absl::Mutex shutdown_mu_;

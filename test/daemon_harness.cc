@@ -16,8 +16,11 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(TestDaemonOptions 
       options.socket_path.empty() ? daemon->dir_->File("musterd.sock") : options.socket_path;
   daemon->ready_file_ = daemon->dir_->File("ready.json");
   std::vector<std::string> argv = {RunfilePath("daemon/musterd"),
-                                   "--socket=" + daemon->socket_path_, "--grpc-port=0",
-                                   "--listen=127.0.0.1", "--ready-file=" + daemon->ready_file_};
+                                   "--socket=" + daemon->socket_path_,
+                                   "--grpc-port=0",
+                                   "--store-port=0",
+                                   "--listen=127.0.0.1",
+                                   "--ready-file=" + daemon->ready_file_};
   argv.insert(argv.end(), options.extra_args.begin(), options.extra_args.end());
   ASSIGN_OR_RETURN(daemon->process_, Subprocess::Start(argv, daemon->dir_->path(), options.env));
 

@@ -30,7 +30,8 @@ std::unique_ptr<TestDaemon> StartDaemon(TestDaemonOptions options = {}) {
 TEST_CASE("musterd writes its ready file and answers Health and Status over both transports") {
   auto daemon = StartDaemon();
   CHECK(daemon->grpc_port() > 0);
-  CHECK(daemon->store_port() == 0);
+  CHECK(daemon->store_port() > 0);
+  CHECK(daemon->store_port() != daemon->grpc_port());
   CHECK(daemon->version() == "0.1.0");
   CHECK(FileExists(daemon->socket_path()));
 
@@ -50,6 +51,7 @@ TEST_CASE("musterd writes its ready file and answers Health and Status over both
     CHECK(status.grpc_port() == daemon->grpc_port());
     CHECK(status.socket_path() == daemon->socket_path());
     CHECK(status.uptime_seconds() >= 0);
+    CHECK(status.store_port() == daemon->store_port());
   }
 }
 
@@ -188,8 +190,12 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   auto help = Run({RunfilePath("daemon/musterd"), "--help"});
   REQUIRE(help.ok());
   CHECK(help->exit.code == 0);
-  for (const char* flag : {"--socket", "--listen", "--grpc-port", "--ready-file",
-                           "--shutdown-grace-seconds", "--log-level", "--version"}) {
+  for (const char* flag :
+       {"--socket", "--listen", "--grpc-port", "--ready-file", "--shutdown-grace-seconds",
+        "--log-level", "--version", "--store", "--store-port", "--store-token-file",
+        "--store-allow-unauthenticated", "--store-max-key-bytes", "--store-max-value-bytes",
+        "--store-max-keys-per-request", "--store-max-request-bytes", "--store-max-connections",
+        "--store-max-total-bytes", "--state-dir", "--store-fsync"}) {
     INFO(flag);
     CHECK(absl::StrContains(help->out, flag));
   }

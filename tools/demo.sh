@@ -19,7 +19,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-"$bin/daemon/musterd" --socket "$work/musterd.sock" --grpc-port 0 --listen 127.0.0.1 \
+"$bin/daemon/musterd" --socket "$work/musterd.sock" --grpc-port 0 --store-port 0 --listen 127.0.0.1 \
   --ready-file "$work/ready.json" 2>"$work/musterd.log" &
 daemon_pid=$!
 for _ in $(seq 200); do [[ -s "$work/ready.json" ]] && break; sleep 0.05; done

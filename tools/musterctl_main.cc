@@ -3,12 +3,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/flags.h"
 #include "common/json.h"
 #include "common/paths.h"
+#include "common/store_wire.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/store.grpc.pb.h"
 #include "tools/daemon_client.h"
 
 namespace muster {
@@ -18,6 +22,7 @@ struct CtlOptions {
   DaemonTarget target;
   bool json = false;
   absl::Duration timeout;
+  std::string prefix;
 };
 
 std::string FormatUptime(double seconds) {
@@ -113,6 +118,107 @@ int RunStatus(const CtlOptions& options) {
   return 0;
 }
 
+// Store errors: unreachable daemon vs. an answer that is an error.
+int StoreError(const CtlOptions& options, const grpc::Status& rpc, const std::string& what) {
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, what));
+  }
+  std::fprintf(stderr, "musterctl: store %s: %s\n", what.c_str(), rpc.error_message().c_str());
+  return 1;
+}
+
+int Usage(const std::string& message) {
+  std::fprintf(stderr, "musterctl: %s (see musterctl --help)\n", message.c_str());
+  return 2;
+}
+
+int RunStore(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() < 2) return Usage("store needs a subcommand: get, set, add, del, keys, wait");
+  const std::string& sub = args[1];
+  auto stub = muster::v1::Store::NewStub(ConnectToDaemon(options.target));
+  // Blocking calls wait up to --timeout on the daemon; the RPC gets 5 s more.
+  int64_t wait_ms = absl::ToInt64Milliseconds(options.timeout);
+  auto context = ContextWithTimeout(options.timeout + absl::Seconds(5));
+  grpc::Status rpc;
+  if (sub == "get" && args.size() == 3) {
+    v1::GetRequest req;
+    req.set_key(args[2]);
+    req.mutable_timeout()->set_millis(wait_ms);
+    v1::GetResponse resp;
+    rpc = stub->Get(context.get(), req, &resp);
+    if (!rpc.ok()) return StoreError(options, rpc, "get");
+    if (options.json) {
+      JsonWriter w;
+      w.BeginObject().Key("key").String(args[2]).Key("value").String(resp.value()).EndObject();
+      std::printf("%s\n", w.str().c_str());
+    } else {
+      std::fwrite(resp.value().data(), 1, resp.value().size(), stdout);
+      std::printf("\n");
+    }
+    return 0;
+  }
+  if (sub == "set" && args.size() == 4) {
+    v1::SetRequest req;
+    req.set_key(args[2]);
+    req.set_value(args[3]);
+    v1::SetResponse resp;
+    rpc = stub->Set(context.get(), req, &resp);
+    return rpc.ok() ? 0 : StoreError(options, rpc, "set");
+  }
+  if (sub == "add" && args.size() == 4) {
+    int64_t delta;
+    if (!absl::SimpleAtoi(args[3], &delta))
+      return Usage("store add KEY DELTA: DELTA must be an integer");
+    v1::AddRequest req;
+    req.set_key(args[2]);
+    req.set_delta(delta);
+    v1::AddResponse resp;
+    rpc = stub->Add(context.get(), req, &resp);
+    if (!rpc.ok()) return StoreError(options, rpc, "add");
+    std::printf("%lld\n", static_cast<long long>(resp.value()));
+    return 0;
+  }
+  if (sub == "del" && args.size() == 3) {
+    v1::DeleteKeyRequest req;
+    req.set_key(args[2]);
+    v1::DeleteKeyResponse resp;
+    rpc = stub->DeleteKey(context.get(), req, &resp);
+    if (!rpc.ok()) return StoreError(options, rpc, "del");
+    if (!resp.deleted()) {
+      std::fprintf(stderr, "musterctl: store del: no key '%s'\n",
+                   wire::PrintableKey(args[2]).c_str());
+      return 1;
+    }
+    return 0;
+  }
+  if (sub == "keys" && args.size() == 2) {
+    v1::ListKeysRequest req;
+    req.set_prefix(options.prefix);
+    v1::ListKeysResponse resp;
+    rpc = stub->ListKeys(context.get(), req, &resp);
+    if (!rpc.ok()) return StoreError(options, rpc, "keys");
+    if (options.json) {
+      JsonWriter w;
+      w.BeginArray();
+      for (const std::string& k : resp.keys()) w.String(k);
+      w.EndArray();
+      std::printf("%s\n", w.str().c_str());
+    } else {
+      for (const std::string& k : resp.keys()) std::printf("%s\n", wire::PrintableKey(k).c_str());
+    }
+    return 0;
+  }
+  if (sub == "wait" && args.size() >= 3) {
+    v1::WaitRequest req;
+    for (size_t i = 2; i < args.size(); ++i) req.add_keys(args[i]);
+    req.mutable_timeout()->set_millis(wait_ms);
+    v1::WaitResponse resp;
+    rpc = stub->Wait(context.get(), req, &resp);
+    return rpc.ok() ? 0 : StoreError(options, rpc, "wait");
+  }
+  return Usage(absl::StrCat("bad store command: ", absl::StrJoin(args, " ")));
+}
+
 }  // namespace
 }  // namespace muster
 
@@ -134,7 +240,9 @@ int main(int argc, char** argv) {
   flags.AddString("addr", &address,
                   "TCP host:port of the daemon's gRPC server (instead of --socket).");
   flags.AddBool("json", &options.json, "Print JSON instead of a table.");
-  flags.AddDouble("timeout", &timeout_seconds, "Seconds to wait for the daemon's answer.");
+  flags.AddDouble("timeout", &timeout_seconds,
+                  "Seconds to wait for the daemon's answer (store get/wait: for the keys).");
+  flags.AddString("prefix", &options.prefix, "store keys: only keys starting with this.");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
 
   if (!socket_path.empty() && !address.empty()) {
@@ -153,6 +261,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (args[0] == "status" && args.size() == 1) return muster::RunStatus(options);
+  if (args[0] == "store") return muster::RunStore(options, args);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }

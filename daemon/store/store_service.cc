@@ -1,0 +1,245 @@
+#include "daemon/store/store_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace muster {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+grpc::Status Unavailable() {
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "musterd's store is shutting down");
+}
+
+absl::Duration TimeoutOf(const v1::Timeout& t) {
+  return t.millis() > 0 ? absl::Milliseconds(t.millis()) : absl::Seconds(300);
+}
+
+}  // namespace
+
+grpc::Status StoreService::CheckSizes(const std::vector<const std::string*>& keys,
+                                      const std::vector<const std::string*>& values) const {
+  if (keys.size() > limits_.max_keys_per_request) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat(keys.size(), " keys exceed --store-max-keys-per-request=",
+                                     limits_.max_keys_per_request));
+  }
+  for (const std::string* k : keys) {
+    if (k->size() > limits_.max_key_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("key of ", k->size(),
+                       " bytes exceeds --store-max-key-bytes=", limits_.max_key_bytes));
+    }
+  }
+  for (const std::string* v : values) {
+    if (v->size() > limits_.max_value_bytes) {
+      return grpc::Status(
+          grpc::StatusCode::INVALID_ARGUMENT,
+          absl::StrCat("value of ", v->size(),
+                       " bytes exceeds --store-max-value-bytes=", limits_.max_value_bytes));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Task task) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
+    grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
+    loop.AfterFlush([reactor, status] { reactor->Finish(status); });
+  });
+  if (!posted) reactor->Finish(Unavailable());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerContext* context,
+                                                       std::vector<std::string> keys,
+                                                       const v1::Timeout& timeout, Task on_ready) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::Duration wait_for = TimeoutOf(timeout);
+  auto task = [reactor, keys = std::move(keys), wait_for,
+               on_ready = std::move(on_ready)](StoreServer::Loop& loop) {
+    // Whichever of "ready" and "timer" comes first finishes the call.
+    struct State {
+      bool done = false;
+      KvStore::WaitId wait = 0;
+      StoreServer::TimerId timer = 0;
+    };
+    auto state = std::make_shared<State>();
+    StoreServer::Loop* l = &loop;
+    auto ready = [state, l, reactor, on_ready] {
+      if (state->done) return;
+      state->done = true;
+      l->CancelTimer(state->timer);
+      grpc::Status status = on_ready(*l);
+      l->AfterFlush([reactor, status] { reactor->Finish(status); });
+    };
+    state->wait = loop.kv().Wait(keys, ready);
+    if (state->wait == 0) {
+      ready();
+      return;
+    }
+    state->timer = loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, keys, wait_for] {
+      if (state->done) return;
+      state->done = true;
+      l->kv().CancelWait(state->wait);
+      grpc::Status status = Unavailable();
+      if (!l->stopping()) {
+        std::vector<std::string> missing;
+        for (const std::string& k : l->kv().MissingKeys(keys)) {
+          missing.push_back(wire::PrintableKey(k));
+        }
+        status =
+            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                         absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
+                                      "; missing keys: ", absl::StrJoin(missing, ", ")));
+      }
+      reactor->Finish(status);
+    });
+  };
+  if (!server_->Post(std::move(task))) reactor->Finish(Unavailable());
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
+                                            const v1::SetRequest* request, v1::SetResponse*) {
+  if (grpc::Status s = CheckSizes({&request->key()}, {&request->value()}); !s.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(s);
+    return reactor;
+  }
+  return Run(context, [request](StoreServer::Loop& loop) {
+    return ToGrpc(loop.kv().Set(request->key(), request->value()));
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
+                                            const v1::GetRequest* request,
+                                            v1::GetResponse* response) {
+  return RunWhenPresent(context, {request->key()}, request->timeout(),
+                        [request, response](StoreServer::Loop& loop) {
+                          response->set_value(*loop.kv().Find(request->key()));
+                          return grpc::Status::OK;
+                        });
+}
+
+grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
+                                            const v1::AddRequest* request,
+                                            v1::AddResponse* response) {
+  return Run(context, [request, response](StoreServer::Loop& loop) {
+    auto v = loop.kv().Add(request->key(), request->delta());
+    if (!v.ok()) return ToGrpc(v.status());
+    response->set_value(*v);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
+                                                   const v1::CompareSetRequest* request,
+                                                   v1::CompareSetResponse* response) {
+  return Run(context, [request, response](StoreServer::Loop& loop) {
+    auto v = loop.kv().CompareSet(request->key(), request->expected(), request->desired());
+    if (!v.ok()) return ToGrpc(v.status());
+    response->set_value(*v);
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
+                                             const v1::WaitRequest* request, v1::WaitResponse*) {
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return RunWhenPresent(context, std::move(keys), request->timeout(),
+                        [](StoreServer::Loop&) { return grpc::Status::OK; });
+}
+
+grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
+                                              const v1::CheckRequest* request,
+                                              v1::CheckResponse* response) {
+  return Run(context, [request, response](StoreServer::Loop& loop) {
+    std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+    response->set_all_present(loop.kv().Check(keys));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
+                                                  const v1::DeleteKeyRequest* request,
+                                                  v1::DeleteKeyResponse* response) {
+  return Run(context, [request, response](StoreServer::Loop& loop) {
+    response->set_deleted(loop.kv().Delete(request->key()));
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
+                                                const v1::NumKeysRequest*,
+                                                v1::NumKeysResponse* response) {
+  return Run(context, [response](StoreServer::Loop& loop) {
+    response->set_num_keys(loop.kv().NumKeys());
+    return grpc::Status::OK;
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
+                                               const v1::AppendRequest* request,
+                                               v1::AppendResponse*) {
+  if (grpc::Status s = CheckSizes({&request->key()}, {&request->value()}); !s.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(s);
+    return reactor;
+  }
+  return Run(context, [request](StoreServer::Loop& loop) {
+    return ToGrpc(loop.kv().Append(request->key(), request->value()));
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
+                                                 const v1::MultiGetRequest* request,
+                                                 v1::MultiGetResponse* response) {
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return RunWhenPresent(context, keys, request->timeout(),
+                        [keys, response](StoreServer::Loop& loop) {
+                          for (const std::string& k : keys)
+                            response->add_values(*loop.kv().Find(k));
+                          return grpc::Status::OK;
+                        });
+}
+
+grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
+                                                 const v1::MultiSetRequest* request,
+                                                 v1::MultiSetResponse*) {
+  std::vector<const std::string*> keys, values;
+  for (const auto& e : request->entries()) {
+    keys.push_back(&e.key());
+    values.push_back(&e.value());
+  }
+  if (grpc::Status s = CheckSizes(keys, values); !s.ok()) {
+    auto* reactor = context->DefaultReactor();
+    reactor->Finish(s);
+    return reactor;
+  }
+  return Run(context, [request](StoreServer::Loop& loop) {
+    std::vector<std::string> keys, values;
+    for (const auto& e : request->entries()) {
+      keys.push_back(e.key());
+      values.push_back(e.value());
+    }
+    return ToGrpc(loop.kv().MultiSet(keys, values));
+  });
+}
+
+grpc::ServerUnaryReactor* StoreService::ListKeys(grpc::CallbackServerContext* context,
+                                                 const v1::ListKeysRequest* request,
+                                                 v1::ListKeysResponse* response) {
+  return Run(context, [request, response](StoreServer::Loop& loop) {
+    for (const std::string& k : loop.kv().ListKeys(request->prefix())) response->add_keys(k);
+    return grpc::Status::OK;
+  });
+}
+
+}  // namespace muster

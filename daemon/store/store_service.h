@@ -1,0 +1,66 @@
+// StoreService: the muster.v1.Store gRPC service (musterctl store …, peer
+// daemons). Every call is posted to the StoreServer's loop thread, so gRPC
+// and TCP clients see one consistent store; blocking calls (Get, Wait,
+// MultiGet) park on the loop and finish when the keys exist, at their
+// timeout (DEADLINE_EXCEEDED naming the missing keys) or at shutdown
+// (UNAVAILABLE). Replies are sent after the durability log is flushed.
+//
+// Thread-safe; handlers never block a gRPC thread.
+#ifndef MUSTER_DAEMON_STORE_STORE_SERVICE_H_
+#define MUSTER_DAEMON_STORE_STORE_SERVICE_H_
+
+#include "common/store_wire.h"
+#include "daemon/store/store_server.h"
+#include "proto/store.grpc.pb.h"
+
+namespace muster {
+
+class StoreService final : public muster::v1::Store::CallbackService {
+ public:
+  // `server` must outlive the service's last call.
+  StoreService(StoreServer* server, const wire::StoreLimits& limits)
+      : server_(server), limits_(limits) {}
+
+  grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext*, const v1::SetRequest*,
+                                v1::SetResponse*) override;
+  grpc::ServerUnaryReactor* Get(grpc::CallbackServerContext*, const v1::GetRequest*,
+                                v1::GetResponse*) override;
+  grpc::ServerUnaryReactor* Add(grpc::CallbackServerContext*, const v1::AddRequest*,
+                                v1::AddResponse*) override;
+  grpc::ServerUnaryReactor* CompareSet(grpc::CallbackServerContext*, const v1::CompareSetRequest*,
+                                       v1::CompareSetResponse*) override;
+  grpc::ServerUnaryReactor* Wait(grpc::CallbackServerContext*, const v1::WaitRequest*,
+                                 v1::WaitResponse*) override;
+  grpc::ServerUnaryReactor* Check(grpc::CallbackServerContext*, const v1::CheckRequest*,
+                                  v1::CheckResponse*) override;
+  grpc::ServerUnaryReactor* DeleteKey(grpc::CallbackServerContext*, const v1::DeleteKeyRequest*,
+                                      v1::DeleteKeyResponse*) override;
+  grpc::ServerUnaryReactor* NumKeys(grpc::CallbackServerContext*, const v1::NumKeysRequest*,
+                                    v1::NumKeysResponse*) override;
+  grpc::ServerUnaryReactor* Append(grpc::CallbackServerContext*, const v1::AppendRequest*,
+                                   v1::AppendResponse*) override;
+  grpc::ServerUnaryReactor* MultiGet(grpc::CallbackServerContext*, const v1::MultiGetRequest*,
+                                     v1::MultiGetResponse*) override;
+  grpc::ServerUnaryReactor* MultiSet(grpc::CallbackServerContext*, const v1::MultiSetRequest*,
+                                     v1::MultiSetResponse*) override;
+  grpc::ServerUnaryReactor* ListKeys(grpc::CallbackServerContext*, const v1::ListKeysRequest*,
+                                     v1::ListKeysResponse*) override;
+
+ private:
+  using Task = std::function<grpc::Status(StoreServer::Loop&)>;
+  // Runs `task` on the loop and finishes with its status after the flush.
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* context, Task task);
+  // Parks until `keys` exist, then runs `on_ready` and finishes.
+  grpc::ServerUnaryReactor* RunWhenPresent(grpc::CallbackServerContext* context,
+                                           std::vector<std::string> keys,
+                                           const v1::Timeout& timeout, Task on_ready);
+  grpc::Status CheckSizes(const std::vector<const std::string*>& keys,
+                          const std::vector<const std::string*>& values) const;
+
+  StoreServer* server_;
+  wire::StoreLimits limits_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_STORE_STORE_SERVICE_H_
