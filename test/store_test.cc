@@ -1,0 +1,497 @@
+// Multi-process tests of musterd's store: durability across restarts and
+// SIGKILL, authentication, every size limit, malformed input, and the
+// musterctl store commands. Each test starts real musterd processes.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "common/store_wire.h"
+#include "muster/tcp_store.h"
+#include "test/daemon_harness.h"
+
+namespace muster::testing {
+namespace {
+
+std::unique_ptr<TestDaemon> StartDaemon(std::vector<std::string> args = {},
+                                        std::string socket = "") {
+  TestDaemonOptions options;
+  options.extra_args = std::move(args);
+  options.socket_path = std::move(socket);
+  auto daemon = TestDaemon::Start(std::move(options));
+  INFO(daemon.status().ToString());
+  REQUIRE(daemon.ok());
+  return *std::move(daemon);
+}
+
+std::unique_ptr<TcpStore> Connect(
+    int port, std::string token = "",
+    TcpStoreOptions::Protocol protocol = TcpStoreOptions::Protocol::kNative) {
+  TcpStoreOptions options;
+  options.port = port;
+  options.token = std::move(token);
+  options.protocol = protocol;
+  options.connect_timeout = absl::Seconds(5);
+  options.timeout = absl::Seconds(10);
+  auto store = TcpStore::Connect(options);
+  INFO(store.status().ToString());
+  REQUIRE(store.ok());
+  return *std::move(store);
+}
+
+// A raw TCP client for sending bytes no well-behaved client would send.
+class RawClient {
+ public:
+  explicit RawClient(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  }
+  ~RawClient() { ::close(fd_); }
+  void Send(const std::string& bytes) {
+    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  // Reads whatever arrives within `timeout`; *closed says whether the
+  // server closed the connection.
+  std::string Read(absl::Duration timeout, bool* closed) {
+    std::string out;
+    *closed = false;
+    absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      pollfd p{fd_, POLLIN, 0};
+      int r =
+          ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now())) + 1);
+      if (r <= 0) break;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
+      if (n <= 0) {
+        *closed = true;
+        break;
+      }
+      out.append(buf, n);
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+bool WaitForLog(TestDaemon& daemon, const std::string& needle) {
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    if (absl::StrContains(daemon.process().Stderr(), needle)) return true;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO("stderr: " << daemon.process().Stderr());
+  return false;
+}
+
+TEST_CASE("with --state-dir a restarted musterd serves the same keys, counters and queues") {
+  TempDir state;
+  std::string socket;
+  {
+    auto daemon = StartDaemon({"--state-dir=" + state.path()});
+    socket = daemon->socket_path();
+    auto store = Connect(daemon->store_port());
+    REQUIRE(store->Set("/job/addr", "10.0.0.1:4000").ok());
+    REQUIRE(*store->Add("/job/counter", 41) == 41);
+    REQUIRE(*store->Add("/job/counter", 1) == 42);
+    REQUIRE(store->Append("/job/log", "a").ok());
+    REQUIRE(store->Append("/job/log", "b").ok());
+    REQUIRE(store->Set("/job/gone", "x").ok());
+    REQUIRE(*store->DeleteKey("/job/gone"));
+    auto exit = daemon->Stop();
+    REQUIRE(exit.ok());
+    CHECK(exit->code == 0);
+  }
+  auto daemon = StartDaemon({"--state-dir=" + state.path()});
+  CHECK(WaitForLog(*daemon, "recovered 3 keys"));
+  auto store = Connect(daemon->store_port());
+  CHECK(*store->Get("/job/addr") == "10.0.0.1:4000");
+  CHECK(*store->Add("/job/counter", 0) == 42);
+  CHECK(*store->Get("/job/log") == "ab");
+  CHECK_FALSE(*store->Check({"/job/gone"}));
+  CHECK(*store->NumKeys() == 3);
+}
+
+TEST_CASE("musterd killed with SIGKILL mid-write loses no acknowledged write") {
+  TempDir state;
+  auto daemon = StartDaemon({"--state-dir=" + state.path()});
+  int port = daemon->store_port();
+  std::atomic<int64_t> acknowledged{0};
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    auto store = Connect(port);
+    for (int64_t i = 1; !stop.load(); ++i) {
+      // The SET is ordered before the ADD on one connection, and the ADD's
+      // reply only leaves after the log write: so an acknowledged ADD
+      // implies both are in the log.
+      if (!store->Set(absl::StrCat("/k/", i), std::string(200, 'v')).ok()) break;
+      auto v = store->Add("/acked", 1);
+      if (!v.ok()) break;
+      acknowledged = *v;
+    }
+  });
+  while (acknowledged.load() < 300) absl::SleepFor(absl::Milliseconds(5));
+  auto killed = daemon->Stop(SIGKILL);
+  stop = true;
+  writer.join();
+  REQUIRE(killed.ok());
+  CHECK(killed->signal == SIGKILL);
+  int64_t acked = acknowledged.load();
+
+  auto restarted = StartDaemon({"--state-dir=" + state.path()}, daemon->socket_path());
+  auto store = Connect(restarted->store_port());
+  int64_t recovered = *store->Add("/acked", 0);
+  CHECK(recovered >= acked);
+  for (int64_t i = 1; i <= acked; ++i) {
+    if (!*store->Check({absl::StrCat("/k/", i)}))
+      FAIL("key /k/" << i << " lost (acked " << acked << ")");
+  }
+}
+
+TEST_CASE("a token-protected store admits the right token and refuses everyone else") {
+  TempDir dir;
+  std::string token_file = dir.File("token");
+  {
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    std::fputs("s3cret-token\n", f);
+    std::fclose(f);
+    ::chmod(token_file.c_str(), 0600);
+  }
+  auto daemon = StartDaemon({"--store-token-file=" + token_file});
+  int port = daemon->store_port();
+
+  auto good = Connect(port, "s3cret-token");
+  REQUIRE(good->Set("k", "v").ok());
+  CHECK(*good->Get("k") == "v");
+
+  TcpStoreOptions bad_options;
+  bad_options.port = port;
+  bad_options.token = "guess";
+  auto bad = TcpStore::Connect(bad_options);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().code() == absl::StatusCode::kPermissionDenied);
+  CHECK(absl::StrContains(bad.status().message(), "wrong store token"));
+
+  // A PyTorch 1.13 client cannot authenticate: refused, with a log line.
+  TcpStoreOptions torch;
+  torch.port = port;
+  torch.protocol = TcpStoreOptions::Protocol::kTorch113;
+  auto torch_client = TcpStore::Connect(torch);
+  REQUIRE(torch_client.ok());  // TCP connect succeeds; the first command fails
+  CHECK_FALSE((*torch_client)->Add("k2", 1).ok());
+  CHECK(WaitForLog(*daemon, "unauthenticated torch-1.13 client refused"));
+  CHECK(WaitForLog(*daemon, "closing connection from 127.0.0.1:"));
+  CHECK(*good->Check({"k"}));
+  CHECK_FALSE(*good->Check({"k2"}));
+}
+
+TEST_CASE("--store-allow-unauthenticated lets listed PyTorch clients in without a token") {
+  TempDir dir;
+  std::string token_file = dir.File("token");
+  {
+    FILE* f = std::fopen(token_file.c_str(), "w");
+    std::fputs("t", f);
+    std::fclose(f);
+  }
+  auto daemon = StartDaemon(
+      {"--store-token-file=" + token_file, "--store-allow-unauthenticated=127.0.0.0/8"});
+  auto torch = Connect(daemon->store_port(), "", TcpStoreOptions::Protocol::kTorch113);
+  CHECK(*torch->Add("n", 2) == 2);
+  CHECK(*torch->Get("n") == "2");
+}
+
+TEST_CASE("bad store flags are refused at start with the flag named") {
+  TempDir dir;
+  auto missing = Run({RunfilePath("daemon/musterd"), "--store-token-file=" + dir.File("none")});
+  REQUIRE(missing.ok());
+  CHECK(missing->exit.code == 2);
+  CHECK(absl::StrContains(missing->err, "cannot read --store-token-file"));
+  auto cidr = Run({RunfilePath("daemon/musterd"), "--store-allow-unauthenticated=10.0.0.0/99"});
+  REQUIRE(cidr.ok());
+  CHECK(cidr->exit.code == 2);
+  CHECK(absl::StrContains(cidr->err, "prefix length"));
+  auto limit = Run({RunfilePath("daemon/musterd"), "--store-max-key-bytes=0"});
+  REQUIRE(limit.ok());
+  CHECK(limit->exit.code == 2);
+  CHECK(absl::StrContains(limit->err, "--store-max-key-bytes must be positive"));
+}
+
+TEST_CASE("each size limit closes only the offending connection, with a log line") {
+  auto daemon = StartDaemon({"--store-max-key-bytes=64", "--store-max-value-bytes=1024",
+                             "--store-max-keys-per-request=8", "--store-max-request-bytes=4096"});
+  int port = daemon->store_port();
+  auto bystander = Connect(port);
+  REQUIRE(bystander->Set("alive", "yes").ok());
+
+  struct Case {
+    const char* name;
+    std::string bytes;
+    const char* log;
+  };
+  std::vector<Case> cases;
+  {
+    std::string s;  // 1.13 SET with a 65-byte key
+    wire::PutU8(&s, 0);
+    wire::PutBytes(&s, std::string(65, 'k'));
+    wire::PutBytes(&s, "v");
+    cases.push_back({"key", s, "key of 65 bytes exceeds --store-max-key-bytes=64"});
+  }
+  {
+    std::string s;  // 1.13 SET with a 2 GiB value announced
+    wire::PutU8(&s, 0);
+    wire::PutBytes(&s, "k");
+    wire::PutU64(&s, uint64_t{1} << 31);
+    cases.push_back({"value", s, "value of 2147483648 bytes exceeds --store-max-value-bytes=1024"});
+  }
+  {
+    std::string s;  // 1.13 WAIT on 9 keys
+    wire::PutU8(&s, 5);
+    wire::PutU64(&s, 9);
+    cases.push_back({"keys", s, "9 keys in one request exceeds --store-max-keys-per-request=8"});
+  }
+  {
+    std::string s = std::string("\0", 1);  // 2.x: VALIDATE, then MULTI_SET of 8 x 1000 B
+    wire::PutU32(&s, wire::kValidateMagic);
+    s.erase(0, 0);
+    std::string v;
+    v.push_back(0);
+    wire::PutU32(&v, wire::kValidateMagic);
+    wire::PutU8(&v, 11);
+    wire::PutU64(&v, 8);
+    for (int i = 0; i < 8; ++i) {
+      wire::PutBytes(&v, "key");
+      wire::PutBytes(&v, std::string(1000, 'x'));
+    }
+    cases.push_back({"request", v, "exceeds --store-max-request-bytes=4096"});
+  }
+  {
+    std::string s;
+    wire::PutU8(&s, 0x63);  // no such command in 1.13
+    cases.push_back({"unknown command", s, "unknown command byte 99 for a torch-1.13 client"});
+  }
+  {
+    std::string s;
+    s.push_back(0);
+    wire::PutU32(&s, wire::kValidateMagic);
+    s.push_back(0);
+    wire::PutU32(&s, wire::kValidateMagic);
+    cases.push_back({"second VALIDATE", s, "VALIDATE is only allowed as the first request"});
+  }
+  for (const Case& c : cases) {
+    INFO(c.name);
+    RawClient raw(port);
+    raw.Send(c.bytes);
+    bool closed = false;
+    raw.Read(absl::Seconds(5), &closed);
+    CHECK(closed);
+    CHECK(WaitForLog(*daemon, c.log));
+    CHECK(*bystander->Get("alive") == "yes");
+  }
+  // The native client learns the limits and refuses locally, precisely.
+  auto native = Connect(port);
+  auto too_big = native->Set("k", std::string(2000, 'x'));
+  CHECK(too_big.code() == absl::StatusCode::kInvalidArgument);
+  CHECK(absl::StrContains(too_big.message(),
+                          "value of 2000 bytes exceeds the store's limit of 1024"));
+  CHECK(native->Set("k", "fine").ok());
+  CHECK(daemon->process().Running());
+}
+
+TEST_CASE(
+    "the store refuses connections past --store-max-connections and writes past "
+    "--store-max-total-bytes") {
+  auto daemon = StartDaemon({"--store-max-connections=3", "--store-max-total-bytes=1000"});
+  int port = daemon->store_port();
+  auto a = Connect(port);
+  auto b = Connect(port);
+  auto c = Connect(port);
+  REQUIRE(a->Set("x", "1").ok());
+  REQUIRE(*a->Check({"x"}));
+  {
+    RawClient fourth(port);
+    bool closed = false;
+    fourth.Read(absl::Seconds(5), &closed);
+    CHECK(closed);
+  }
+  CHECK(WaitForLog(*daemon, "--store-max-connections=3 reached"));
+  CHECK(*b->Add("n", 1) == 1);
+
+  REQUIRE(c->Set("big", std::string(900, 'b')).ok());  // sent; applied
+  CHECK(*c->Check({"big"}));
+  REQUIRE(c->Set("more", std::string(200, 'm')).ok());  // sent; refused by the server
+  auto next = c->Check({"more"});                       // the error arrives here
+  CHECK(next.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(next.status().message(), "--store-max-total-bytes=1000"));
+  CHECK(WaitForLog(*daemon, "would exceed --store-max-total-bytes=1000"));
+  CHECK(*a->Check({"big"}));
+  CHECK_FALSE(*a->Check({"more"}));
+}
+
+TEST_CASE("a client stalled mid-request does not block other clients") {
+  auto daemon = StartDaemon();
+  int port = daemon->store_port();
+  RawClient stalled(port);
+  std::string partial;
+  wire::PutU8(&partial, 0);
+  wire::PutBytes(&partial, "key");
+  wire::PutU64(&partial, 100);  // promises 100 value bytes, sends 3
+  partial += "abc";
+  stalled.Send(partial);
+  auto other = Connect(port);
+  absl::Time start = absl::Now();
+  REQUIRE(other->Set("other", "fine").ok());
+  CHECK(*other->Get("other") == "fine");
+  CHECK(absl::Now() - start < absl::Seconds(1));
+  // The stalled client completes its request later; nothing was lost.
+  stalled.Send(std::string(97, 'z'));
+  auto value = other->Get("key", absl::Seconds(5));
+  REQUIRE(value.ok());
+  CHECK(*value == "abc" + std::string(97, 'z'));
+}
+
+TEST_CASE("a 1.13 client that gave up on a WAIT gets no stray wake-up later") {
+  auto daemon = StartDaemon();
+  int port = daemon->store_port();
+  RawClient client(port);
+  std::string wait;
+  wire::PutU8(&wait, 5);  // 1.13 WAIT ["never"]
+  wire::PutKeyList(&wait, {"never"});
+  client.Send(wait);
+  bool closed = false;
+  CHECK(client.Read(absl::Milliseconds(200), &closed).empty());  // times out, like torch
+  std::string add;  // the client's next request: ADD n 1
+  wire::PutU8(&add, 3);
+  wire::PutBytes(&add, "n");
+  wire::PutI64(&add, 1);
+  client.Send(add);
+  std::string reply = client.Read(absl::Milliseconds(300), &closed);
+  REQUIRE(reply.size() == 8);
+  int64_t value;
+  std::memcpy(&value, reply.data(), 8);
+  CHECK(value == 1);
+  // Now "never" is set by someone else: the abandoned WAIT must stay silent.
+  auto other = Connect(port);
+  REQUIRE(other->Set("never", "x").ok());
+  REQUIRE(*other->Check({"never"}));
+  CHECK(client.Read(absl::Milliseconds(300), &closed).empty());
+  CHECK_FALSE(closed);
+}
+
+TEST_CASE("2.x CANCEL_WAIT drops the wait and always answers WAIT_CANCELED; PING echoes") {
+  auto daemon = StartDaemon();
+  RawClient client(daemon->store_port());
+  std::string s;
+  s.push_back(0);
+  wire::PutU32(&s, wire::kValidateMagic);
+  wire::PutU8(&s, 13);  // PING
+  wire::PutU32(&s, 0xABCD1234);
+  client.Send(s);
+  bool closed = false;
+  std::string pong = client.Read(absl::Milliseconds(300), &closed);
+  REQUIRE(pong.size() == 4);
+  uint32_t nonce;
+  std::memcpy(&nonce, pong.data(), 4);
+  CHECK(nonce == 0xABCD1234);
+  std::string wait;
+  wire::PutU8(&wait, 6);  // 2.x WAIT
+  wire::PutKeyList(&wait, {"later"});
+  client.Send(wait);
+  CHECK(client.Read(absl::Milliseconds(100), &closed).empty());
+  client.Send(std::string(1, 12));  // CANCEL_WAIT
+  CHECK(client.Read(absl::Milliseconds(300), &closed) == std::string(1, 1));
+  client.Send(std::string(1, 12));  // nothing pending: still answered
+  CHECK(client.Read(absl::Milliseconds(300), &closed) == std::string(1, 1));
+  auto other = Connect(daemon->store_port());
+  REQUIRE(other->Set("later", "x").ok());
+  REQUIRE(*other->Check({"later"}));
+  CHECK(client.Read(absl::Milliseconds(300), &closed).empty());
+}
+
+TEST_CASE("musterctl store commands read and write the daemon's store") {
+  auto daemon = StartDaemon();
+  std::string ctl = RunfilePath("tools/musterctl");
+  auto store = Connect(daemon->store_port());
+  REQUIRE(store->Set("/app/a", "hello").ok());
+  auto get = Run({ctl, daemon->SocketFlag(), "store", "get", "/app/a"});
+  REQUIRE(get.ok());
+  CHECK(get->exit.code == 0);
+  CHECK(get->out == "hello\n");
+  auto set = Run({ctl, daemon->SocketFlag(), "store", "set", "/app/b", "world"});
+  REQUIRE(set.ok());
+  CHECK(set->exit.code == 0);
+  CHECK(*store->Get("/app/b") == "world");
+  auto add = Run({ctl, daemon->SocketFlag(), "store", "add", "/app/n", "7"});
+  REQUIRE(add.ok());
+  CHECK(add->out == "7\n");
+  auto keys = Run({ctl, daemon->SocketFlag(), "store", "keys", "--prefix", "/app/"});
+  REQUIRE(keys.ok());
+  CHECK(keys->out == "/app/a\n/app/b\n/app/n\n");
+  auto del = Run({ctl, daemon->SocketFlag(), "store", "del", "/app/a"});
+  REQUIRE(del.ok());
+  CHECK(del->exit.code == 0);
+  CHECK_FALSE(*store->Check({"/app/a"}));
+  auto del_again = Run({ctl, daemon->SocketFlag(), "store", "del", "/app/a"});
+  REQUIRE(del_again.ok());
+  CHECK(del_again->exit.code == 1);
+  auto timeout = Run({ctl, daemon->SocketFlag(), "--timeout=0.3", "store", "get", "/app/none"});
+  REQUIRE(timeout.ok());
+  CHECK(timeout->exit.code == 1);
+  CHECK(absl::StrContains(timeout->err, "missing keys: /app/none"));
+  // wait returns once another client sets the key.
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    CHECK(store->Set("/app/late", "1").ok());
+  });
+  auto wait =
+      Run({ctl, daemon->SocketFlag(), "--timeout=10", "store", "wait", "/app/b", "/app/late"});
+  late.join();
+  REQUIRE(wait.ok());
+  CHECK(wait->exit.code == 0);
+  auto bad = Run({ctl, daemon->SocketFlag(), "store", "add", "/app/n", "x"});
+  REQUIRE(bad.ok());
+  CHECK(bad->exit.code == 2);
+}
+
+TEST_CASE("SIGTERM ends parked store waits promptly instead of hanging shutdown") {
+  auto daemon = StartDaemon();
+  std::string ctl = RunfilePath("tools/musterctl");
+  TempDir out;
+  auto waiter = Subprocess::Start(
+      {ctl, daemon->SocketFlag(), "--timeout=60", "store", "wait", "/never"}, out.path());
+  REQUIRE(waiter.ok());
+  auto native = Connect(daemon->store_port());
+  std::thread native_wait([&] {
+    auto r = native->Get("/never-native", absl::Seconds(60));
+    CHECK_FALSE(r.ok());
+  });
+  absl::SleepFor(absl::Milliseconds(300));
+  absl::Time start = absl::Now();
+  auto exit = daemon->Stop(SIGTERM, absl::Seconds(5));
+  REQUIRE(exit.ok());
+  CHECK(exit->code == 0);
+  CHECK(absl::Now() - start < absl::Seconds(5));
+  native_wait.join();
+  auto waited = (*waiter)->Wait(absl::Seconds(5));
+  REQUIRE(waited.ok());
+  CHECK(waited->code == 1);
+}
+
+}  // namespace
+}  // namespace muster::testing
