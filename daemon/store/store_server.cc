@@ -270,11 +270,9 @@ class StoreServer::Impl : public StoreServer::Loop {
         } else {
           auto it = conns_.find(id);
           if (it == conns_.end()) continue;
-          Connection& c = *it->second;
-          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(c);
-          if (!c.closing || c.pending_out() > 0) {
-            if (events[i].events & EPOLLOUT) MarkDirty(c);
-          }
+          if (events[i].events & EPOLLOUT) MarkDirty(*it->second);
+          // ReadFrom may close (and free) the connection.
+          if (events[i].events & (EPOLLIN | EPOLLHUP | EPOLLERR)) ReadFrom(*it->second);
         }
       }
       if (listener_paused_ && absl::Now() >= listener_resume_) {
