@@ -38,7 +38,9 @@ BackendFactory DaemonOwned(const std::string& name) {
 
 std::string FormatBackendConfig(const BackendConfig& config) {
   std::vector<std::string> parts;
-  for (const auto& [device, backend] : config) parts.push_back(absl::StrCat(device, ":", backend));
+  for (const auto& [device, backend] : config) {
+    parts.push_back(device.empty() ? backend : absl::StrCat(device, ":", backend));
+  }
   return absl::StrJoin(parts, ",");
 }
 
@@ -131,6 +133,32 @@ absl::StatusOr<BackendConfig> BackendRegistry::Parse(absl::string_view text) con
     if (!result.emplace(device, name).second) {
       return absl::InvalidArgumentError(
           absl::StrCat("device '", device, "' appears twice in backend config '", text, "'"));
+    }
+  }
+  return result;
+}
+
+absl::StatusOr<BackendConfig> BackendRegistry::ParseSyntax(absl::string_view text) {
+  std::string config = absl::AsciiStrToLower(absl::StripAsciiWhitespace(text));
+  if (config.empty()) return absl::InvalidArgumentError("empty backend config");
+  BackendConfig result;
+  if (config.find(':') == std::string::npos) {
+    if (!ValidName(config)) {
+      return absl::InvalidArgumentError(absl::StrCat("malformed backend name '", text, "'"));
+    }
+    result[""] = config;  // devices unknown here: whatever the name serves
+    return result;
+  }
+  for (absl::string_view part : absl::StrSplit(config, ',')) {
+    std::vector<std::string> kv = absl::StrSplit(part, ':');
+    for (std::string& field : kv) field = std::string(absl::StripAsciiWhitespace(field));
+    if (kv.size() != 2 || !ValidName(kv[1]) ||
+        std::find(KnownDevices().begin(), KnownDevices().end(), kv[0]) == KnownDevices().end() ||
+        !result.emplace(kv[0], kv[1]).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("malformed backend config '", text,
+                       "': expected DEVICE:BACKEND[,DEVICE:BACKEND] with "
+                       "devices cpu and cuda, each at most once"));
     }
   }
   return result;

@@ -67,6 +67,9 @@ class BackendRegistry {
 
   // Parses and validates a config string against the registered backends.
   absl::StatusOr<BackendConfig> Parse(absl::string_view config) const;
+  // Syntax only: device names and backend-name characters, not whether the
+  // names are registered (the daemon cannot know a rank's own backends).
+  static absl::StatusOr<BackendConfig> ParseSyntax(absl::string_view config);
   // Creates the backend registered as `name`.
   absl::StatusOr<std::unique_ptr<Backend>> Create(const std::string& name,
                                                   const BackendOptions& options) const;

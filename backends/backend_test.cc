@@ -75,5 +75,15 @@ TEST_CASE("a third party registers a backend by name and groups can use it") {
   CHECK(r.Create("gloo", options).status().code() == absl::StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("ParseSyntax accepts unregistered names but not malformed configs") {
+  CHECK(FormatBackendConfig(*BackendRegistry::ParseSyntax("someone-elses")) == "someone-elses");
+  CHECK(*BackendRegistry::ParseSyntax("cpu:x,cuda:y") ==
+        BackendConfig{{"cpu", "x"}, {"cuda", "y"}});
+  CHECK_FALSE(BackendRegistry::ParseSyntax("cpu:x,cpu:y").ok());
+  CHECK_FALSE(BackendRegistry::ParseSyntax("tpu:x").ok());
+  CHECK_FALSE(BackendRegistry::ParseSyntax("a b").ok());
+  CHECK_FALSE(BackendRegistry::ParseSyntax("cpu:").ok());
+}
+
 }  // namespace
 }  // namespace muster

@@ -9,6 +9,8 @@
 #include "common/version.h"
 #include "daemon/admin_service.h"
 #include "daemon/ready_file.h"
+#include "daemon/registry/registry.h"
+#include "daemon/registry/services.h"
 #include "daemon/socket_lock.h"
 #include "daemon/store/store_service.h"
 #include "daemon/systemd_notify.h"
@@ -55,6 +57,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                        : absl::StrCat(" (durable in ", store_options.state_dir, ")"));
   }
 
+  RegistryOptions registry_options;
+  registry_options.hostname = Hostname();
+  registry_options.store_token = options.store.token;
+  daemon->registry_ = std::make_unique<Registry>(registry_options);
+  daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get());
+  daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());
+
   Daemon* self = daemon.get();
   daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });
 
@@ -67,6 +76,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   builder.AddListeningPort(tcp_address, grpc::InsecureServerCredentials(), &daemon->grpc_port_);
   builder.RegisterService(daemon->admin_service_.get());
   if (daemon->store_service_ != nullptr) builder.RegisterService(daemon->store_service_.get());
+  builder.RegisterService(daemon->session_service_.get());
+  builder.RegisterService(daemon->groups_service_.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
     if (daemon->server_ != nullptr) daemon->server_->Shutdown();
@@ -111,11 +122,12 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
     s.set_num_store_keys(stats.keys);
     s.set_num_store_connections(static_cast<int32_t>(stats.connections));
   }
-  // Sessions, jobs and groups are added by their components; this daemon
-  // has none of them yet, so the true counts are zero.
-  s.set_num_sessions(0);
-  s.set_num_jobs(0);
-  s.set_num_groups(0);
+  if (registry_ != nullptr) {
+    Registry::Counts counts = registry_->counts();
+    s.set_num_sessions(counts.sessions);
+    s.set_num_jobs(counts.jobs);
+    s.set_num_groups(counts.groups);
+  }
   return s;
 }
 
@@ -129,7 +141,10 @@ void Daemon::Shutdown() {
   absl::Status notified = NotifySystemd("STOPPING=1");
   if (!notified.ok()) MLOG(WARNING) << "systemd notification failed: " << notified.message();
   if (admin_service_ != nullptr) admin_service_->SetDraining();
-  // The store first: its stop finishes parked gRPC store waits (UNAVAILABLE)
+  // Pending group operations fail (ABORTED: shutting down) and the registry
+  // stops talking to job stores before those (maybe this one) go away.
+  if (registry_ != nullptr) registry_->Shutdown();
+  // The store next: its stop finishes parked gRPC store waits (UNAVAILABLE)
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
   if (server_ != nullptr) {

@@ -25,6 +25,9 @@ class Server;
 namespace muster {
 
 class AdminService;
+class GroupsService;
+class Registry;
+class SessionService;
 class SocketLock;
 class StoreService;
 
@@ -69,6 +72,9 @@ class Daemon {
   std::unique_ptr<StoreServer> store_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;
+  std::unique_ptr<Registry> registry_;
+  std::unique_ptr<SessionService> session_service_;
+  std::unique_ptr<GroupsService> groups_service_;
   std::unique_ptr<grpc::Server> server_;
 
   absl::Mutex shutdown_mu_;

@@ -1,0 +1,152 @@
+// The rank side of muster: joining a job (c10d's init_process_group) and
+// creating process groups (new_group, new_subgroups, …).
+//
+// A World is this process's membership in one job attempt. Init() connects
+// to the node's musterd over its unix socket, registers the rank on a
+// session stream that lives as long as the World (the daemon learns at once
+// when the process dies), and forms the world group. Every group call goes
+// to the daemon, which rendezvouses with the other ranks through the job's
+// store (the musterd at MASTER_ADDR:MASTER_PORT).
+//
+// Failures are errors, not hangs: when a rank of the job dies, groups that
+// contain it are broken and pending and later calls on them fail with
+// ABORTED naming the rank, its host and pid; formation that does not
+// complete within its timeout fails with DEADLINE_EXCEEDED naming the ranks
+// that never arrived.
+//
+// Thread-safety: World and ProcessGroup methods are thread-safe. Group
+// creation must happen in the same order on every rank (as in c10d).
+#ifndef MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
+#define MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "muster/store.h"
+
+namespace muster {
+
+struct InitOptions {
+  std::string job_id;         // MUSTER_JOB_ID; default "default"
+  int rank = -1;              // RANK
+  int world_size = -1;        // WORLD_SIZE
+  int local_rank = -1;        // LOCAL_RANK; default: rank
+  int local_world_size = -1;  // LOCAL_WORLD_SIZE; default: world_size
+  std::string master_addr;    // MASTER_ADDR
+  int master_port = 0;        // MASTER_PORT: the job store (a musterd's --store-port)
+  std::string socket;         // MUSTER_SOCKET; default: musterd's default socket
+  // MUSTER_GENERATION, else TORCHELASTIC_RESTART_COUNT, else 0. A restarted
+  // job uses a new generation so it never reads an earlier attempt's keys.
+  int64_t generation = -1;
+  std::string backend = "gloo";  // backend config of the world group
+  absl::Duration timeout = absl::Minutes(30);
+  std::string store_token;  // MUSTER_STORE_TOKEN
+};
+
+// Fills every unset field of `options` from the environment, the way
+// c10d's env:// does. InvalidArgument names a missing or malformed variable.
+absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions options = {});
+
+struct GroupOptions {
+  std::string backend;     // default: the world's
+  absl::Duration timeout;  // default (zero): the world's
+  // c10d's use_local_synchronization: only members call and rendezvous.
+  bool local_synchronization = false;
+  std::string name;  // default: "group_<n>", n counting this rank's groups
+  std::string tag;
+};
+
+class World;
+
+// One process group as this rank sees it.
+class ProcessGroup {
+ public:
+  const std::string& name() const { return name_; }
+  const std::string& tag() const { return tag_; }
+  // Canonical backend config, e.g. "cpu:gloo" or "cpu:gloo,cuda:nccl".
+  const std::string& backend() const { return backend_; }
+  // Global ranks of the members, in group-rank order.
+  const std::vector<int>& ranks() const { return ranks_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  // This process's rank in the group; -1 if it is not a member.
+  int rank() const { return rank_; }
+  bool is_member() const { return rank_ >= 0; }
+  // c10d's get_group_rank / get_global_rank.
+  absl::StatusOr<int> GroupRank(int global_rank) const;
+  absl::StatusOr<int> GlobalRank(int group_rank) const;
+  // Blocks until every member called Barrier (zero timeout: the group's).
+  absl::Status Barrier(absl::Duration timeout = absl::ZeroDuration());
+
+ private:
+  friend class World;
+  World* world_ = nullptr;
+  std::string name_, tag_, backend_;
+  std::vector<int> ranks_;
+  int rank_ = -1;
+  int64_t barrier_sequence_ = 0;  // guarded by world_->mu_
+};
+
+class World {
+ public:
+  static absl::StatusOr<std::unique_ptr<World>> Init(InitOptions options);
+  // Leaves the job (an orderly exit, not a failure).
+  ~World();
+  World(const World&) = delete;
+  World& operator=(const World&) = delete;
+
+  const std::string& job_id() const { return options_.job_id; }
+  int64_t generation() const { return options_.generation; }
+  int rank() const { return options_.rank; }
+  int world_size() const { return options_.world_size; }
+  int local_rank() const { return options_.local_rank; }
+  int local_world_size() const { return options_.local_world_size; }
+  ProcessGroup& world_group() { return *world_group_; }
+
+  // c10d's new_group(ranks): every world rank calls it (even non-members,
+  // who get a handle with rank() == -1), unless local_synchronization.
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks,
+                                                         GroupOptions options = {});
+  // c10d's new_subgroups: consecutive groups of `group_size` ranks; returns
+  // this rank's subgroup and all of them.
+  absl::StatusOr<
+      std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+  NewSubgroups(int group_size, GroupOptions options = {});
+  absl::StatusOr<
+      std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+  NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists,
+                            GroupOptions options = {});
+  absl::Status DestroyProcessGroup(ProcessGroup& group);
+
+  // The job's store (the musterd at MASTER_ADDR:MASTER_PORT), namespaced
+  // to this job attempt.
+  absl::StatusOr<std::shared_ptr<Store>> store();
+
+  // Failures of other ranks this rank was told about, as messages.
+  std::vector<std::string> failures() const;
+
+ private:
+  friend class ProcessGroup;
+  class Session;
+  explicit World(InitOptions options);
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
+                                                            const GroupOptions& options,
+                                                            const std::string& name);
+  std::string NextGroupName();
+
+  InitOptions options_;
+  std::unique_ptr<Session> session_;
+  std::shared_ptr<ProcessGroup> world_group_;
+  mutable absl::Mutex mu_;
+  int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_

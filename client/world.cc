@@ -1,0 +1,365 @@
+#include "muster/world.h"
+
+#include <grpcpp/grpcpp.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <thread>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/backend.h"
+#include "common/paths.h"
+#include "common/status_macros.h"
+#include "muster/prefix_store.h"
+#include "muster/tcp_store.h"
+#include "proto/groups.grpc.pb.h"
+#include "proto/session.grpc.pb.h"
+
+namespace muster {
+namespace {
+
+absl::Status FromGrpc(const grpc::Status& s, absl::string_view context) {
+  if (s.ok()) return absl::OkStatus();
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return absl::UnavailableError(
+        absl::StrCat(context, ": musterd unreachable: ", s.error_message()));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+}
+
+// Reads an integer variable; absent: leaves *value; malformed: error.
+absl::Status EnvInt(const char* name, int* value) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || v[0] == '\0') return absl::OkStatus();
+  if (!absl::SimpleAtoi(v, value)) {
+    return absl::InvalidArgumentError(absl::StrCat(name, "='", v, "' is not an integer"));
+  }
+  return absl::OkStatus();
+}
+
+std::string EnvString(const char* name) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? "" : v;
+}
+
+std::string Hostname() {
+  char buf[256] = {};
+  if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
+  return buf;
+}
+
+}  // namespace
+
+absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
+  if (o.job_id.empty()) o.job_id = EnvString("MUSTER_JOB_ID");
+  if (o.job_id.empty()) o.job_id = "default";
+  if (o.rank < 0) RETURN_IF_ERROR(EnvInt("RANK", &o.rank));
+  if (o.world_size < 0) RETURN_IF_ERROR(EnvInt("WORLD_SIZE", &o.world_size));
+  if (o.local_rank < 0) RETURN_IF_ERROR(EnvInt("LOCAL_RANK", &o.local_rank));
+  if (o.local_world_size < 0) RETURN_IF_ERROR(EnvInt("LOCAL_WORLD_SIZE", &o.local_world_size));
+  if (o.master_addr.empty()) o.master_addr = EnvString("MASTER_ADDR");
+  if (o.master_port == 0) RETURN_IF_ERROR(EnvInt("MASTER_PORT", &o.master_port));
+  if (o.socket.empty()) o.socket = ClientSocketPath();
+  if (o.generation < 0) {
+    int g = -1;
+    RETURN_IF_ERROR(EnvInt("MUSTER_GENERATION", &g));
+    if (g < 0) RETURN_IF_ERROR(EnvInt("TORCHELASTIC_RESTART_COUNT", &g));
+    o.generation = g < 0 ? 0 : g;
+  }
+  if (o.store_token.empty()) o.store_token = EnvString("MUSTER_STORE_TOKEN");
+  if (o.rank < 0) return absl::InvalidArgumentError("RANK is not set (or pass InitOptions.rank)");
+  if (o.world_size < 1) {
+    return absl::InvalidArgumentError("WORLD_SIZE is not set (or pass InitOptions.world_size)");
+  }
+  if (o.master_addr.empty()) {
+    return absl::InvalidArgumentError("MASTER_ADDR is not set (or pass InitOptions.master_addr)");
+  }
+  if (o.master_port <= 0 || o.master_port > 65535) {
+    return absl::InvalidArgumentError("MASTER_PORT is not set to a port (1-65535)");
+  }
+  if (o.local_rank < 0) o.local_rank = o.rank;
+  if (o.local_world_size < 0) o.local_world_size = o.world_size;
+  return o;
+}
+
+// The rank's session with its daemon: the Attach stream and a reader thread
+// that collects failure events.
+class World::Session {
+ public:
+  ~Session() { Close(); }
+
+  absl::Status Open(const InitOptions& o) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+    channel_ = grpc::CreateCustomChannel(absl::StrCat("unix:", o.socket),
+                                         grpc::InsecureChannelCredentials(), args);
+    if (!channel_->WaitForConnected(absl::ToChronoTime(absl::Now() + absl::Seconds(10)))) {
+      return absl::UnavailableError(absl::StrCat("cannot reach musterd at unix socket ", o.socket,
+                                                 " (is it running? MUSTER_SOCKET?)"));
+    }
+    session_stub_ = v1::Session::NewStub(channel_);
+    groups_stub_ = v1::Groups::NewStub(channel_);
+    stream_ = session_stub_->Attach(&context_);
+    v1::SessionClientMessage hello;
+    v1::RegisterRequest* r = hello.mutable_register_();
+    r->mutable_rank()->set_job_id(o.job_id);
+    r->mutable_rank()->set_global_rank(o.rank);
+    r->set_world_size(o.world_size);
+    r->set_local_rank(o.local_rank);
+    r->set_local_world_size(o.local_world_size);
+    r->set_pid(::getpid());
+    r->set_host(Hostname());
+    r->set_generation(o.generation);
+    r->set_master_store_address(absl::StrCat(o.master_addr, ":", o.master_port));
+    if (!stream_->Write(hello)) return Finish("registration");
+    v1::SessionServerMessage reply;
+    if (!stream_->Read(&reply) || !reply.has_registered()) return Finish("registration");
+    session_id_ = reply.registered().session_id();
+    reader_ = std::thread([this] { ReadEvents(); });
+    return absl::OkStatus();
+  }
+
+  void Close() {
+    if (stream_ != nullptr && !closed_) {
+      closed_ = true;
+      v1::SessionClientMessage leave;
+      leave.mutable_leave();
+      stream_->Write(leave);
+      stream_->WritesDone();
+      if (reader_.joinable()) reader_.join();
+      stream_->Finish();
+    }
+  }
+
+  std::vector<std::string> failures() const {
+    absl::MutexLock lock(&mu_);
+    return failures_;
+  }
+
+  v1::Groups::Stub* groups() { return groups_stub_.get(); }
+
+ private:
+  absl::Status Finish(const char* what) {
+    grpc::Status s = stream_->Finish();
+    closed_ = true;
+    if (s.ok())
+      return absl::UnavailableError(absl::StrCat("musterd ended the session during ", what));
+    return FromGrpc(s, what);
+  }
+
+  void ReadEvents() {
+    v1::SessionServerMessage event;
+    while (stream_->Read(&event)) {
+      absl::MutexLock lock(&mu_);
+      if (event.has_rank_failed()) {
+        const v1::RankInfo& r = event.rank_failed().rank();
+        failures_.push_back(absl::StrCat("rank ", r.rank().global_rank(), " (host ", r.host(),
+                                         ", pid ", r.pid(), ") failed: ", r.failure()));
+      } else if (event.has_job_aborted()) {
+        failures_.push_back(absl::StrCat("job aborted: ", event.job_aborted().reason()));
+      }
+    }
+  }
+
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Session::Stub> session_stub_;
+  std::unique_ptr<v1::Groups::Stub> groups_stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionClientMessage, v1::SessionServerMessage>>
+      stream_;
+  std::string session_id_;
+  std::thread reader_;
+  bool closed_ = false;
+  mutable absl::Mutex mu_;
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+};
+
+World::World(InitOptions options) : options_(std::move(options)) {}
+
+World::~World() {
+  if (session_ != nullptr) session_->Close();
+}
+
+absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
+  ASSIGN_OR_RETURN(options, InitOptionsFromEnv(std::move(options)));
+  std::unique_ptr<World> world(new World(options));
+  world->session_ = std::make_unique<Session>();
+  RETURN_IF_ERROR(world->session_->Open(world->options_));
+  std::vector<int> all(options.world_size);
+  for (int r = 0; r < options.world_size; ++r) all[r] = r;
+  GroupOptions world_options;
+  world_options.backend = options.backend;
+  world_options.timeout = options.timeout;
+  ASSIGN_OR_RETURN(world->world_group_, world->CreateGroup(all, world_options, "world"));
+  return world;
+}
+
+std::string World::NextGroupName() {
+  absl::MutexLock lock(&mu_);
+  return absl::StrCat("group_", ++group_counter_);
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vector<int>& ranks,
+                                                                 const GroupOptions& options,
+                                                                 const std::string& name) {
+  auto config =
+      BackendRegistry::Global().Parse(options.backend.empty() ? options_.backend : options.backend);
+  if (!config.ok()) return config.status();
+  v1::CreateGroupRequest req;
+  req.mutable_caller()->set_job_id(options_.job_id);
+  req.mutable_caller()->set_global_rank(options_.rank);
+  for (int r : ranks) req.add_ranks(r);
+  req.set_name(name);
+  req.set_tag(options.tag);
+  req.mutable_options()->set_backend(FormatBackendConfig(*config));
+  absl::Duration timeout =
+      options.timeout > absl::ZeroDuration() ? options.timeout : options_.timeout;
+  req.mutable_options()->mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+  req.mutable_options()->set_local_synchronization(options.local_synchronization);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(30)));
+  v1::CreateGroupResponse resp;
+  grpc::Status s = session_->groups()->CreateGroup(&context, req, &resp);
+  if (!s.ok()) return FromGrpc(s, absl::StrCat("new group '", name, "'"));
+  auto group = std::make_shared<ProcessGroup>();
+  group->world_ = this;
+  group->name_ = resp.group().name();
+  group->tag_ = resp.group().tag();
+  group->backend_ = resp.group().backend();
+  group->ranks_ = ranks;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == options_.rank) group->rank_ = static_cast<int>(i);
+  }
+  return group;
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> World::NewGroup(std::vector<int> ranks,
+                                                              GroupOptions options) {
+  std::string name = options.name.empty() ? NextGroupName() : options.name;
+  if (!options.name.empty()) {
+    absl::MutexLock lock(&mu_);
+    ++group_counter_;  // keep automatic names aligned across ranks
+  }
+  return CreateGroup(ranks, options, name);
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+World::NewSubgroups(int group_size, GroupOptions options) {
+  if (group_size <= 0 || world_size() % group_size != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "group size ", group_size, " must be positive and divide the world size ", world_size()));
+  }
+  std::vector<std::vector<int>> lists;
+  for (int start = 0; start < world_size(); start += group_size) {
+    std::vector<int> list;
+    for (int r = start; r < start + group_size; ++r) list.push_back(r);
+    lists.push_back(std::move(list));
+  }
+  return NewSubgroupsByEnumeration(lists, options);
+}
+
+absl::StatusOr<std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+World::NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists,
+                                 GroupOptions options) {
+  std::vector<int> owner(world_size(), -1);
+  for (size_t i = 0; i < rank_lists.size(); ++i) {
+    for (int r : rank_lists[i]) {
+      if (r < 0 || r >= world_size()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " is outside the world of size ", world_size()));
+      }
+      if (owner[r] >= 0) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("rank ", r, " is in subgroups ", owner[r], " and ", i));
+      }
+      owner[r] = static_cast<int>(i);
+    }
+  }
+  std::shared_ptr<ProcessGroup> mine;
+  std::vector<std::shared_ptr<ProcessGroup>> all;
+  for (const auto& list : rank_lists) {
+    GroupOptions o = options;
+    o.name.clear();
+    ASSIGN_OR_RETURN(auto group, NewGroup(list, o));
+    if (group->is_member()) mine = group;
+    all.push_back(std::move(group));
+  }
+  return std::make_pair(mine, all);
+}
+
+absl::Status World::DestroyProcessGroup(ProcessGroup& group) {
+  v1::DestroyGroupRequest req;
+  req.mutable_caller()->set_job_id(options_.job_id);
+  req.mutable_caller()->set_global_rank(options_.rank);
+  req.set_name(group.name());
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  v1::DestroyGroupResponse resp;
+  return FromGrpc(session_->groups()->DestroyGroup(&context, req, &resp),
+                  absl::StrCat("destroy group '", group.name(), "'"));
+}
+
+absl::StatusOr<std::shared_ptr<Store>> World::store() {
+  absl::MutexLock lock(&mu_);
+  if (store_ == nullptr) {
+    TcpStoreOptions o;
+    o.host = options_.master_addr;
+    o.port = options_.master_port;
+    o.token = options_.store_token;
+    o.timeout = options_.timeout;
+    ASSIGN_OR_RETURN(auto tcp, TcpStore::Connect(o));
+    store_ = std::make_shared<PrefixStore>(
+        absl::StrCat("user/", options_.job_id, "/", options_.generation),
+        std::shared_ptr<Store>(std::move(tcp)));
+  }
+  return store_;
+}
+
+std::vector<std::string> World::failures() const { return session_->failures(); }
+
+absl::StatusOr<int> ProcessGroup::GroupRank(int global_rank) const {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i] == global_rank) return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("rank ", global_rank, " is not in group '", name_, "'"));
+}
+
+absl::StatusOr<int> ProcessGroup::GlobalRank(int group_rank) const {
+  if (group_rank < 0 || group_rank >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("group rank ", group_rank, " is outside group '",
+                                                   name_, "' of size ", size()));
+  }
+  return ranks_[group_rank];
+}
+
+absl::Status ProcessGroup::Barrier(absl::Duration timeout) {
+  if (!is_member()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", world_->rank(), " is not a member of group '", name_, "'"));
+  }
+  int64_t sequence;
+  {
+    absl::MutexLock lock(&world_->mu_);
+    sequence = ++barrier_sequence_;
+  }
+  v1::BarrierRequest req;
+  req.mutable_caller()->set_job_id(world_->job_id());
+  req.mutable_caller()->set_global_rank(world_->rank());
+  req.set_name(name_);
+  req.set_sequence(sequence);
+  if (timeout > absl::ZeroDuration()) {
+    req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+  }
+  absl::Duration rpc =
+      (timeout > absl::ZeroDuration() ? timeout : world_->options_.timeout) + absl::Seconds(30);
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc));
+  v1::BarrierResponse resp;
+  return FromGrpc(world_->session_->groups()->Barrier(&context, req, &resp),
+                  absl::StrCat("barrier on group '", name_, "'"));
+}
+
+}  // namespace muster

@@ -1,0 +1,237 @@
+#include "daemon/registry/job_coordinator.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+
+namespace muster {
+namespace {
+
+constexpr absl::Duration kSlice = absl::Milliseconds(200);
+constexpr size_t kMaxIdleConnections = 4;
+
+std::string EncodeRank(const RemoteRank& r) {
+  return absl::StrCat(r.host, "\t", r.pid, "\t", r.daemon);
+}
+
+RemoteRank DecodeRank(int rank, const std::string& text) {
+  RemoteRank r;
+  r.rank = rank;
+  std::vector<std::string> f = absl::StrSplit(text, '\t');
+  if (f.size() >= 1) r.host = f[0];
+  if (f.size() >= 2) (void)absl::SimpleAtoi(f[1], &r.pid);
+  if (f.size() >= 3) r.daemon = f[2];
+  return r;
+}
+
+std::string RankKey(int rank) { return absl::StrCat("rank/", rank); }
+
+}  // namespace
+
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
+  size_t colon = address.rfind(':');
+  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store address '", address, "' is not HOST:PORT"));
+  }
+  *host = address.substr(0, colon);
+  if (host->size() >= 2 && host->front() == '[' && host->back() == ']') {
+    *host = host->substr(1, host->size() - 2);
+  }
+  if (!absl::SimpleAtoi(address.substr(colon + 1), port) || *port <= 0 || *port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("store address '", address, "': bad port"));
+  }
+  return absl::OkStatus();
+}
+
+JobCoordinator::JobCoordinator(std::string job_id, int64_t generation, std::string master,
+                               std::string token)
+    : job_id_(std::move(job_id)),
+      prefix_(absl::StrCat("muster/", job_id_, "/", generation, "/")),
+      token_(std::move(token)) {
+  address_status_ = SplitHostPort(master, &host_, &port_);
+}
+
+JobCoordinator::~JobCoordinator() {
+  stopping_ = true;
+  if (watcher_.joinable()) watcher_.join();
+}
+
+absl::StatusOr<std::unique_ptr<TcpStore>> JobCoordinator::Acquire() {
+  RETURN_IF_ERROR(address_status_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!idle_.empty()) {
+      auto store = std::move(idle_.back());
+      idle_.pop_back();
+      return store;
+    }
+  }
+  TcpStoreOptions options;
+  options.host = host_;
+  options.port = port_;
+  options.token = token_;
+  options.connect_timeout = absl::Seconds(1);
+  options.timeout = absl::Seconds(30);
+  // The job's store may start after this daemon: keep trying for a while,
+  // in short attempts so that Cancel() is noticed.
+  absl::Time give_up = absl::Now() + absl::Minutes(5);
+  while (true) {
+    if (stopping_) return absl::UnavailableError("musterd is shutting down");
+    auto store = TcpStore::Connect(options);
+    if (store.ok()) return store;
+    if (store.status().code() != absl::StatusCode::kUnavailable || absl::Now() > give_up) {
+      return Annotate(store.status(),
+                      absl::StrCat("job ", job_id_, ": cannot reach the job's store"));
+    }
+  }
+}
+
+void JobCoordinator::Release(std::unique_ptr<TcpStore> store) {
+  absl::MutexLock lock(&mu_);
+  if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(store));
+}
+
+absl::Status JobCoordinator::PublishRank(int world_size, const RemoteRank& rank) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  std::string mine = absl::StrCat(world_size);
+  ASSIGN_OR_RETURN(std::string world, store->CompareSet(prefix_ + "world_size", "", mine));
+  if (world != mine) {
+    Release(std::move(store));
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank.rank, " says world size ",
+                                                   world_size, " but job ", job_id_,
+                                                   " already has world size ", world));
+  }
+  std::string record = EncodeRank(rank);
+  ASSIGN_OR_RETURN(std::string held, store->CompareSet(prefix_ + RankKey(rank.rank), "", record));
+  Release(std::move(store));
+  if (held != record) {
+    RemoteRank other = DecodeRank(rank.rank, held);
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank.rank, " of job ", job_id_, " is already registered by host ",
+                     other.host, " pid ", other.pid, "; a restarted job needs a new generation"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobCoordinator::PublishGroupSpec(const std::string& group, const std::string& spec) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(std::string held,
+                   store->CompareSet(absl::StrCat(prefix_, "group/", group, "/spec"), "", spec));
+  Release(std::move(store));
+  if (held != spec) {
+    return absl::InvalidArgumentError(absl::StrCat("group '", group, "' is defined as {", held,
+                                                   "} by other ranks but {", spec, "} here"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status JobCoordinator::Arrive(const std::string& key, const std::vector<int>& ranks) {
+  if (ranks.empty()) return absl::OkStatus();
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  std::vector<std::string> keys, values;
+  for (int r : ranks) {
+    keys.push_back(absl::StrCat(prefix_, key, "/", r));
+    values.push_back("1");
+  }
+  RETURN_IF_ERROR(store->MultiSet(keys, values));
+  Release(std::move(store));
+  return absl::OkStatus();
+}
+
+absl::Status JobCoordinator::AwaitArrivals(const std::string& key, const std::vector<int>& ranks,
+                                           absl::Time deadline, const std::string& what,
+                                           const std::function<std::string()>& abort_reason) {
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back(absl::StrCat(prefix_, key, "/", r));
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  while (true) {
+    std::string reason = abort_reason();
+    if (!reason.empty()) {
+      Release(std::move(store));
+      return absl::AbortedError(absl::StrCat(what, " aborted: ", reason));
+    }
+    absl::Duration left = deadline - absl::Now();
+    if (left <= absl::ZeroDuration()) break;
+    absl::Status s = store->Wait(keys, std::min(left, kSlice));
+    if (s.ok()) {
+      Release(std::move(store));
+      return absl::OkStatus();
+    }
+    if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+  }
+  std::vector<int> missing;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto present = store->Check({keys[i]});
+    if (!present.ok()) return present.status();
+    if (!*present) missing.push_back(ranks[i]);
+  }
+  Release(std::move(store));
+  return absl::DeadlineExceededError(
+      absl::StrCat(what, " timed out; ranks that never arrived: ", absl::StrJoin(missing, ", ")));
+}
+
+absl::StatusOr<std::map<int, RemoteRank>> JobCoordinator::FetchRanks(
+    const std::vector<int>& ranks) {
+  std::vector<std::string> keys;
+  for (int r : ranks) keys.push_back(prefix_ + RankKey(r));
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  std::map<int, RemoteRank> result;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    ASSIGN_OR_RETURN(bool present, store->Check({keys[i]}));
+    if (!present) continue;  // a non-member that never registered
+    ASSIGN_OR_RETURN(std::string value, store->Get(keys[i], absl::Seconds(5)));
+    result[ranks[i]] = DecodeRank(ranks[i], value);
+  }
+  Release(std::move(store));
+  return result;
+}
+
+absl::Status JobCoordinator::ReportFailure(const FailureRecord& f) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(int64_t n, store->Add(prefix_ + "failures", 1));
+  RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "failure/", n),
+                             absl::StrCat(f.rank, "\t", f.host, "\t", f.pid, "\t", f.reason)));
+  Release(std::move(store));
+  return absl::OkStatus();
+}
+
+void JobCoordinator::WatchFailures(std::function<void(const FailureRecord&)> on_failure) {
+  watcher_ = std::thread([this, on_failure = std::move(on_failure)] {
+    int64_t seen = 0;
+    std::unique_ptr<TcpStore> store;
+    while (!stopping_) {
+      if (store == nullptr) {
+        auto s = Acquire();
+        if (!s.ok()) {
+          absl::SleepFor(absl::Milliseconds(500));
+          continue;
+        }
+        store = std::move(*s);
+      }
+      std::string key = absl::StrCat(prefix_, "failure/", seen + 1);
+      auto value = store->Get(key, absl::Milliseconds(500));
+      if (!value.ok()) {
+        if (value.status().code() != absl::StatusCode::kDeadlineExceeded) store.reset();
+        continue;
+      }
+      ++seen;
+      std::vector<std::string> f =
+          absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 3));
+      FailureRecord record;
+      if (f.size() == 4 && absl::SimpleAtoi(f[0], &record.rank) &&
+          absl::SimpleAtoi(f[2], &record.pid)) {
+        record.host = f[1];
+        record.reason = f[3];
+        on_failure(record);
+      } else {
+        MLOG(WARNING) << "job " << job_id_ << ": malformed failure record " << key;
+      }
+    }
+  });
+}
+
+}  // namespace muster

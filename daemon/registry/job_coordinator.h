@@ -1,0 +1,103 @@
+// JobCoordinator: what one daemon does in the job's authoritative store (the
+// musterd at MASTER_ADDR:MASTER_PORT) on behalf of all its local ranks of
+// one job attempt. Keys live under "muster/<job>/<generation>/", so a
+// restarted job (new generation) never reads an earlier attempt's keys:
+//   world_size               the world size (first writer wins; others compare)
+//   rank/<r>                 "host \t pid \t daemon" of rank r
+//   group/<name>/spec        canonical definition of a group (compared)
+//   group/<name>/arrived/<r> rank r called new_group
+//   group/<name>/barrier/<seq>/<r>
+//   failures, failure/<n>    a counter and one record per failed rank
+// Traffic leaves the node once per operation, not once per rank: the daemon
+// aggregates its ranks (fan-in). Blocking waits run in slices so that a
+// caller can give up as soon as a failure is known.
+//
+// Thread-safe: each call borrows a connection from a small pool.
+#ifndef MUSTER_DAEMON_REGISTRY_JOB_COORDINATOR_H_
+#define MUSTER_DAEMON_REGISTRY_JOB_COORDINATOR_H_
+
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "muster/tcp_store.h"
+
+namespace muster {
+
+struct RemoteRank {
+  int rank = -1;
+  std::string host;
+  int64_t pid = 0;
+  std::string daemon;
+};
+
+struct FailureRecord {
+  int rank = -1;
+  std::string host;
+  int64_t pid = 0;
+  std::string reason;
+};
+
+// "host:port" or "[v6]:port" -> host, port.
+absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
+
+class JobCoordinator {
+ public:
+  // `master` is "host:port" of the authoritative store; `token` its token.
+  JobCoordinator(std::string job_id, int64_t generation, std::string master, std::string token);
+  ~JobCoordinator();
+
+  const std::string& prefix() const { return prefix_; }
+  // Makes pending and later calls give up (the daemon is stopping).
+  void Cancel() { stopping_ = true; }
+
+  // Publishes a rank. AlreadyExists if another process holds that rank;
+  // InvalidArgument if the world size differs from what other ranks said.
+  absl::Status PublishRank(int world_size, const RemoteRank& rank);
+  // Compares a group's definition with what other daemons published.
+  absl::Status PublishGroupSpec(const std::string& group, const std::string& spec);
+  // Marks `ranks` as arrived under `key` (e.g. "group/g/arrived").
+  absl::Status Arrive(const std::string& key, const std::vector<int>& ranks);
+  // Waits until every rank in `ranks` arrived under `key`, until `deadline`,
+  // checking `abort_reason` between slices (non-empty: give up, Aborted).
+  // DeadlineExceeded names the ranks that never arrived.
+  absl::Status AwaitArrivals(const std::string& key, const std::vector<int>& ranks,
+                             absl::Time deadline, const std::string& what,
+                             const std::function<std::string()>& abort_reason);
+  // Host/pid of the given ranks, as published.
+  absl::StatusOr<std::map<int, RemoteRank>> FetchRanks(const std::vector<int>& ranks);
+  absl::Status ReportFailure(const FailureRecord& failure);
+
+  // Runs `on_failure` (on a coordinator thread) for every failure record of
+  // the job, including ones this daemon reported. Stopped by the destructor.
+  void WatchFailures(std::function<void(const FailureRecord&)> on_failure);
+
+ private:
+  absl::StatusOr<std::unique_ptr<TcpStore>> Acquire();
+  void Release(std::unique_ptr<TcpStore> store);
+
+  const std::string job_id_;
+  const std::string prefix_;
+  std::string host_;
+  int port_ = 0;
+  absl::Status address_status_;
+  const std::string token_;
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<TcpStore>> idle_ ABSL_GUARDED_BY(mu_);
+
+  std::atomic<bool> stopping_{false};
+  std::thread watcher_;  // owned; polls failure records until stopping_
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_REGISTRY_JOB_COORDINATOR_H_

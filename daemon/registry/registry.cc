@@ -1,0 +1,855 @@
+#include "daemon/registry/registry.h"
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "backends/backend.h"
+#include "common/logging.h"
+
+namespace muster {
+namespace {
+
+constexpr absl::Duration kDefaultGroupTimeout = absl::Minutes(30);
+
+std::string GroupSpec(const std::vector<int>& ranks, const std::string& backend, bool local_sync) {
+  return absl::StrCat("ranks=", absl::StrJoin(ranks, ","), ";backend=", backend,
+                      ";local_sync=", local_sync ? 1 : 0);
+}
+
+absl::Duration TimeoutOf(const v1::Timeout& t, absl::Duration fallback) {
+  return t.millis() > 0 ? absl::Milliseconds(t.millis()) : fallback;
+}
+
+const char* GroupStateName(v1::GroupState s) {
+  switch (s) {
+    case v1::GROUP_STATE_FORMING:
+      return "forming";
+    case v1::GROUP_STATE_READY:
+      return "ready";
+    case v1::GROUP_STATE_BROKEN:
+      return "broken";
+    case v1::GROUP_STATE_DESTROYED:
+      return "destroyed";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+absl::Status ValidateJobId(const std::string& job_id) {
+  if (job_id.empty() || job_id.size() > 128) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job id must be 1-128 characters, got '", job_id, "'"));
+  }
+  for (char c : job_id) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job id '", job_id, "' may only use letters, digits, '_', '-', '.'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+Registry::Registry(RegistryOptions options) : options_(std::move(options)) {}
+
+Registry::~Registry() { Shutdown(); }
+
+void Registry::Shutdown() {
+  std::vector<std::shared_ptr<JobCoordinator>> coordinators;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, job] : jobs_) {
+      if (job.coordinator != nullptr) job.coordinator->Cancel();
+    }
+    // Workers notice stopping_ within one wait slice.
+    mu_.Await(absl::Condition(
+        +[](int* active) { return *active == 0; }, &active_workers_));
+    for (auto& [id, job] : jobs_) {
+      if (job.coordinator != nullptr) coordinators.push_back(std::move(job.coordinator));
+    }
+  }
+  coordinators.clear();  // joins the failure watchers outside the lock
+}
+
+void Registry::Spawn(std::function<void()> fn) {
+  {
+    absl::MutexLock lock(&mu_);
+    ++active_workers_;
+  }
+  std::thread([this, fn = std::move(fn)] {
+    fn();
+    absl::MutexLock lock(&mu_);
+    --active_workers_;
+  }).detach();
+}
+
+std::string Registry::DescribeRank(const v1::RankInfo& info) {
+  std::string s = absl::StrCat("rank ", info.rank().global_rank());
+  if (!info.host().empty()) absl::StrAppend(&s, " (host ", info.host(), ", pid ", info.pid(), ")");
+  return s;
+}
+
+Registry::Job* Registry::FindJob(const std::string& id) {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+absl::StatusOr<Registry::Job*> Registry::CallerJob(const v1::RankId& caller) {
+  if (stopping_) return absl::UnavailableError("musterd is shutting down");
+  Job* job = FindJob(caller.job_id());
+  if (job == nullptr) {
+    return absl::NotFoundError(absl::StrCat("no job '", caller.job_id(), "' on this daemon"));
+  }
+  auto it = job->ranks.find(caller.global_rank());
+  if (it == job->ranks.end() || !it->second.local || it->second.joining) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", caller.global_rank(), " of job '",
+                                                      caller.job_id(),
+                                                      "' is not registered with this daemon"));
+  }
+  if (it->second.info.state() != v1::RANK_STATE_ALIVE) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", caller.global_rank(), " of job '",
+                                                      caller.job_id(), "' is no longer alive"));
+  }
+  return job;
+}
+
+void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, RegisterDone done) {
+  const v1::RankId& id = req.rank();
+  int rank = id.global_rank();
+  absl::Status bad = ValidateJobId(id.job_id());
+  if (bad.ok() && req.world_size() < 1) {
+    bad =
+        absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", req.world_size()));
+  }
+  if (bad.ok() && (rank < 0 || rank >= req.world_size())) {
+    bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the world of size ",
+                                                  req.world_size(), " (ranks 0..",
+                                                  req.world_size() - 1, ")"));
+  }
+  if (bad.ok() && req.local_world_size() > 0 &&
+      (req.local_rank() < 0 || req.local_rank() >= req.local_world_size())) {
+    bad = absl::InvalidArgumentError(absl::StrCat("local rank ", req.local_rank(),
+                                                  " is outside the local world of size ",
+                                                  req.local_world_size()));
+  }
+  if (bad.ok() && req.pid() <= 0) bad = absl::InvalidArgumentError("pid must be positive");
+  std::string host;
+  int port = 0;
+  if (bad.ok()) bad = SplitHostPort(req.master_store_address(), &host, &port);
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+
+  std::shared_ptr<JobCoordinator> coordinator;
+  std::string session_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      bad = absl::UnavailableError("musterd is shutting down");
+    }
+    Job* job = bad.ok() ? FindJob(id.job_id()) : nullptr;
+    if (bad.ok() && job != nullptr && job->generation != req.generation()) {
+      bool live = false;
+      for (const auto& [r, rec] : job->ranks) {
+        live |= rec.local && (rec.joining || rec.info.state() == v1::RANK_STATE_ALIVE);
+      }
+      if (live) {
+        bad = absl::FailedPreconditionError(
+            absl::StrCat("job '", id.job_id(), "' generation ", job->generation,
+                         " still has live ranks on this daemon; rank ", rank,
+                         " asked for generation ", req.generation()));
+      } else {
+        jobs_.erase(id.job_id());  // a restart: start the new attempt afresh
+        job = nullptr;
+      }
+    }
+    if (bad.ok() && job != nullptr && job->world_size != req.world_size()) {
+      bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " says world size ",
+                                                    req.world_size(), " but job '", id.job_id(),
+                                                    "' has world size ", job->world_size));
+    }
+    if (bad.ok() && job != nullptr && job->master != req.master_store_address()) {
+      bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " uses store ",
+                                                    req.master_store_address(), " but job '",
+                                                    id.job_id(), "' uses ", job->master));
+    }
+    if (bad.ok() && job != nullptr) {
+      auto it = job->ranks.find(rank);
+      if (it != job->ranks.end() &&
+          (it->second.local || it->second.info.state() != v1::RANK_STATE_UNSPECIFIED)) {
+        const v1::RankInfo& other = it->second.info;
+        bad = absl::AlreadyExistsError(
+            absl::StrCat("rank ", rank, " of job '", id.job_id(), "' is already registered (host ",
+                         other.host(), ", pid ", other.pid(), ", ",
+                         other.state() == v1::RANK_STATE_ALIVE ? "alive" : "no longer alive",
+                         "); a restarted job needs a new generation"));
+      }
+    }
+    if (!bad.ok()) {
+      // fall through to done() below, outside the lock
+    } else {
+      if (job == nullptr) {
+        Job fresh;
+        fresh.id = id.job_id();
+        fresh.generation = req.generation();
+        fresh.world_size = req.world_size();
+        fresh.master = req.master_store_address();
+        fresh.coordinator = std::make_shared<JobCoordinator>(fresh.id, fresh.generation,
+                                                             fresh.master, options_.store_token);
+        job = &jobs_.emplace(fresh.id, std::move(fresh)).first->second;
+        std::string job_id = job->id;
+        job->coordinator->WatchFailures([this, job_id](const FailureRecord& f) {
+          absl::MutexLock lock(&mu_);
+          Job* j = FindJob(job_id);
+          if (j == nullptr) return;
+          MarkFailed(*j, f.rank, f.host, f.pid, f.reason);
+        });
+      }
+      Rank& r = job->ranks[rank];
+      r.local = true;
+      r.joining = true;
+      r.sink = sink;
+      r.session_id =
+          absl::StrCat(options_.hostname, "/", id.job_id(), "/", rank, "/", next_session_++);
+      *r.info.mutable_rank() = id;
+      r.info.set_world_size(req.world_size());
+      r.info.set_local_rank(req.local_rank());
+      r.info.set_pid(req.pid());
+      r.info.set_host(req.host().empty() ? options_.hostname : req.host());
+      r.info.set_generation(req.generation());
+      r.info.set_state(v1::RANK_STATE_UNSPECIFIED);
+      session_id = r.session_id;
+      sessions_[session_id] = {id.job_id(), rank};
+      coordinator = job->coordinator;
+    }
+  }
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+  RemoteRank me;
+  me.rank = rank;
+  me.host = req.host().empty() ? options_.hostname : req.host();
+  me.pid = req.pid();
+  me.daemon = options_.daemon_address;
+  int world = req.world_size();
+  std::string job_id = id.job_id();
+  Spawn([this, coordinator, me, world, job_id, rank, session_id, done = std::move(done)] {
+    absl::Status published = coordinator->PublishRank(world, me);
+    v1::Registered registered;
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      Rank* rec = nullptr;
+      if (job != nullptr) {
+        auto found = job->ranks.find(rank);
+        if (found != job->ranks.end() && found->second.session_id == session_id) {
+          rec = &found->second;
+        }
+      }
+      if (rec == nullptr) {
+        published = absl::AbortedError("the session ended during registration");
+      } else if (!published.ok()) {
+        job->ranks.erase(rank);
+        sessions_.erase(session_id);
+      } else {
+        rec->joining = false;
+        rec->info.set_state(v1::RANK_STATE_ALIVE);
+        registered.set_session_id(session_id);
+        registered.set_daemon_host(options_.hostname);
+        MLOG(INFO) << "job " << job_id << ": rank " << rank << " registered (pid " << me.pid << ")";
+      }
+    }
+    if (published.ok()) {
+      done(registered);
+    } else {
+      done(published);
+    }
+  });
+}
+
+void Registry::Leave(const std::string& session_id) {
+  absl::MutexLock lock(&mu_);
+  auto s = sessions_.find(session_id);
+  if (s == sessions_.end()) return;
+  Job* job = FindJob(s->second.first);
+  if (job == nullptr) return;
+  auto it = job->ranks.find(s->second.second);
+  if (it == job->ranks.end()) return;
+  if (it->second.info.state() == v1::RANK_STATE_ALIVE) {
+    it->second.info.set_state(v1::RANK_STATE_LEFT);
+    MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
+  }
+}
+
+void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
+  std::shared_ptr<JobCoordinator> coordinator;
+  FailureRecord record;
+  {
+    absl::MutexLock lock(&mu_);
+    auto s = sessions_.find(session_id);
+    if (s == sessions_.end()) return;
+    Job* job = FindJob(s->second.first);
+    int rank = s->second.second;
+    sessions_.erase(s);
+    if (job == nullptr) return;
+    auto it = job->ranks.find(rank);
+    if (it == job->ranks.end() || it->second.session_id != session_id) return;
+    Rank& r = it->second;
+    if (r.sink == sink) r.sink = nullptr;  // the stream's reactor is going away
+    if (stopping_) return;                 // the daemon is going away, not the rank
+    if (r.joining) {
+      job->ranks.erase(it);
+      return;
+    }
+    if (r.info.state() != v1::RANK_STATE_ALIVE) return;  // left in order, or already failed
+    int64_t pid = r.info.pid();
+    bool gone = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+    std::string reason = gone ? "its process exited without leaving the job"
+                              : "it closed its session to musterd without leaving the job";
+    record = FailureRecord{rank, r.info.host(), pid, reason};
+    MarkFailed(*job, rank, r.info.host(), pid, reason);
+    coordinator = job->coordinator;
+  }
+  if (coordinator == nullptr) return;
+  Spawn([coordinator, record] {
+    absl::Status reported = coordinator->ReportFailure(record);
+    if (!reported.ok()) {
+      MLOG(WARNING) << "cannot publish the failure of rank " << record.rank << ": "
+                    << reported.message();
+    }
+  });
+}
+
+void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t pid,
+                          const std::string& reason) {
+  Rank& r = job.ranks[rank];
+  if (r.info.state() == v1::RANK_STATE_FAILED) return;
+  if (r.info.host().empty()) {
+    r.info.mutable_rank()->set_job_id(job.id);
+    r.info.mutable_rank()->set_global_rank(rank);
+    r.info.set_host(host);
+    r.info.set_pid(pid);
+    r.info.set_world_size(job.world_size);
+    r.info.set_generation(job.generation);
+  }
+  r.info.set_state(v1::RANK_STATE_FAILED);
+  r.info.set_failure(reason);
+  std::string what = absl::StrCat(DescribeRank(r.info), " failed: ", reason);
+  MLOG(WARNING) << "job " << job.id << ": " << what;
+  for (auto& [name, g] : job.groups) {
+    if (std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) continue;
+    if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
+    g.info.set_state(v1::GROUP_STATE_BROKEN);
+    if (g.info.broken_reason().empty()) g.info.set_broken_reason(what);
+  }
+  v1::SessionServerMessage event;
+  *event.mutable_rank_failed()->mutable_rank() = r.info;
+  for (auto& [other, rec] : job.ranks) {
+    if (other != rank && rec.local && rec.sink != nullptr) rec.sink->Push(event);
+  }
+}
+
+std::string Registry::AbortReason(const std::string& job_id, const std::string& group,
+                                  const std::vector<int>& ranks) {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return "musterd is shutting down";
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
+  auto g = job->groups.find(group);
+  return AbortReasonLocked(*job, g == job->groups.end() ? nullptr : &g->second, ranks);
+}
+
+std::string Registry::AbortReasonLocked(const Job& job, const Group* group,
+                                        const std::vector<int>& ranks) {
+  if (!job.abort_reason.empty()) return absl::StrCat("job aborted: ", job.abort_reason);
+  if (group != nullptr && !group->abort_reason.empty()) {
+    return absl::StrCat("group aborted: ", group->abort_reason);
+  }
+  for (int r : ranks) {
+    auto it = job.ranks.find(r);
+    if (it == job.ranks.end()) continue;
+    const v1::RankInfo& info = it->second.info;
+    if (info.state() == v1::RANK_STATE_FAILED) {
+      return absl::StrCat(DescribeRank(info), " failed: ", info.failure());
+    }
+    if (info.state() == v1::RANK_STATE_LEFT) {
+      return absl::StrCat(DescribeRank(info), " left the job");
+    }
+  }
+  return "";
+}
+
+void Registry::CreateGroup(const v1::CreateGroupRequest& req, GroupDone done) {
+  std::vector<int> ranks(req.ranks().begin(), req.ranks().end());
+  int caller = req.caller().global_rank();
+  absl::Status bad;
+  std::string backend;
+  // The rank resolved names against its own registry (which may hold
+  // third-party backends); the daemon checks the syntax.
+  auto config = BackendRegistry::ParseSyntax(
+      req.options().backend().empty() ? "gloo" : req.options().backend());
+  if (!config.ok()) {
+    bad = config.status();
+  } else {
+    backend = FormatBackendConfig(*config);
+  }
+  if (bad.ok() && (req.name().empty() || req.name().size() > 256)) {
+    bad = absl::InvalidArgumentError("group name must be 1-256 characters");
+  }
+  bool start_waiter = false;
+  std::shared_ptr<JobCoordinator> coordinator;
+  std::string spec;
+  std::vector<GroupDone> immediate;
+  absl::StatusOr<v1::GroupInfo> immediate_result = absl::UnknownError("unset");
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = nullptr;
+    if (bad.ok()) {
+      auto j = CallerJob(req.caller());
+      if (!j.ok()) {
+        bad = j.status();
+      } else {
+        job = *j;
+      }
+    }
+    if (bad.ok()) {
+      if (ranks.empty()) bad = absl::InvalidArgumentError("a group needs at least one rank");
+      std::set<int> seen;
+      for (int r : ranks) {
+        if (!bad.ok()) break;
+        if (r < 0 || r >= job->world_size) {
+          bad = absl::InvalidArgumentError(absl::StrCat("rank ", r, " in group '", req.name(),
+                                                        "' is outside the world of size ",
+                                                        job->world_size));
+        } else if (!seen.insert(r).second) {
+          bad = absl::InvalidArgumentError(
+              absl::StrCat("rank ", r, " appears twice in group '", req.name(), "'"));
+        }
+      }
+    }
+    bool local_sync = req.options().local_synchronization();
+    if (bad.ok() && local_sync && std::find(ranks.begin(), ranks.end(), caller) == ranks.end()) {
+      bad = absl::InvalidArgumentError(
+          absl::StrCat("rank ", caller, " is not a member of group '", req.name(),
+                       "'; with local synchronization only members create it"));
+    }
+    if (bad.ok()) {
+      spec = GroupSpec(ranks, backend, local_sync);
+      auto [it, created] = job->groups.try_emplace(req.name());
+      Group& g = it->second;
+      if (created) {
+        g.ranks = ranks;
+        g.timeout = TimeoutOf(req.options().timeout(), kDefaultGroupTimeout);
+        if (local_sync) {
+          g.required = ranks;
+        } else {
+          for (int r = 0; r < job->world_size; ++r) g.required.push_back(r);
+        }
+        g.info.set_job_id(job->id);
+        g.info.set_generation(job->generation);
+        g.info.set_name(req.name());
+        g.info.set_tag(req.tag());
+        g.info.set_backend(backend);
+        g.info.set_state(v1::GROUP_STATE_FORMING);
+        g.info.set_local_synchronization(local_sync);
+        g.info.set_timeout_millis(absl::ToInt64Milliseconds(g.timeout));
+      } else if (GroupSpec(g.ranks, g.info.backend(), g.info.local_synchronization()) != spec) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("group '", req.name(), "' already exists as {",
+                         GroupSpec(g.ranks, g.info.backend(), g.info.local_synchronization()),
+                         "}, not {", spec, "}"));
+      }
+      if (bad.ok() && (g.arrived_local.count(caller) != 0)) {
+        bad = absl::AlreadyExistsError(
+            absl::StrCat("rank ", caller, " already created group '", req.name(), "'"));
+      }
+      if (bad.ok()) {
+        g.arrived_local.insert(caller);
+        if (g.formed || !g.failure.ok()) {
+          immediate.push_back(std::move(done));
+          if (g.failure.ok()) {
+            immediate_result = g.info;
+          } else {
+            immediate_result = g.failure;
+          }
+        } else {
+          g.waiting[caller] = std::move(done);
+          start_waiter = !g.waiter_started;
+          g.waiter_started = true;
+        }
+        coordinator = job->coordinator;
+      }
+    }
+  }
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+  for (auto& d : immediate) d(immediate_result);
+  if (!immediate.empty()) return;
+  std::string job_id = req.caller().job_id();
+  std::string name = req.name();
+  // Every caller publishes its own arrival; the first local caller also
+  // waits for the others on behalf of all local ranks (fan-in).
+  Spawn([this, coordinator, job_id, name, spec, caller, start_waiter] {
+    absl::Status s = coordinator->PublishGroupSpec(name, spec);
+    if (s.ok()) s = coordinator->Arrive(absl::StrCat("group/", name, "/arrived"), {caller});
+    if (!s.ok()) {
+      std::vector<GroupDone> failed;
+      {
+        absl::MutexLock lock(&mu_);
+        Job* job = FindJob(job_id);
+        if (job != nullptr && job->groups.count(name) != 0) {
+          Group& g = job->groups[name];
+          if (g.failure.ok() && !g.formed) g.failure = s;
+          for (auto& [r, d] : g.waiting) failed.push_back(std::move(d));
+          g.waiting.clear();
+          if (!g.formed) g.info.set_state(v1::GROUP_STATE_BROKEN);
+        }
+      }
+      for (auto& d : failed) d(s);
+      return;
+    }
+    if (start_waiter) FormGroup(job_id, name);
+  });
+}
+
+void Registry::FormGroup(std::string job_id, std::string name) {
+  std::shared_ptr<JobCoordinator> coordinator;
+  std::vector<int> required, members;
+  absl::Duration timeout;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr || job->groups.count(name) == 0) return;
+    Group& g = job->groups[name];
+    coordinator = job->coordinator;
+    required = g.required;
+    members = g.ranks;
+    timeout = g.timeout;
+  }
+  std::string what = absl::StrCat("formation of group '", name, "'");
+  absl::Status s = coordinator->AwaitArrivals(
+      absl::StrCat("group/", name, "/arrived"), required, absl::Now() + timeout, what,
+      [this, &job_id, &name, &required] { return AbortReason(job_id, name, required); });
+  std::map<int, RemoteRank> infos;
+  if (s.ok()) {
+    auto fetched = coordinator->FetchRanks(members);
+    if (fetched.ok()) {
+      infos = std::move(*fetched);
+    } else {
+      s = fetched.status();
+    }
+  }
+  std::vector<GroupDone> waiting;
+  absl::StatusOr<v1::GroupInfo> result = absl::UnknownError("unset");
+  if (!s.ok()) result = s;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr || job->groups.count(name) == 0) return;
+    Group& g = job->groups[name];
+    if (s.ok()) {
+      g.formed = true;
+      if (g.info.state() == v1::GROUP_STATE_FORMING) g.info.set_state(v1::GROUP_STATE_READY);
+      g.info.clear_members();
+      for (size_t i = 0; i < members.size(); ++i) {
+        v1::GroupMember* m = g.info.add_members();
+        m->set_global_rank(members[i]);
+        m->set_group_rank(static_cast<int>(i));
+        auto it = infos.find(members[i]);
+        if (it != infos.end()) {
+          m->set_node(it->second.host);
+          m->set_pid(it->second.pid);
+        }
+      }
+      result = g.info;
+      MLOG(INFO) << "job " << job_id << ": group '" << name << "' ready with " << members.size()
+                 << " members";
+    } else {
+      g.failure = s;
+      g.info.set_state(v1::GROUP_STATE_BROKEN);
+      if (g.info.broken_reason().empty()) g.info.set_broken_reason(std::string(s.message()));
+    }
+    for (auto& [r, d] : g.waiting) waiting.push_back(std::move(d));
+    g.waiting.clear();
+  }
+  for (auto& d : waiting) d(result);
+}
+
+void Registry::Barrier(const v1::BarrierRequest& req, StatusDone done) {
+  int caller = req.caller().global_rank();
+  std::shared_ptr<JobCoordinator> coordinator;
+  std::vector<int> members;
+  absl::Duration timeout;
+  bool start_waiter = false;
+  absl::Status bad;
+  {
+    absl::MutexLock lock(&mu_);
+    auto j = CallerJob(req.caller());
+    if (!j.ok()) {
+      bad = j.status();
+    } else {
+      Job* job = *j;
+      auto it = job->groups.find(req.name());
+      if (it == job->groups.end() || it->second.arrived_local.count(caller) == 0) {
+        bad = absl::NotFoundError(absl::StrCat("rank ", caller, " has no group '", req.name(),
+                                               "' in job '", job->id, "'"));
+      } else {
+        Group& g = it->second;
+        if (!g.formed) {
+          bad = absl::FailedPreconditionError(
+              absl::StrCat("group '", req.name(), "' is ", GroupStateName(g.info.state())));
+        } else if (g.info.state() == v1::GROUP_STATE_DESTROYED || g.destroyed_by.count(caller)) {
+          bad =
+              absl::FailedPreconditionError(absl::StrCat("group '", req.name(), "' was destroyed"));
+        } else if (std::find(g.ranks.begin(), g.ranks.end(), caller) == g.ranks.end()) {
+          bad = absl::InvalidArgumentError(
+              absl::StrCat("rank ", caller, " is not a member of group '", req.name(), "'"));
+        } else if (req.sequence() < 1) {
+          bad = absl::InvalidArgumentError("barrier sequence numbers start at 1");
+        } else {
+          std::string reason = AbortReasonLocked(*job, &g, g.ranks);
+          if (!reason.empty()) {
+            bad = absl::AbortedError(
+                absl::StrCat("barrier on group '", req.name(), "' aborted: ", reason));
+          } else {
+            auto& b = g.barriers[req.sequence()];
+            if (b.waiting.count(caller) != 0 || b.arrived.count(caller) != 0) {
+              bad = absl::AlreadyExistsError(
+                  absl::StrCat("rank ", caller, " already entered barrier ", req.sequence(),
+                               " of group '", req.name(), "'"));
+            } else {
+              b.arrived.insert(caller);
+              b.waiting[caller] = std::move(done);
+              start_waiter = !b.waiter_started;
+              b.waiter_started = true;
+              coordinator = job->coordinator;
+              members = g.ranks;
+              timeout = TimeoutOf(req.timeout(), g.timeout);
+            }
+          }
+        }
+      }
+    }
+  }
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+  std::string job_id = req.caller().job_id();
+  std::string name = req.name();
+  int64_t seq = req.sequence();
+  Spawn([this, coordinator, job_id, name, seq, caller, members, timeout, start_waiter] {
+    absl::Status s = coordinator->Arrive(absl::StrCat("group/", name, "/barrier/", seq), {caller});
+    if (s.ok() && !start_waiter) return;
+    if (s.ok()) {
+      RunBarrier(job_id, name, seq, members, timeout);
+      return;
+    }
+    std::vector<StatusDone> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      if (job == nullptr || job->groups.count(name) == 0) return;
+      auto& b = job->groups[name].barriers[seq];
+      for (auto& [r, d] : b.waiting) failed.push_back(std::move(d));
+      b.waiting.clear();
+    }
+    for (auto& d : failed) d(s);
+  });
+}
+
+void Registry::RunBarrier(std::string job_id, std::string name, int64_t sequence,
+                          std::vector<int> members, absl::Duration timeout) {
+  std::shared_ptr<JobCoordinator> coordinator;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return;
+    coordinator = job->coordinator;
+  }
+  std::string what = absl::StrCat("barrier ", sequence, " on group '", name, "'");
+  absl::Status s = coordinator->AwaitArrivals(
+      absl::StrCat("group/", name, "/barrier/", sequence), members, absl::Now() + timeout, what,
+      [this, &job_id, &name, &members] { return AbortReason(job_id, name, members); });
+  std::vector<StatusDone> waiting;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    if (job == nullptr || job->groups.count(name) == 0) return;
+    Group& g = job->groups[name];
+    auto& b = g.barriers[sequence];
+    for (auto& [r, d] : b.waiting) waiting.push_back(std::move(d));
+    g.barriers.erase(sequence);
+  }
+  for (auto& d : waiting) d(s);
+}
+
+absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req) {
+  absl::MutexLock lock(&mu_);
+  auto j = CallerJob(req.caller());
+  if (!j.ok()) return j.status();
+  Job* job = *j;
+  auto it = job->groups.find(req.name());
+  int caller = req.caller().global_rank();
+  if (it == job->groups.end() || it->second.arrived_local.count(caller) == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("rank ", caller, " has no group '", req.name(), "' in job '", job->id, "'"));
+  }
+  Group& g = it->second;
+  if (!g.destroyed_by.insert(caller).second) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("group '", req.name(), "' was already destroyed by rank ", caller));
+  }
+  if (g.destroyed_by.size() == g.arrived_local.size()) {
+    g.info.set_state(v1::GROUP_STATE_DESTROYED);
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& name,
+                                  const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  auto it = job->groups.find(name);
+  if (it == job->groups.end()) {
+    return absl::NotFoundError(absl::StrCat("no group '", name, "' in job '", job_id, "'"));
+  }
+  it->second.abort_reason = reason.empty() ? "aborted by the operator" : reason;
+  it->second.info.set_state(v1::GROUP_STATE_BROKEN);
+  it->second.info.set_broken_reason(absl::StrCat("aborted: ", it->second.abort_reason));
+  return absl::OkStatus();
+}
+
+absl::Status Registry::AbortJob(const std::string& job_id, const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  job->abort_reason = reason.empty() ? "aborted by the operator" : reason;
+  for (auto& [name, g] : job->groups) {
+    if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
+    g.info.set_state(v1::GROUP_STATE_BROKEN);
+    g.info.set_broken_reason(absl::StrCat("job aborted: ", job->abort_reason));
+  }
+  v1::SessionServerMessage event;
+  event.mutable_job_aborted()->set_job_id(job_id);
+  event.mutable_job_aborted()->set_reason(job->abort_reason);
+  for (auto& [r, rec] : job->ranks) {
+    if (rec.local && rec.sink != nullptr) rec.sink->Push(event);
+  }
+  return absl::OkStatus();
+}
+
+std::vector<v1::RankInfo> Registry::ListRanks(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::RankInfo> out;
+  for (const auto& [id, job] : jobs_) {
+    if (!job_id.empty() && id != job_id) continue;
+    for (const auto& [r, rec] : job.ranks) {
+      if (rec.joining) continue;
+      out.push_back(rec.info);
+    }
+  }
+  return out;
+}
+
+std::vector<v1::JobInfo> Registry::ListJobs() {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::JobInfo> out;
+  for (const auto& [id, job] : jobs_) {
+    v1::JobInfo info;
+    info.set_job_id(id);
+    info.set_world_size(job.world_size);
+    info.set_generation(job.generation);
+    int local = 0, alive = 0, failed = 0;
+    for (const auto& [r, rec] : job.ranks) {
+      if (rec.local) ++local;
+      if (rec.local && rec.info.state() == v1::RANK_STATE_ALIVE) ++alive;
+      if (rec.info.state() == v1::RANK_STATE_FAILED) ++failed;
+    }
+    info.set_num_local_ranks(local);
+    info.set_state(!job.abort_reason.empty() ? "aborted"
+                   : failed > 0              ? "failed"
+                   : alive > 0               ? "running"
+                                             : "finished");
+    out.push_back(info);
+  }
+  return out;
+}
+
+std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  std::vector<v1::GroupInfo> out;
+  for (const auto& [id, job] : jobs_) {
+    if (!job_id.empty() && id != job_id) continue;
+    for (const auto& [name, g] : job.groups) {
+      v1::GroupInfo info = g.info;
+      for (v1::GroupMember& m : *info.mutable_members()) {
+        auto it = job.ranks.find(m.global_rank());
+        if (it == job.ranks.end()) {
+          m.set_state("remote");
+          continue;
+        }
+        switch (it->second.info.state()) {
+          case v1::RANK_STATE_ALIVE:
+            m.set_state(it->second.local ? "alive" : "remote");
+            break;
+          case v1::RANK_STATE_LEFT:
+            m.set_state("left");
+            break;
+          case v1::RANK_STATE_FAILED:
+            m.set_state("failed");
+            break;
+          default:
+            m.set_state("remote");
+        }
+      }
+      out.push_back(std::move(info));
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::GroupInfo> Registry::GetGroup(const std::string& job_id,
+                                                 const std::string& name) {
+  std::vector<v1::GroupInfo> matches;
+  for (v1::GroupInfo& g : ListGroups(job_id)) {
+    if (g.name() == name) matches.push_back(std::move(g));
+  }
+  if (matches.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no group '", name, "'", job_id.empty() ? "" : absl::StrCat(" in job '", job_id, "'")));
+  }
+  if (matches.size() > 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("group '", name, "' exists in several jobs; pass --job"));
+  }
+  return matches[0];
+}
+
+Registry::Counts Registry::counts() {
+  absl::MutexLock lock(&mu_);
+  Counts c;
+  c.sessions = static_cast<int>(sessions_.size());
+  c.jobs = static_cast<int>(jobs_.size());
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [name, g] : job.groups) {
+      if (g.info.state() != v1::GROUP_STATE_DESTROYED) ++c.groups;
+    }
+  }
+  return c;
+}
+
+}  // namespace muster

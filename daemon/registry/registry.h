@@ -1,0 +1,167 @@
+// Registry: who is in each job served by this daemon, which process groups
+// exist, who is alive, and what is pending — the daemon's source of truth
+// for the Session and Groups services and for musterctl.
+//
+// A job attempt is (job id, generation). Local ranks register through their
+// session stream; the registry publishes them in the job's authoritative
+// store (JobCoordinator) and learns about remote ranks and remote failures
+// from it. Group formation and barriers follow c10d: every world rank calls
+// new_group (or only members, with local synchronization), and the call
+// returns once all of them arrived. A rank whose session ends without a
+// Leave has failed: every group containing it turns BROKEN, and pending and
+// later operations that need it fail with ABORTED naming the rank, host and
+// pid — on every node within about a second (the failure is published in
+// the store and watched by every daemon).
+//
+// Thread-safety: all methods are thread-safe and never block on the network;
+// work that talks to the store runs on worker threads owned by the
+// registry, and results are delivered through callbacks (never called with
+// the registry's lock held). SessionSink::Push is called with the lock held.
+#ifndef MUSTER_DAEMON_REGISTRY_REGISTRY_H_
+#define MUSTER_DAEMON_REGISTRY_REGISTRY_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "daemon/registry/job_coordinator.h"
+#include "proto/groups.pb.h"
+#include "proto/session.pb.h"
+
+namespace muster {
+
+// Where the registry pushes events for one rank (its session stream).
+class SessionSink {
+ public:
+  virtual ~SessionSink() = default;
+  virtual void Push(const v1::SessionServerMessage& message) = 0;
+};
+
+struct RegistryOptions {
+  std::string hostname;
+  // This daemon's gRPC address, recorded with each rank.
+  std::string daemon_address;
+  // Token for the job stores this daemon talks to.
+  std::string store_token;
+};
+
+class Registry {
+ public:
+  using RegisterDone = std::function<void(absl::StatusOr<v1::Registered>)>;
+  using GroupDone = std::function<void(absl::StatusOr<v1::GroupInfo>)>;
+  using StatusDone = std::function<void(absl::Status)>;
+
+  explicit Registry(RegistryOptions options);
+  // Calls Shutdown().
+  ~Registry();
+  // Fails everything pending (ABORTED: musterd is shutting down), stops the
+  // store watchers and waits for the workers. Idempotent.
+  void Shutdown();
+  Registry(const Registry&) = delete;
+  Registry& operator=(const Registry&) = delete;
+
+  // A new session's Register message. `sink` stays valid until Detach.
+  void Register(const v1::RegisterRequest& request, SessionSink* sink, RegisterDone done);
+  // The session said goodbye (orderly exit).
+  void Leave(const std::string& session_id);
+  // The session's stream ended; without a Leave first, the rank failed.
+  void Disconnected(const std::string& session_id, SessionSink* sink);
+
+  void CreateGroup(const v1::CreateGroupRequest& request, GroupDone done);
+  absl::Status DestroyGroup(const v1::DestroyGroupRequest& request);
+  void Barrier(const v1::BarrierRequest& request, StatusDone done);
+  absl::Status AbortGroup(const std::string& job_id, const std::string& name,
+                          const std::string& reason);
+  absl::Status AbortJob(const std::string& job_id, const std::string& reason);
+
+  std::vector<v1::RankInfo> ListRanks(const std::string& job_id);
+  std::vector<v1::JobInfo> ListJobs();
+  std::vector<v1::GroupInfo> ListGroups(const std::string& job_id);
+  absl::StatusOr<v1::GroupInfo> GetGroup(const std::string& job_id, const std::string& name);
+
+  struct Counts {
+    int sessions = 0;
+    int jobs = 0;
+    int groups = 0;
+  };
+  Counts counts();
+
+ private:
+  struct Rank {
+    v1::RankInfo info;
+    bool local = false;
+    bool joining = false;  // registration in flight
+    std::string session_id;
+    SessionSink* sink = nullptr;
+  };
+  struct BarrierState {
+    bool waiter_started = false;
+    std::map<int, StatusDone> waiting;
+    std::set<int> arrived;
+  };
+  struct Group {
+    v1::GroupInfo info;  // members filled once formed
+    std::vector<int> ranks;
+    std::vector<int> required;  // who must arrive for formation
+    absl::Duration timeout;
+    bool waiter_started = false;
+    bool formed = false;
+    absl::Status failure;  // formation failure, once known
+    std::set<int> arrived_local;
+    std::map<int, GroupDone> waiting;
+    std::string abort_reason;  // AbortGroup
+    std::set<int> destroyed_by;
+    std::map<int64_t, BarrierState> barriers;
+  };
+  struct Job {
+    std::string id;
+    int64_t generation = 0;
+    int world_size = 0;
+    std::string master;
+    std::map<int, Rank> ranks;
+    std::map<std::string, Group> groups;
+    std::shared_ptr<JobCoordinator> coordinator;
+    std::string abort_reason;
+  };
+
+  // Runs `fn` on a registry-owned worker thread.
+  void Spawn(std::function<void()> fn);
+  Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<Job*> CallerJob(const v1::RankId& caller) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Why an operation needing `ranks` of `group` (may be null) cannot go on;
+  // empty if it can.
+  std::string AbortReason(const std::string& job_id, const std::string& group,
+                          const std::vector<int>& ranks) ABSL_LOCKS_EXCLUDED(mu_);
+  std::string AbortReasonLocked(const Job& job, const Group* group, const std::vector<int>& ranks)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks a rank failed and breaks its groups; pushes RankFailed to the
+  // job's other local ranks.
+  void MarkFailed(Job& job, int rank, const std::string& host, int64_t pid,
+                  const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FormGroup(std::string job_id, std::string name);
+  void RunBarrier(std::string job_id, std::string name, int64_t sequence, std::vector<int> members,
+                  absl::Duration timeout);
+  static std::string DescribeRank(const v1::RankInfo& info);
+
+  const RegistryOptions options_;
+  absl::Mutex mu_;
+  std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<std::string, int>> sessions_
+      ABSL_GUARDED_BY(mu_);  // id -> job, rank
+  uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  int active_workers_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Validates a job id: 1-128 of [A-Za-z0-9_.-].
+absl::Status ValidateJobId(const std::string& job_id);
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_REGISTRY_REGISTRY_H_

@@ -1,0 +1,257 @@
+#include "daemon/registry/services.h"
+
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+
+namespace muster {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& s) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(s));
+  return reactor;
+}
+
+// One rank's session stream. The first client message must be `register`;
+// the registry pushes events through SessionSink::Push; the end of the
+// stream (the rank exited, or its connection broke) tells the registry.
+class SessionReactor final
+    : public grpc::ServerBidiReactor<v1::SessionClientMessage, v1::SessionServerMessage>,
+      public SessionSink {
+ public:
+  explicit SessionReactor(Registry* registry) : registry_(registry) { StartRead(&in_); }
+
+  void Push(const v1::SessionServerMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;
+    out_.push_back(message);
+    if (!writing_) {
+      writing_ = true;
+      StartWrite(&out_.front());
+    }
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      EndSession();
+      return;
+    }
+    if (in_.has_register_()) {
+      bool first;
+      {
+        absl::MutexLock lock(&mu_);
+        first = !registering_;
+        registering_ = true;
+      }
+      if (!first) {
+        FinishWith(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                "a session registers exactly once"));
+        return;
+      }
+      {
+        absl::MutexLock lock(&mu_);
+        register_in_flight_ = true;
+      }
+      registry_->Register(in_.register_(), this,
+                          [this](absl::StatusOr<v1::Registered> r) { OnRegistered(std::move(r)); });
+      return;
+    }
+    if (in_.has_leave()) {
+      std::string id;
+      {
+        absl::MutexLock lock(&mu_);
+        id = session_id_;
+        left_ = true;
+      }
+      registry_->Leave(id);
+      StartRead(&in_);
+      return;
+    }
+    FinishWith(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                            "the first session message must be `register`"));
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (!out_.empty()) out_.pop_front();
+    if (!ok) {
+      out_.clear();
+      writing_ = false;
+      return;
+    }
+    if (!out_.empty() && !finished_) {
+      StartWrite(&out_.front());
+    } else {
+      writing_ = false;
+      if (finish_pending_) {
+        finished_ = true;
+        Finish(finish_status_);
+      }
+    }
+  }
+
+  void OnCancel() override { EndSession(); }
+
+  void OnDone() override {
+    EndSession();
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      done_ = true;
+      last = !register_in_flight_;
+    }
+    if (last) delete this;
+  }
+
+ private:
+  // The registry's answer to `register`. The stream may have ended
+  // meanwhile; the reactor stays alive until this ran (see OnDone).
+  void OnRegistered(absl::StatusOr<v1::Registered> r) {
+    bool ended;
+    {
+      absl::MutexLock lock(&mu_);
+      ended = ended_;
+      if (r.ok()) session_id_ = r->session_id();
+    }
+    if (ended) {
+      if (r.ok()) registry_->Disconnected(r->session_id(), this);
+    } else if (!r.ok()) {
+      FinishWith(ToGrpc(r.status()));
+    } else {
+      v1::SessionServerMessage reply;
+      *reply.mutable_registered() = *r;
+      Push(reply);
+      absl::MutexLock lock(&mu_);
+      if (!finished_ && !finish_pending_) StartRead(&in_);
+    }
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      register_in_flight_ = false;
+      last = done_;
+    }
+    if (last) delete this;
+  }
+
+  // The rank is gone (or the stream broke): tell the registry once.
+  void EndSession() {
+    std::string id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) return;
+      ended_ = true;
+      id = session_id_;
+    }
+    if (!id.empty()) registry_->Disconnected(id, this);
+    FinishWith(grpc::Status::OK);
+  }
+
+  void FinishWith(const grpc::Status& status) {
+    absl::MutexLock lock(&mu_);
+    if (finished_ || finish_pending_) return;
+    if (writing_) {
+      finish_pending_ = true;
+      finish_status_ = status;
+      return;
+    }
+    finished_ = true;
+    Finish(status);
+  }
+
+  Registry* registry_;
+  v1::SessionClientMessage in_;
+  absl::Mutex mu_;
+  std::deque<v1::SessionServerMessage> out_ ABSL_GUARDED_BY(mu_);
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
+  grpc::Status finish_status_ ABSL_GUARDED_BY(mu_);
+  bool registering_ ABSL_GUARDED_BY(mu_) = false;
+  bool left_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+  bool register_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::string session_id_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<v1::SessionClientMessage, v1::SessionServerMessage>* SessionService::Attach(
+    grpc::CallbackServerContext*) {
+  return new SessionReactor(registry_);
+}
+
+grpc::ServerUnaryReactor* SessionService::ListRanks(grpc::CallbackServerContext* context,
+                                                    const v1::ListRanksRequest* request,
+                                                    v1::ListRanksResponse* response) {
+  for (auto& r : registry_->ListRanks(request->job_id())) *response->add_ranks() = std::move(r);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SessionService::ListJobs(grpc::CallbackServerContext* context,
+                                                   const v1::ListJobsRequest*,
+                                                   v1::ListJobsResponse* response) {
+  for (auto& j : registry_->ListJobs()) *response->add_jobs() = std::move(j);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* SessionService::AbortJob(grpc::CallbackServerContext* context,
+                                                   const v1::AbortJobRequest* request,
+                                                   v1::AbortJobResponse*) {
+  return Finish(context, registry_->AbortJob(request->job_id(), request->reason()));
+}
+
+grpc::ServerUnaryReactor* GroupsService::CreateGroup(grpc::CallbackServerContext* context,
+                                                     const v1::CreateGroupRequest* request,
+                                                     v1::CreateGroupResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->CreateGroup(*request, [reactor, response](absl::StatusOr<v1::GroupInfo> r) {
+    if (r.ok()) *response->mutable_group() = std::move(*r);
+    reactor->Finish(ToGrpc(r.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GroupsService::DestroyGroup(grpc::CallbackServerContext* context,
+                                                      const v1::DestroyGroupRequest* request,
+                                                      v1::DestroyGroupResponse*) {
+  return Finish(context, registry_->DestroyGroup(*request));
+}
+
+grpc::ServerUnaryReactor* GroupsService::ListGroups(grpc::CallbackServerContext* context,
+                                                    const v1::ListGroupsRequest* request,
+                                                    v1::ListGroupsResponse* response) {
+  for (auto& g : registry_->ListGroups(request->job_id())) *response->add_groups() = std::move(g);
+  return Finish(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* GroupsService::GetGroup(grpc::CallbackServerContext* context,
+                                                  const v1::GetGroupRequest* request,
+                                                  v1::GetGroupResponse* response) {
+  auto g = registry_->GetGroup(request->job_id(), request->name());
+  if (g.ok()) *response->mutable_group() = std::move(*g);
+  return Finish(context, g.status());
+}
+
+grpc::ServerUnaryReactor* GroupsService::AbortGroup(grpc::CallbackServerContext* context,
+                                                    const v1::AbortGroupRequest* request,
+                                                    v1::AbortGroupResponse*) {
+  return Finish(context,
+                registry_->AbortGroup(request->job_id(), request->name(), request->reason()));
+}
+
+grpc::ServerUnaryReactor* GroupsService::Barrier(grpc::CallbackServerContext* context,
+                                                 const v1::BarrierRequest* request,
+                                                 v1::BarrierResponse*) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->Barrier(*request, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  return reactor;
+}
+
+}  // namespace muster

@@ -1,0 +1,181 @@
+// muster-test-rank: a scripted rank process for multi-process tests. It
+// joins the job from the environment (RANK, WORLD_SIZE, MASTER_ADDR, …) and
+// runs the ';'-separated steps of its first argument, printing one line per
+// step: "rank R: STEP ok [details]" or "rank R: STEP error CODE: message".
+//
+// Steps:
+//   init                       World::Init (exit 3 if it fails)
+//   group NAME R,R,..[,local]  NewGroup with that name (",local": local sync)
+//   autogroup R,R,..           NewGroup with an automatic name
+//   subgroups K                NewSubgroups(K)
+//   enumerate A,B/C,D          NewSubgroupsByEnumeration
+//   barrier NAME [TIMEOUT_MS]  Barrier on a group ("world" is the world)
+//   destroy NAME               DestroyProcessGroup
+//   backend NAME               register a third-party backend NAME (cpu)
+//   groupb NAME R,R,.. BACKEND NewGroup with a backend config
+//   store                      set/get through World::store()
+//   failures                   print the failures this rank was told about
+//   sleep MS | crash | exit CODE
+#include <signal.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "backends/backend.h"
+#include "muster/world.h"
+
+namespace {
+
+class EchoBackend : public muster::Backend {
+ public:
+  EchoBackend(std::string name, muster::BackendOptions o) : name_(std::move(name)), o_(o) {}
+  const std::string& name() const override { return name_; }
+  const muster::BackendOptions& options() const override { return o_; }
+
+ private:
+  std::string name_;
+  muster::BackendOptions o_;
+};
+
+std::vector<int> Ranks(const std::string& text, bool* local) {
+  std::vector<int> out;
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipEmpty())) {
+    int r;
+    if (part == "local") {
+      *local = true;
+    } else if (absl::SimpleAtoi(part, &r)) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  std::string script = argc > 1 ? argv[1] : "init";
+  const char* rank_env = std::getenv("RANK");
+  std::string me = rank_env ? rank_env : "?";
+  std::unique_ptr<muster::World> world;
+  std::map<std::string, std::shared_ptr<muster::ProcessGroup>> groups;
+  auto report = [&](const std::string& step, const absl::Status& s, const std::string& detail) {
+    if (s.ok()) {
+      std::printf("rank %s: %s ok%s%s\n", me.c_str(), step.c_str(), detail.empty() ? "" : " ",
+                  detail.c_str());
+    } else {
+      std::printf("rank %s: %s error %s: %s\n", me.c_str(), step.c_str(),
+                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
+    }
+  };
+  auto describe = [](const muster::ProcessGroup& g) {
+    return absl::StrCat("name=", g.name(), " rank=", g.rank(), " size=", g.size(),
+                        " ranks=", absl::StrJoin(g.ranks(), ","), " backend=", g.backend());
+  };
+  for (absl::string_view raw : absl::StrSplit(script, ';', absl::SkipWhitespace())) {
+    std::vector<std::string> words = absl::StrSplit(raw, ' ', absl::SkipEmpty());
+    const std::string& cmd = words[0];
+    std::string step(raw);
+    absl::Time start = absl::Now();
+    if (cmd == "init") {
+      auto w = muster::World::Init({});
+      report(step, w.status(), w.ok() ? describe((*w)->world_group()) : "");
+      if (!w.ok()) return 3;
+      world = std::move(*w);
+      groups["world"] = std::shared_ptr<muster::ProcessGroup>(&world->world_group(), [](auto*) {});
+    } else if (cmd == "group" || cmd == "autogroup" || cmd == "groupb") {
+      muster::GroupOptions o;
+      bool local = false;
+      std::vector<int> ranks = Ranks(words[cmd == "autogroup" ? 1 : 2], &local);
+      o.local_synchronization = local;
+      if (cmd != "autogroup") o.name = words[1];
+      if (cmd == "groupb") o.backend = words[3];
+      auto g = world->NewGroup(ranks, o);
+      report(step, g.status(), g.ok() ? describe(**g) : "");
+      if (g.ok()) groups[(*g)->name()] = *g;
+    } else if (cmd == "subgroups" || cmd == "enumerate") {
+      absl::StatusOr<std::pair<std::shared_ptr<muster::ProcessGroup>,
+                               std::vector<std::shared_ptr<muster::ProcessGroup>>>>
+          r;
+      if (cmd == "subgroups") {
+        int k = 0;
+        (void)absl::SimpleAtoi(words[1], &k);
+        r = world->NewSubgroups(k);
+      } else {
+        std::vector<std::vector<int>> lists;
+        bool unused;
+        for (absl::string_view l : absl::StrSplit(words[1], '/')) {
+          lists.push_back(Ranks(std::string(l), &unused));
+        }
+        r = world->NewSubgroupsByEnumeration(lists);
+      }
+      std::string detail;
+      if (r.ok()) {
+        detail = absl::StrCat("count=", r->second.size(),
+                              " mine: ", r->first ? describe(*r->first) : "none");
+        for (auto& g : r->second) groups[g->name()] = g;
+      }
+      report(step, r.status(), detail);
+    } else if (cmd == "barrier") {
+      int ms = 0;
+      if (words.size() > 2) (void)absl::SimpleAtoi(words[2], &ms);
+      auto it = groups.find(words[1]);
+      absl::Status s = it == groups.end() ? absl::NotFoundError("no such group in this rank")
+                                          : it->second->Barrier(absl::Milliseconds(ms));
+      report(step, s, absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+    } else if (cmd == "destroy") {
+      auto it = groups.find(words[1]);
+      report(step,
+             it == groups.end() ? absl::NotFoundError("no such group")
+                                : world->DestroyProcessGroup(*it->second),
+             "");
+    } else if (cmd == "backend") {
+      std::string name = words[1];
+      report(step,
+             muster::RegisterBackend(name,
+                                     [name](const muster::BackendOptions& o)
+                                         -> absl::StatusOr<std::unique_ptr<muster::Backend>> {
+                                       return std::make_unique<EchoBackend>(name, o);
+                                     },
+                                     {"cpu"}),
+             "");
+    } else if (cmd == "store") {
+      auto store = world->store();
+      absl::Status s = store.status();
+      std::string detail;
+      if (s.ok()) s = (*store)->Set(absl::StrCat("from/", me), me);
+      if (s.ok()) {
+        auto v = (*store)->Get("from/0");
+        s = v.status();
+        if (v.ok()) detail = absl::StrCat("from0=", *v);
+      }
+      report(step, s, detail);
+    } else if (cmd == "failures") {
+      report(step, absl::OkStatus(), absl::StrJoin(world->failures(), " | "));
+    } else if (cmd == "sleep") {
+      int ms = 0;
+      (void)absl::SimpleAtoi(words[1], &ms);
+      absl::SleepFor(absl::Milliseconds(ms));
+    } else if (cmd == "crash") {
+      std::fflush(stdout);
+      ::kill(::getpid(), SIGKILL);
+    } else if (cmd == "exit") {
+      int code = 0;
+      (void)absl::SimpleAtoi(words[1], &code);
+      std::fflush(stdout);
+      ::_exit(code);
+    } else {
+      std::printf("rank %s: unknown step '%s'\n", me.c_str(), step.c_str());
+      return 2;
+    }
+  }
+  return 0;
+}
