@@ -72,8 +72,9 @@ int main(int argc, char** argv) {
       std::printf("rank %s: %s ok%s%s\n", me.c_str(), step.c_str(), detail.empty() ? "" : " ",
                   detail.c_str());
     } else {
-      std::printf("rank %s: %s error %s: %s\n", me.c_str(), step.c_str(),
-                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str());
+      std::printf("rank %s: %s error %s: %s%s%s\n", me.c_str(), step.c_str(),
+                  absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str(),
+                  detail.empty() ? "" : " ", detail.c_str());
     }
   };
   auto describe = [](const muster::ProcessGroup& g) {
@@ -86,7 +87,12 @@ int main(int argc, char** argv) {
     std::string step(raw);
     absl::Time start = absl::Now();
     if (cmd == "init") {
-      auto w = muster::World::Init({});
+      muster::InitOptions options;
+      if (const char* t = std::getenv("MUSTER_TEST_INIT_TIMEOUT_MS")) {
+        int ms = 0;
+        if (absl::SimpleAtoi(t, &ms)) options.timeout = absl::Milliseconds(ms);
+      }
+      auto w = muster::World::Init(options);
       report(step, w.status(), w.ok() ? describe((*w)->world_group()) : "");
       if (!w.ok()) return 3;
       world = std::move(*w);

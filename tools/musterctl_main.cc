@@ -12,6 +12,8 @@
 #include "common/paths.h"
 #include "common/store_wire.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/groups.grpc.pb.h"
+#include "proto/session.grpc.pb.h"
 #include "proto/store.grpc.pb.h"
 #include "tools/daemon_client.h"
 
@@ -23,7 +25,108 @@ struct CtlOptions {
   bool json = false;
   absl::Duration timeout;
   std::string prefix;
+  std::string job;
+  std::string reason;
 };
+
+// Prints rows as left-aligned columns under a header.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size());
+  for (size_t i = 0; i < header.size(); ++i) width[i] = header[i].size();
+  for (const auto& row : rows) {
+    for (size_t i = 0; i < row.size() && i < width.size(); ++i) {
+      width[i] = std::max(width[i], row[i].size());
+    }
+  }
+  auto print = [&](const std::vector<std::string>& row) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i) {
+      line += row[i];
+      if (i + 1 < row.size()) line += std::string(width[i] - row[i].size() + 2, ' ');
+    }
+    std::printf("%s\n", line.c_str());
+  };
+  print(header);
+  for (const auto& row : rows) print(row);
+}
+
+std::string RankStateName(v1::RankState s) {
+  switch (s) {
+    case v1::RANK_STATE_ALIVE:
+      return "alive";
+    case v1::RANK_STATE_LEFT:
+      return "left";
+    case v1::RANK_STATE_FAILED:
+      return "failed";
+    default:
+      return "unknown";
+  }
+}
+
+std::string GroupStateName(v1::GroupState s) {
+  switch (s) {
+    case v1::GROUP_STATE_FORMING:
+      return "forming";
+    case v1::GROUP_STATE_READY:
+      return "ready";
+    case v1::GROUP_STATE_BROKEN:
+      return "broken";
+    case v1::GROUP_STATE_DESTROYED:
+      return "destroyed";
+    default:
+      return "unknown";
+  }
+}
+
+std::string MemberRanks(const v1::GroupInfo& g) {
+  std::vector<int> ranks;
+  for (const auto& m : g.members()) ranks.push_back(m.global_rank());
+  return ranks.empty() ? "-" : absl::StrJoin(ranks, ",");
+}
+
+void GroupJson(JsonWriter& w, const v1::GroupInfo& g) {
+  w.BeginObject()
+      .Key("job")
+      .String(g.job_id())
+      .Key("generation")
+      .Int(g.generation())
+      .Key("name")
+      .String(g.name())
+      .Key("tag")
+      .String(g.tag())
+      .Key("backend")
+      .String(g.backend())
+      .Key("state")
+      .String(GroupStateName(g.state()))
+      .Key("broken_reason")
+      .String(g.broken_reason())
+      .Key("local_synchronization")
+      .Bool(g.local_synchronization())
+      .Key("timeout_seconds")
+      .Double(g.timeout_millis() / 1000.0)
+      .Key("members")
+      .BeginArray();
+  for (const auto& m : g.members()) {
+    w.BeginObject()
+        .Key("global_rank")
+        .Int(m.global_rank())
+        .Key("group_rank")
+        .Int(m.group_rank())
+        .Key("node")
+        .String(m.node())
+        .Key("pid")
+        .Int(m.pid())
+        .Key("state")
+        .String(m.state())
+        .Key("last_submitted_seq")
+        .Int(m.last_submitted_seq())
+        .Key("last_completed_seq")
+        .Int(m.last_completed_seq())
+        .EndObject();
+  }
+  w.EndArray().EndObject();
+}
 
 std::string FormatUptime(double seconds) {
   int64_t s = static_cast<int64_t>(seconds);
@@ -219,6 +322,183 @@ int RunStore(const CtlOptions& options, const std::vector<std::string>& args) {
   return Usage(absl::StrCat("bad store command: ", absl::StrJoin(args, " ")));
 }
 
+int RunRanks(const CtlOptions& options) {
+  auto stub = v1::Session::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.timeout);
+  v1::ListRanksRequest req;
+  req.set_job_id(options.job);
+  v1::ListRanksResponse resp;
+  grpc::Status rpc = stub->ListRanks(context.get(), req, &resp);
+  if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "ListRanks"));
+  if (options.json) {
+    JsonWriter w;
+    w.BeginArray();
+    for (const auto& r : resp.ranks()) {
+      w.BeginObject()
+          .Key("job")
+          .String(r.rank().job_id())
+          .Key("generation")
+          .Int(r.generation())
+          .Key("rank")
+          .Int(r.rank().global_rank())
+          .Key("world_size")
+          .Int(r.world_size())
+          .Key("local_rank")
+          .Int(r.local_rank())
+          .Key("host")
+          .String(r.host())
+          .Key("pid")
+          .Int(r.pid())
+          .Key("state")
+          .String(RankStateName(r.state()))
+          .Key("failure")
+          .String(r.failure())
+          .EndObject();
+    }
+    w.EndArray();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : resp.ranks()) {
+    rows.push_back({r.rank().job_id(), absl::StrCat(r.generation()),
+                    absl::StrCat(r.rank().global_rank()), absl::StrCat(r.world_size()),
+                    absl::StrCat(r.local_rank()), r.host(), absl::StrCat(r.pid()),
+                    RankStateName(r.state()), r.failure()});
+  }
+  PrintTable({"JOB", "GEN", "RANK", "WORLD", "LOCAL", "HOST", "PID", "STATE", "FAILURE"}, rows);
+  return 0;
+}
+
+int RunJobs(const CtlOptions& options) {
+  auto stub = v1::Session::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.timeout);
+  v1::ListJobsResponse resp;
+  grpc::Status rpc = stub->ListJobs(context.get(), v1::ListJobsRequest(), &resp);
+  if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "ListJobs"));
+  if (options.json) {
+    JsonWriter w;
+    w.BeginArray();
+    for (const auto& j : resp.jobs()) {
+      w.BeginObject()
+          .Key("job")
+          .String(j.job_id())
+          .Key("generation")
+          .Int(j.generation())
+          .Key("world_size")
+          .Int(j.world_size())
+          .Key("local_ranks")
+          .Int(j.num_local_ranks())
+          .Key("state")
+          .String(j.state())
+          .EndObject();
+    }
+    w.EndArray();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& j : resp.jobs()) {
+    rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.world_size()),
+                    absl::StrCat(j.num_local_ranks()), j.state()});
+  }
+  PrintTable({"JOB", "GEN", "WORLD", "LOCAL_RANKS", "STATE"}, rows);
+  return 0;
+}
+
+int RunGroups(const CtlOptions& options) {
+  auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.timeout);
+  v1::ListGroupsRequest req;
+  req.set_job_id(options.job);
+  v1::ListGroupsResponse resp;
+  grpc::Status rpc = stub->ListGroups(context.get(), req, &resp);
+  if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "ListGroups"));
+  if (options.json) {
+    JsonWriter w;
+    w.BeginArray();
+    for (const auto& g : resp.groups()) GroupJson(w, g);
+    w.EndArray();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& g : resp.groups()) {
+    rows.push_back({g.job_id(), g.name(), g.backend(), GroupStateName(g.state()),
+                    absl::StrCat(g.members_size()), MemberRanks(g), g.broken_reason()});
+  }
+  PrintTable({"JOB", "GROUP", "BACKEND", "STATE", "SIZE", "RANKS", "REASON"}, rows);
+  return 0;
+}
+
+int RunGroup(const CtlOptions& options, const std::string& name) {
+  auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.timeout);
+  v1::GetGroupRequest req;
+  req.set_job_id(options.job);
+  req.set_name(name);
+  v1::GetGroupResponse resp;
+  grpc::Status rpc = stub->GetGroup(context.get(), req, &resp);
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "GetGroup"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  const v1::GroupInfo& g = resp.group();
+  if (options.json) {
+    JsonWriter w;
+    GroupJson(w, g);
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  std::printf("group %s (job %s, generation %lld)\n", g.name().c_str(), g.job_id().c_str(),
+              static_cast<long long>(g.generation()));
+  std::printf("backend  %s\nstate    %s%s%s\ntimeout  %gs\n", g.backend().c_str(),
+              GroupStateName(g.state()).c_str(), g.broken_reason().empty() ? "" : ": ",
+              g.broken_reason().c_str(), g.timeout_millis() / 1000.0);
+  if (!g.tag().empty()) std::printf("tag      %s\n", g.tag().c_str());
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& m : g.members()) {
+    rows.push_back({absl::StrCat(m.global_rank()), absl::StrCat(m.group_rank()), m.node(),
+                    absl::StrCat(m.pid()), m.state(),
+                    m.last_submitted_seq() ? absl::StrCat(m.last_submitted_seq()) : "-",
+                    m.last_completed_seq() ? absl::StrCat(m.last_completed_seq()) : "-"});
+  }
+  PrintTable({"RANK", "GROUP_RANK", "NODE", "PID", "STATE", "SUBMITTED", "COMPLETED"}, rows);
+  return 0;
+}
+
+int RunAbort(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() < 2 || args.size() > 3) return Usage("abort JOB [GROUP] [--reason TEXT]");
+  auto channel = ConnectToDaemon(options.target);
+  auto context = ContextWithTimeout(options.timeout);
+  grpc::Status rpc;
+  if (args.size() == 2) {
+    v1::AbortJobRequest req;
+    req.set_job_id(args[1]);
+    req.set_reason(options.reason);
+    v1::AbortJobResponse resp;
+    rpc = v1::Session::NewStub(channel)->AbortJob(context.get(), req, &resp);
+  } else {
+    v1::AbortGroupRequest req;
+    req.set_job_id(args[1]);
+    req.set_name(args[2]);
+    req.set_reason(options.reason);
+    v1::AbortGroupResponse resp;
+    rpc = v1::Groups::NewStub(channel)->AbortGroup(context.get(), req, &resp);
+  }
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "abort"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: abort: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  return 0;
+}
+
 }  // namespace
 }  // namespace muster
 
@@ -243,6 +523,8 @@ int main(int argc, char** argv) {
   flags.AddDouble("timeout", &timeout_seconds,
                   "Seconds to wait for the daemon's answer (store get/wait: for the keys).");
   flags.AddString("prefix", &options.prefix, "store keys: only keys starting with this.");
+  flags.AddString("job", &options.job, "ranks, groups, group: only this job.");
+  flags.AddString("reason", &options.reason, "abort: the reason the ranks will see.");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
 
   if (!socket_path.empty() && !address.empty()) {
@@ -262,6 +544,11 @@ int main(int argc, char** argv) {
   }
   if (args[0] == "status" && args.size() == 1) return muster::RunStatus(options);
   if (args[0] == "store") return muster::RunStore(options, args);
+  if (args[0] == "jobs" && args.size() == 1) return muster::RunJobs(options);
+  if (args[0] == "ranks" && args.size() == 1) return muster::RunRanks(options);
+  if (args[0] == "groups" && args.size() == 1) return muster::RunGroups(options);
+  if (args[0] == "group" && args.size() == 2) return muster::RunGroup(options, args[1]);
+  if (args[0] == "abort") return muster::RunAbort(options, args);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }

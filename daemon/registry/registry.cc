@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -39,6 +40,22 @@ const char* GroupStateName(v1::GroupState s) {
     default:
       return "unknown";
   }
+}
+
+// True if `pid` no longer runs: no such process, or a zombie waiting to be
+// reaped by its parent.
+bool ProcessGone(int64_t pid) {
+  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
+  std::string stat;
+  if (FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r")) {
+    char buf[512];
+    size_t n = std::fread(buf, 1, sizeof(buf), f);
+    std::fclose(f);
+    stat.assign(buf, n);
+  }
+  // "pid (comm) S ...": the state follows the last ')'.
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
 }
 
 }  // namespace
@@ -294,12 +311,14 @@ void Registry::Leave(const std::string& session_id) {
 void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
   std::shared_ptr<JobCoordinator> coordinator;
   FailureRecord record;
+  std::string job_id_of_session;
   {
     absl::MutexLock lock(&mu_);
     auto s = sessions_.find(session_id);
     if (s == sessions_.end()) return;
     Job* job = FindJob(s->second.first);
     int rank = s->second.second;
+    job_id_of_session = s->second.first;
     sessions_.erase(s);
     if (job == nullptr) return;
     auto it = job->ranks.find(rank);
@@ -312,16 +331,26 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
       return;
     }
     if (r.info.state() != v1::RANK_STATE_ALIVE) return;  // left in order, or already failed
-    int64_t pid = r.info.pid();
-    bool gone = ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
-    std::string reason = gone ? "its process exited without leaving the job"
-                              : "it closed its session to musterd without leaving the job";
-    record = FailureRecord{rank, r.info.host(), pid, reason};
-    MarkFailed(*job, rank, r.info.host(), pid, reason);
+    record = FailureRecord{rank, r.info.host(), r.info.pid(), ""};
     coordinator = job->coordinator;
   }
-  if (coordinator == nullptr) return;
-  Spawn([coordinator, record] {
+  std::string job_id = job_id_of_session;
+  // The stream can close a moment before the kernel marks the process as
+  // exited: give it a little time, so the message says what happened.
+  Spawn([this, coordinator, record, job_id]() mutable {
+    bool gone = false;
+    for (int i = 0; i < 30 && !(gone = ProcessGone(record.pid)); ++i) {
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+    record.reason = gone ? "its process exited without leaving the job"
+                         : "it closed its session to musterd without leaving the job (the "
+                           "process is still running)";
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      if (job == nullptr || stopping_) return;
+      MarkFailed(*job, record.rank, record.host, record.pid, record.reason);
+    }
     absl::Status reported = coordinator->ReportFailure(record);
     if (!reported.ok()) {
       MLOG(WARNING) << "cannot publish the failure of rank " << record.rank << ": "

@@ -1,0 +1,324 @@
+// Multi-process tests of ranks, the world and process groups: real musterd
+// processes and real rank processes (muster-test-rank) that join jobs,
+// create groups, hit barriers, fail and misbehave.
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "test/daemon_harness.h"
+
+namespace muster::testing {
+namespace {
+
+std::unique_ptr<TestDaemon> StartDaemon() {
+  auto daemon = TestDaemon::Start();
+  INFO(daemon.status().ToString());
+  REQUIRE(daemon.ok());
+  return *std::move(daemon);
+}
+
+struct RankRun {
+  std::unique_ptr<Subprocess> process;
+  std::string out;
+  ExitInfo exit;
+};
+
+// Rank processes of one job, all started before any is waited for.
+class Job {
+ public:
+  Job(TestDaemon& daemon, std::string job_id, int world)
+      : daemon_(daemon), job_id_(std::move(job_id)), world_(world) {}
+
+  void Start(int rank, const std::string& script, std::map<std::string, std::string> env = {}) {
+    env.emplace("RANK", std::to_string(rank));
+    env.emplace("WORLD_SIZE", std::to_string(world_));
+    env.emplace("MASTER_ADDR", "127.0.0.1");
+    env.emplace("MASTER_PORT", std::to_string(daemon_.store_port()));
+    env.emplace("MUSTER_SOCKET", daemon_.socket_path());
+    env.emplace("MUSTER_JOB_ID", job_id_);
+    auto p = Subprocess::Start({RunfilePath("test/muster-test-rank"), script}, dir_.path(), env);
+    REQUIRE(p.ok());
+    runs_.push_back(RankRun{std::move(*p), "", {}});
+  }
+  // Waits for every rank; returns all their output lines.
+  std::string WaitAll(absl::Duration timeout = absl::Seconds(60)) {
+    std::string all;
+    for (RankRun& r : runs_) {
+      auto exit = r.process->Wait(timeout);
+      INFO(r.process->Stdout() << r.process->Stderr());
+      REQUIRE(exit.ok());
+      r.exit = *exit;
+      r.out = r.process->Stdout();
+      all += r.out;
+    }
+    return all;
+  }
+  std::vector<RankRun>& runs() { return runs_; }
+
+ private:
+  TestDaemon& daemon_;
+  std::string job_id_;
+  int world_;
+  TempDir dir_;
+  std::vector<RankRun> runs_;
+};
+
+std::string Ctl(TestDaemon& daemon, std::vector<std::string> args, int* code = nullptr) {
+  std::vector<std::string> argv = {RunfilePath("tools/musterctl"), daemon.SocketFlag()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  auto r = Run(argv);
+  REQUIRE(r.ok());
+  if (code != nullptr) *code = r->exit.code;
+  return r->out + r->err;
+}
+
+// `text` with every run of spaces collapsed to one (for table checks).
+std::string Squeeze(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    if (c == ' ' && !out.empty() && out.back() == ' ') continue;
+    out += c;
+  }
+  return out;
+}
+
+// The number after "key=" in the rank's line for `step`, or -1.
+int64_t Field(const std::string& out, const std::string& line_start, const std::string& key) {
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    if (!absl::StartsWith(line, line_start)) continue;
+    size_t at = line.find(key + "=");
+    if (at == absl::string_view::npos) return -1;
+    int64_t v = -1;
+    absl::string_view rest = line.substr(at + key.size() + 1);
+    (void)absl::SimpleAtoi(rest.substr(0, rest.find(' ')), &v);
+    return v;
+  }
+  return -1;
+}
+
+TEST_CASE(
+    "four ranks init from the environment, form groups and subgroups, and show in "
+    "musterctl") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "train", 4);
+  for (int r = 0; r < 4; ++r) {
+    job.Start(r,
+              "init;group pair 0,1;subgroups 2;enumerate 0,3/1,2;barrier world;barrier pair;"
+              "barrier world;store;sleep 1500");
+  }
+  absl::SleepFor(absl::Milliseconds(900));
+  int code = 0;
+  std::string groups = Ctl(*daemon, {"groups", "--job", "train"}, &code);
+  CHECK(code == 0);
+  std::string group = Ctl(*daemon, {"group", "world", "--job=train", "--json"}, &code);
+  std::string ranks = Ctl(*daemon, {"ranks"});
+  std::string jobs = Ctl(*daemon, {"jobs"});
+  std::string status = Ctl(*daemon, {"status", "--json"});
+  std::string out = job.WaitAll();
+  INFO(out);
+  for (auto& r : job.runs()) CHECK(r.exit.code == 0);
+  for (int r = 0; r < 4; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": ");
+    CHECK(absl::StrContains(out, p + "init ok name=world rank=" + std::to_string(r) +
+                                     " size=4 ranks=0,1,2,3 backend=cpu:gloo"));
+    CHECK(absl::StrContains(
+        out, p + "group pair 0,1 ok name=pair rank=" + std::to_string(r < 2 ? r : -1) + " size=2"));
+    CHECK(absl::StrContains(out, p + "barrier pair " + (r < 2 ? "ok" : "error")));
+    CHECK(absl::StrContains(out, p + "store ok from0=0"));
+  }
+  // new_subgroups(2): {0,1} {2,3}; by enumeration: {0,3} {1,2}.
+  // Automatic names count every group this rank created ("pair" was 1).
+  CHECK(absl::StrContains(
+      out, "rank 3: subgroups 2 ok count=2 mine: name=group_3 rank=1 size=2 ranks=2,3"));
+  CHECK(absl::StrContains(
+      out, "rank 0: subgroups 2 ok count=2 mine: name=group_2 rank=0 size=2 ranks=0,1"));
+  CHECK(absl::StrContains(
+      out, "rank 3: enumerate 0,3/1,2 ok count=2 mine: name=group_4 rank=1 size=2 ranks=0,3"));
+  CHECK(absl::StrContains(
+      out, "rank 2: enumerate 0,3/1,2 ok count=2 mine: name=group_5 rank=1 size=2 ranks=1,2"));
+  CHECK(absl::StrContains(out,
+                          "rank 2: barrier pair error INVALID_ARGUMENT: rank 2 is not a member"));
+  INFO(groups);
+  CHECK(absl::StrContains(Squeeze(groups), "train world cpu:gloo ready 4 0,1,2,3"));
+  CHECK(absl::StrContains(Squeeze(groups), "train pair cpu:gloo ready 2 0,1"));
+  CHECK(absl::StrContains(group, "\"name\":\"world\""));
+  CHECK(absl::StrContains(group, "\"state\":\"ready\""));
+  CHECK(absl::StrContains(group, "{\"global_rank\":3,\"group_rank\":3,\"node\":"));
+  CHECK(absl::StrContains(ranks, "STATE"));
+  CHECK(absl::StrContains(ranks, "alive"));
+  CHECK(absl::StrContains(Squeeze(jobs), "train 0 4 4 running"));
+  CHECK(absl::StrContains(status, "\"sessions\":4"));
+  CHECK(absl::StrContains(status, "\"jobs\":1"));
+}
+
+TEST_CASE("a rank killed with SIGKILL fails the others' barrier within 2 s, naming it") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "crashy", 4);
+  for (int r = 0; r < 3; ++r) job.Start(r, "init;barrier world;barrier world 30000;failures");
+  job.Start(3, "init;barrier world;sleep 300;crash");
+  std::string out = job.WaitAll();
+  INFO(out);
+  auto& victim = job.runs()[3];
+  CHECK(victim.exit.signal == SIGKILL);
+  int64_t pid = victim.process->pid();
+  for (int r = 0; r < 3; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": barrier world 30000 error ABORTED: ");
+    CHECK(absl::StrContains(out, p + "barrier 2 on group 'world' aborted: rank 3 (host "));
+    CHECK(absl::StrContains(out, absl::StrCat("pid ", pid, ") failed: its process exited")));
+    int64_t elapsed = Field(out, absl::StrCat("rank ", r, ": barrier world 30000"), "elapsed_ms");
+    CHECK(elapsed >= 200);  // it really waited for rank 3
+    CHECK(elapsed < 2300);  // 300 ms of sleep + under 2 s to notice
+    CHECK(absl::StrContains(out, absl::StrCat("rank ", r, ": failures ok rank 3 (host")));
+  }
+  std::string group = Ctl(*daemon, {"group", "world"});
+  CHECK(absl::StrContains(group, "state    broken: rank 3"));
+  std::string ranks = Ctl(*daemon, {"ranks", "--json"});
+  CHECK(absl::StrContains(ranks, "\"rank\":3"));
+  CHECK(absl::StrContains(ranks, "\"state\":\"failed\""));
+  // The daemon survived and serves a new job.
+  Job next(*daemon, "after", 2);
+  next.Start(0, "init;barrier world");
+  next.Start(1, "init;barrier world");
+  std::string out2 = next.WaitAll();
+  CHECK(absl::StrContains(out2, "rank 0: barrier world ok"));
+  CHECK(absl::StrContains(out2, "rank 1: barrier world ok"));
+}
+
+TEST_CASE(
+    "group formation that never completes fails with DEADLINE_EXCEEDED naming the "
+    "missing ranks") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "partial", 4);
+  // Ranks 1 and 3 never start; the world group cannot form.
+  std::map<std::string, std::string> env = {{"MUSTER_TEST_INIT_TIMEOUT_MS", "1000"}};
+  job.Start(0, "init", env);
+  job.Start(2, "init", env);
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out,
+                          "rank 0: init error DEADLINE_EXCEEDED: formation of group 'world' "
+                          "timed out; ranks that never arrived: 1, 3"));
+  CHECK(absl::StrContains(out, "rank 2: init error DEADLINE_EXCEEDED"));
+}
+
+TEST_CASE("bad registrations are clear errors and do not disturb other jobs") {
+  auto daemon = StartDaemon();
+  Job good(*daemon, "good", 2);
+  good.Start(0, "init;sleep 2500;barrier world");
+  good.Start(1, "init;sleep 2500;barrier world");
+  absl::SleepFor(absl::Milliseconds(700));
+  {
+    Job bad(*daemon, "badrank", 4);
+    bad.Start(4, "init");
+    std::string out = bad.WaitAll();
+    CHECK(absl::StrContains(out,
+                            "init error INVALID_ARGUMENT: rank 4 is outside the world of size 4"));
+  }
+  {
+    Job dup(*daemon, "good", 2);  // rank 1 of "good" is alive
+    dup.Start(1, "init");
+    std::string out = dup.WaitAll();
+    CHECK(absl::StrContains(
+        out, "init error ALREADY_EXISTS: rank 1 of job 'good' is already registered"));
+  }
+  {
+    Job mismatch(*daemon, "good", 3);
+    mismatch.Start(2, "init");
+    std::string out = mismatch.WaitAll();
+    CHECK(absl::StrContains(
+        out,
+        "init error INVALID_ARGUMENT: rank 2 says world size 3 but job 'good' has world size 2"));
+  }
+  {
+    Job badjob(*daemon, "no spaces", 1);
+    badjob.Start(0, "init");
+    std::string out = badjob.WaitAll();
+    CHECK(absl::StrContains(out, "init error INVALID_ARGUMENT: job id 'no spaces' may only use"));
+  }
+  {
+    Job badbackend(*daemon, "be", 1);
+    badbackend.Start(0, "init;groupb g 0 mpi;groupb h 0 cpu:;group w 0,5;group d 0,0", {});
+    std::string out = badbackend.WaitAll();
+    INFO(out);
+    CHECK(absl::StrContains(out, "groupb g 0 mpi error INVALID_ARGUMENT: unknown backend 'mpi'"));
+    CHECK(
+        absl::StrContains(out, "groupb h 0 cpu: error INVALID_ARGUMENT: malformed backend config"));
+    CHECK(absl::StrContains(
+        out,
+        "group w 0,5 error INVALID_ARGUMENT: rank 5 in group 'w' is outside the world of size 1"));
+    CHECK(absl::StrContains(out, "group d 0,0 error INVALID_ARGUMENT: rank 0 appears twice"));
+  }
+  int code = 0;
+  std::string unknown = Ctl(*daemon, {"group", "nope"}, &code);
+  CHECK(code == 1);
+  CHECK(absl::StrContains(unknown, "no group 'nope'"));
+  std::string out = good.WaitAll();
+  CHECK(absl::StrContains(out, "rank 0: barrier world ok"));
+  CHECK(absl::StrContains(out, "rank 1: barrier world ok"));
+}
+
+TEST_CASE("two jobs on one daemon are independent, also when one of them fails") {
+  auto daemon = StartDaemon();
+  Job a(*daemon, "job-a", 2);
+  Job b(*daemon, "job-b", 2);
+  a.Start(0, "init;barrier world;barrier world 20000");
+  a.Start(1, "init;barrier world;crash");
+  b.Start(0, "init;group same 0,1;barrier world;sleep 1000;barrier world;barrier same");
+  b.Start(1, "init;group same 0,1;barrier world;sleep 1000;barrier world;barrier same");
+  std::string out_a = a.WaitAll();
+  std::string out_b = b.WaitAll();
+  INFO(out_a << out_b);
+  CHECK(absl::StrContains(out_a, "rank 0: barrier world 20000 error ABORTED"));
+  CHECK(absl::StrContains(out_b, "rank 0: barrier same ok"));
+  CHECK(absl::StrContains(out_b, "rank 1: barrier same ok"));
+  CHECK_FALSE(absl::StrContains(out_b, "error"));
+  std::string jobs = Ctl(*daemon, {"jobs"});
+  CHECK(absl::StrContains(Squeeze(jobs), "job-a 0 2 2 failed"));
+  CHECK(absl::StrContains(Squeeze(jobs), "job-b 0 2 2 finished"));
+}
+
+TEST_CASE("a third-party backend registered by name is usable for groups") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "custom", 2);
+  for (int r = 0; r < 2; ++r) {
+    job.Start(r,
+              "backend echo;init;groupb e 0,1 echo;groupb mixed 0,1 cpu:echo,cuda:nccl;barrier e");
+  }
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(
+      out, "rank 0: groupb e 0,1 echo ok name=e rank=0 size=2 ranks=0,1 backend=cpu:echo"));
+  CHECK(absl::StrContains(out,
+                          "rank 1: groupb mixed 0,1 cpu:echo,cuda:nccl ok name=mixed rank=1 size=2 "
+                          "ranks=0,1 backend=cpu:echo,cuda:nccl"));
+  CHECK(absl::StrContains(out, "rank 1: barrier e ok"));
+}
+
+TEST_CASE("musterctl abort fails a job's pending operations with the operator's reason") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "victim", 3);
+  job.Start(0, "init;barrier world 20000;failures");
+  job.Start(1, "init;barrier world 20000;failures");
+  std::map<std::string, std::string> env;
+  job.Start(2, "init;sleep 5000");
+  absl::SleepFor(absl::Milliseconds(1200));
+  int code = 0;
+  Ctl(*daemon, {"abort", "victim", "--reason", "maintenance window"}, &code);
+  CHECK(code == 0);
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out,
+                          "rank 0: barrier world 20000 error ABORTED: barrier 1 on group 'world' "
+                          "aborted: job aborted: maintenance window"));
+  CHECK(absl::StrContains(out, "rank 1: failures ok job aborted: maintenance window"));
+  Ctl(*daemon, {"abort", "nosuchjob"}, &code);
+  CHECK(code == 1);
+}
+
+}  // namespace
+}  // namespace muster::testing
