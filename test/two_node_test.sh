@@ -1,0 +1,109 @@
+#!/usr/bin/env bash
+# Two "nodes" in two network namespaces joined by a veth pair, each with its
+# own musterd; four ranks (two per node) join one job whose store is node
+# A's musterd. Checks world init and groups across both daemons, that node B
+# reaches the store only through its daemon (fan-in), and that a rank killed
+# on node B fails node A's pending barrier within 2 s, naming the rank.
+# Needs root (ip netns); without it the test is reported as skipped.
+set -uo pipefail
+
+find_bin() {
+  local rel=$1
+  if [[ -n "${TEST_SRCDIR:-}" && -x "$TEST_SRCDIR/${TEST_WORKSPACE:-muster}/$rel" ]]; then
+    echo "$TEST_SRCDIR/${TEST_WORKSPACE:-muster}/$rel"
+  else
+    echo "$(cd "$(dirname "$0")/.." && pwd)/bazel-bin/$rel"
+  fi
+}
+MUSTERD=$(find_bin daemon/musterd)
+MUSTERCTL=$(find_bin tools/musterctl)
+RANK=$(find_bin test/muster-test-rank)
+
+if [[ $(id -u) -ne 0 ]] || ! ip netns add "muster-probe-$$" 2>/dev/null; then
+  echo "MUSTER_TEST_SKIPPED: creating network namespaces needs root and iproute2"
+  exit 0
+fi
+ip netns del "muster-probe-$$"
+
+id=$(( $$ % 250 + 1 ))
+NA="muster-a-$$"
+NB="muster-b-$$"
+IPA="198.18.$id.1"
+IPB="198.18.$id.2"
+WORK=$(mktemp -d /tmp/muster-2node-XXXXXX)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  ip netns del "$NA" 2>/dev/null
+  ip netns del "$NB" 2>/dev/null
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*"
+  for f in "$WORK"/*.log "$WORK"/*.out; do [[ -f $f ]] && { echo "== $f"; cat "$f"; }; done
+  exit 1
+}
+
+ip netns add "$NA" && ip netns add "$NB" || fail "ip netns add"
+ip link add "va$$" type veth peer name "vb$$" || fail "veth"
+ip link set "va$$" netns "$NA" && ip link set "vb$$" netns "$NB" || fail "veth move"
+ip -n "$NA" addr add "$IPA/24" dev "va$$" && ip -n "$NB" addr add "$IPB/24" dev "vb$$" || fail "addr"
+for ns in "$NA" "$NB"; do ip -n "$ns" link set lo up; done
+ip -n "$NA" link set "va$$" up && ip -n "$NB" link set "vb$$" up || fail "link up"
+
+# Node A: the job's store. Node B: no store of its own (--store=false).
+ip netns exec "$NA" "$MUSTERD" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \
+  --store-port 0 --ready-file "$WORK/a.json" 2>"$WORK/musterd-a.log" &
+pids+=($!)
+ip netns exec "$NB" "$MUSTERD" --socket "$WORK/b.sock" --listen "$IPB" --grpc-port 0 \
+  --store=false --ready-file "$WORK/b.json" 2>"$WORK/musterd-b.log" &
+pids+=($!)
+for _ in $(seq 200); do [[ -s $WORK/a.json && -s $WORK/b.json ]] && break; sleep 0.05; done
+[[ -s $WORK/a.json && -s $WORK/b.json ]] || fail "daemons did not start"
+PORT=$(sed -E 's/.*"store_port":([0-9]+).*/\1/' "$WORK/a.json")
+
+start_rank() {  # rank namespace socket script
+  ip netns exec "$2" env RANK="$1" LOCAL_RANK=$(( $1 % 2 )) WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 MASTER_ADDR="$IPA" \
+    MASTER_PORT="$PORT" MUSTER_SOCKET="$3" MUSTER_JOB_ID=two-node "$RANK" "$4" \
+    >"$WORK/rank$1.out" 2>&1 &
+  pids+=($!)
+  eval "rank_pid_$1=$!"
+}
+SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world"
+start_rank 0 "$NA" "$WORK/a.sock" "$SCRIPT;barrier world 20000"
+start_rank 1 "$NA" "$WORK/a.sock" "$SCRIPT;barrier cross 20000;barrier world 20000"
+start_rank 2 "$NB" "$WORK/b.sock" "$SCRIPT;barrier cross 20000;sleep 2500;crash"
+start_rank 3 "$NB" "$WORK/b.sock" "$SCRIPT;sleep 5000"
+
+# While the job runs: both daemons show the cross-node groups; node A's
+# store sees connections from node B's daemon only, not from its ranks.
+sleep 1.5
+groups_b=$(ip netns exec "$NB" "$MUSTERCTL" --socket "$WORK/b.sock" groups) || fail "musterctl B"
+echo "$groups_b" | grep -Eq "two-node +cross +cpu:gloo +ready +2 +1,2" || fail "B groups: $groups_b"
+groups_a=$(ip netns exec "$NA" "$MUSTERCTL" --socket "$WORK/a.sock" groups) || fail "musterctl A"
+echo "$groups_a" | grep -Eq "two-node +group_2 +cpu:gloo +ready +2 +2,3" || fail "A groups: $groups_a"
+ranks_b=$(ip netns exec "$NB" "$MUSTERCTL" --socket "$WORK/b.sock" ranks) || fail "ranks B"
+echo "$ranks_b" | grep -Eq "two-node +0 +3 +4 +1 " || fail "B ranks: $ranks_b"
+peers=$(ip netns exec "$NA" ss -Htn state established "( sport = :$PORT )" | awk '{print $4}' \
+  | grep -c "^$IPB:" || true)
+(( peers >= 1 && peers <= 4 )) || fail "node B holds $peers store connections to node A (want 1-4)"
+
+for r in 0 1 2 3; do wait "$(eval echo \$rank_pid_$r)"; done
+for r in 0 1 2 3; do
+  grep -q "rank $r: init ok name=world rank=$r size=4" "$WORK/rank$r.out" || fail "rank $r init"
+  grep -q "rank $r: barrier world ok" "$WORK/rank$r.out" || fail "rank $r barrier"
+done
+grep -q "rank 2: subgroups 2 ok count=2 mine: name=group_2 rank=0 size=2 ranks=2,3" \
+  "$WORK/rank2.out" || fail "rank 2 subgroup"
+grep -q "rank 1: barrier cross 20000 ok" "$WORK/rank1.out" || fail "cross barrier on A"
+grep -q "rank 2: barrier cross 20000 ok" "$WORK/rank2.out" || fail "cross barrier on B"
+for r in 0 1; do
+  line=$(grep "rank $r: barrier world 20000" "$WORK/rank$r.out")
+  [[ $line == *"error ABORTED"*"rank 2 (host"*"failed: its process exited"* ]] \
+    || fail "rank $r did not see rank 2's failure: $line"
+  ms=$(echo "$line" | sed -E 's/.*elapsed_ms=([0-9]+).*/\1/')
+  (( ms < 4500 )) || fail "rank $r noticed the failure after $ms ms (2.5 s sleep + 2 s allowed)"
+done
+echo "PASS: two nodes, 4 ranks, cross-node groups, fan-in ($peers store connection(s) from B), failure seen on A"
