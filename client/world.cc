@@ -319,6 +319,40 @@ absl::StatusOr<std::shared_ptr<Store>> World::store() {
 
 std::vector<std::string> World::failures() const { return session_->failures(); }
 
+namespace {
+absl::Mutex default_world_mu;
+World* default_world ABSL_GUARDED_BY(default_world_mu) = nullptr;
+}  // namespace
+
+absl::Status InitProcessGroup(InitOptions options) {
+  absl::MutexLock lock(&default_world_mu);
+  if (default_world != nullptr) {
+    return absl::FailedPreconditionError("InitProcessGroup was already called in this process");
+  }
+  ASSIGN_OR_RETURN(auto world, World::Init(std::move(options)));
+  default_world = world.release();
+  return absl::OkStatus();
+}
+
+World* DefaultWorld() {
+  absl::MutexLock lock(&default_world_mu);
+  return default_world;
+}
+
+bool IsInitialized() { return DefaultWorld() != nullptr; }
+
+absl::Status DestroyProcessGroup() {
+  World* world;
+  {
+    absl::MutexLock lock(&default_world_mu);
+    world = default_world;
+    default_world = nullptr;
+  }
+  if (world == nullptr) return absl::FailedPreconditionError("InitProcessGroup was not called");
+  delete world;
+  return absl::OkStatus();
+}
+
 absl::StatusOr<int> ProcessGroup::GroupRank(int global_rank) const {
   for (size_t i = 0; i < ranks_.size(); ++i) {
     if (ranks_[i] == global_rank) return static_cast<int>(i);

@@ -97,6 +97,36 @@ int main(int argc, char** argv) {
       if (!w.ok()) return 3;
       world = std::move(*w);
       groups["world"] = std::shared_ptr<muster::ProcessGroup>(&world->world_group(), [](auto*) {});
+    } else if (cmd == "cinit") {
+      // The c10d-style process-wide API.
+      absl::Status s = muster::InitProcessGroup();
+      std::string detail;
+      if (s.ok()) {
+        world.reset(muster::DefaultWorld());
+        s = muster::InitProcessGroup();
+        detail = absl::StrCat("second call: ", s.ToString());
+        s = absl::OkStatus();
+        groups["world"] =
+            std::shared_ptr<muster::ProcessGroup>(&world->world_group(), [](auto*) {});
+      }
+      report(step, s, detail);
+      if (!s.ok()) return 3;
+    } else if (cmd == "tagged") {
+      muster::GroupOptions o;
+      o.name = words[1];
+      o.tag = words[2];
+      bool unused;
+      auto g = world->NewGroup(Ranks(words[3], &unused), o);
+      report(step, g.status(), g.ok() ? absl::StrCat(describe(**g), " tag=", (*g)->tag()) : "");
+      if (g.ok()) groups[(*g)->name()] = *g;
+    } else if (cmd == "lookup") {
+      auto it = groups.find(words[1]);
+      int global = 0;
+      (void)absl::SimpleAtoi(words[2], &global);
+      auto gr = it->second->GroupRank(global);
+      auto back = gr.ok() ? it->second->GlobalRank(*gr) : gr;
+      report(step, back.status(),
+             back.ok() ? absl::StrCat("group_rank=", *gr, " global_rank=", *back) : "");
     } else if (cmd == "group" || cmd == "autogroup" || cmd == "groupb") {
       muster::GroupOptions o;
       bool local = false;

@@ -320,5 +320,47 @@ TEST_CASE("musterctl abort fails a job's pending operations with the operator's 
   CHECK(code == 1);
 }
 
+TEST_CASE("local synchronization, tags, rank lookups, destroy and the c10d-style API") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "misc", 3);
+  // Only members 0 and 2 create "edge" (local synchronization): rank 1
+  // never calls, and formation still completes.
+  job.Start(0,
+            "cinit;group edge 0,2,local;tagged t mytag 0,1,2;lookup edge 2;lookup edge 1;"
+            "barrier edge;destroy edge;barrier edge;sleep 300");
+  job.Start(1, "cinit;tagged t mytag 0,1,2;sleep 800");
+  job.Start(2,
+            "cinit;group edge 0,2,local;tagged t mytag 0,1,2;barrier edge;destroy edge;"
+            "destroy edge;sleep 300");
+  absl::SleepFor(absl::Milliseconds(600));
+  std::string edge = Ctl(*daemon, {"group", "edge", "--job", "misc", "--json"});
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out,
+                          "rank 0: cinit ok second call: FAILED_PRECONDITION: "
+                          "InitProcessGroup was already called"));
+  CHECK(
+      absl::StrContains(out, "rank 0: group edge 0,2,local ok name=edge rank=0 size=2 ranks=0,2"));
+  CHECK(absl::StrContains(out, "rank 2: group edge 0,2,local ok name=edge rank=1 size=2"));
+  CHECK(absl::StrContains(out,
+                          "rank 1: tagged t mytag 0,1,2 ok name=t rank=1 size=3 ranks=0,1,2 "
+                          "backend=cpu:gloo tag=mytag"));
+  CHECK(absl::StrContains(out, "rank 0: lookup edge 2 ok group_rank=1 global_rank=2"));
+  CHECK(absl::StrContains(out,
+                          "rank 0: lookup edge 1 error INVALID_ARGUMENT: rank 1 is not in "
+                          "group 'edge'"));
+  CHECK(absl::StrContains(out, "rank 0: barrier edge ok"));
+  CHECK(absl::StrContains(out, "rank 0: destroy edge ok"));
+  CHECK(absl::StrContains(out,
+                          "rank 0: barrier edge error FAILED_PRECONDITION: group 'edge' was "
+                          "destroyed"));
+  CHECK(absl::StrContains(out,
+                          "rank 2: destroy edge error FAILED_PRECONDITION: group 'edge' was "
+                          "already destroyed by rank 2"));
+  CHECK(absl::StrContains(edge, "\"local_synchronization\":true"));
+  std::string groups = Ctl(*daemon, {"groups", "--job", "misc"});
+  CHECK(absl::StrContains(Squeeze(groups), "misc edge cpu:gloo destroyed 2 0,2"));
+}
+
 }  // namespace
 }  // namespace muster::testing

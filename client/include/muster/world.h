@@ -147,6 +147,17 @@ class World {
   std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
 };
 
+// c10d-style process-wide API around one World.
+//
+// InitProcessGroup joins the job (options unset are read from the
+// environment, like env://); FailedPrecondition if already joined.
+absl::Status InitProcessGroup(InitOptions options = {});
+// The World joined by InitProcessGroup, or nullptr.
+World* DefaultWorld();
+bool IsInitialized();
+// Leaves the job and forgets the World (c10d's destroy_process_group()).
+absl::Status DestroyProcessGroup();
+
 }  // namespace muster
 
 #endif  // MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
