@@ -1,0 +1,595 @@
+#include "tools/launcher.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/json.h"
+#include "common/paths.h"
+#include "muster/tcp_store.h"
+#include "proto/admin.grpc.pb.h"
+#include "tools/daemon_client.h"
+
+extern char** environ;
+
+namespace muster {
+namespace {
+
+void Say(const std::string& message) { std::fprintf(stderr, "muster-run: %s\n", message.c_str()); }
+
+std::string Describe(int status) {
+  if (WIFEXITED(status)) return absl::StrCat("exited with status ", WEXITSTATUS(status));
+  if (WIFSIGNALED(status)) {
+    return absl::StrCat("was killed by signal ", WTERMSIG(status), " (",
+                        strsignal(WTERMSIG(status)), ")");
+  }
+  return "ended";
+}
+
+bool FileExecutable(const std::string& path) { return ::access(path.c_str(), X_OK) == 0; }
+
+std::string FindMusterd(const std::string& flag) {
+  if (!flag.empty()) return flag;
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  std::filesystem::path dir = self.parent_path();
+  for (const std::filesystem::path& candidate :
+       {dir / "musterd", dir / "../daemon/musterd",
+        dir / "muster-run.runfiles/muster/daemon/musterd"}) {
+    if (FileExecutable(candidate.string())) return candidate.lexically_normal().string();
+  }
+  if (const char* path = std::getenv("PATH")) {
+    std::stringstream ss(path);
+    std::string d;
+    while (std::getline(ss, d, ':')) {
+      if (FileExecutable(d + "/musterd")) return d + "/musterd";
+    }
+  }
+  return "";
+}
+
+// Asks a daemon for its status over its socket; nullopt if nobody answers.
+std::optional<v1::StatusResponse> ProbeDaemon(const std::string& socket) {
+  struct stat st;
+  if (::stat(socket.c_str(), &st) != 0) return std::nullopt;
+  DaemonTarget target;
+  target.socket_path = socket;
+  auto admin = v1::Admin::NewStub(ConnectToDaemon(target));
+  auto context = ContextWithTimeout(absl::Seconds(2));
+  v1::StatusResponse status;
+  if (!admin->Status(context.get(), v1::StatusRequest(), &status).ok()) return std::nullopt;
+  return status;
+}
+
+// One child process with its output pipes.
+struct Child {
+  int rank = -1;  // -1: the embedded daemon
+  pid_t pid = -1;
+  int out_fd = -1;
+  int err_fd = -1;
+  std::string out_partial, err_partial;
+  std::deque<std::string> tail;
+  bool running = false;
+  int status = 0;
+};
+
+class Launcher {
+ public:
+  explicit Launcher(LaunchOptions o) : o_(std::move(o)) {}
+
+  int Run() {
+    if (int bad = Validate(); bad != 0) return bad;
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, &old_mask_);
+    signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (!PrepareDaemon()) {
+      StopDaemon();
+      return 1;
+    }
+    int code = RunAttempts();
+    StopDaemon();
+    return code;
+  }
+
+ private:
+  int Validate() {
+    if (o_.command.empty()) return Usage("no command to run (muster-run [flags] -- CMD ARGS...)");
+    if (o_.nproc_per_node < 1) return Usage("--nproc-per-node must be >= 1");
+    if (o_.nnodes < 1) return Usage("--nnodes must be >= 1");
+    if (o_.node_rank < 0 || o_.node_rank >= o_.nnodes) {
+      return Usage(absl::StrCat("--node-rank must be in [0, ", o_.nnodes - 1, "]"));
+    }
+    if (o_.max_restarts < 0) return Usage("--max-restarts must be >= 0");
+    if (o_.nnodes > 1 && (o_.master_addr.empty() || o_.master_port <= 0)) {
+      return Usage("with --nnodes > 1, --master-addr and --master-port are required");
+    }
+    if (o_.master_port < 0 || o_.master_port > 65535) return Usage("--master-port out of range");
+    if (o_.job_id.empty()) {
+      o_.job_id =
+          o_.nnodes > 1 ? absl::StrCat("run-", o_.master_port) : absl::StrCat("run-", ::getpid());
+    }
+    if (!o_.token_file.empty()) {
+      std::ifstream in(o_.token_file);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      token_ = std::string(absl::StripAsciiWhitespace(ss.str()));
+      if (token_.empty()) return Usage(absl::StrCat("no token in --token-file ", o_.token_file));
+    }
+    return 0;
+  }
+
+  int Usage(const std::string& message) {
+    Say(message);
+    return 2;
+  }
+
+  // Uses a running musterd, or starts an embedded one.
+  bool PrepareDaemon() {
+    std::string socket = o_.socket.empty() ? ClientSocketPath() : o_.socket;
+    if (auto status = ProbeDaemon(socket)) {
+      socket_ = socket;
+      if (o_.master_addr.empty()) o_.master_addr = "127.0.0.1";
+      if (o_.master_port == 0) o_.master_port = status->store_port();
+      if (o_.master_port == 0) {
+        Say(absl::StrCat("the musterd at ", socket, " runs no store; pass --master-port"));
+        return false;
+      }
+      Say(absl::StrCat("using musterd ", status->version(), " (pid ", status->pid(), ") at ",
+                       socket));
+      existing_daemon_ = true;
+      return true;
+    }
+    if (!o_.socket.empty()) {
+      Say(absl::StrCat("no musterd answers at --socket ", o_.socket));
+      return false;
+    }
+    std::string musterd = FindMusterd(o_.musterd_path);
+    if (musterd.empty()) {
+      Say("no musterd is running and none was found next to muster-run or on PATH "
+          "(pass --musterd PATH)");
+      return false;
+    }
+    char tmpl[] = "/tmp/muster-run-XXXXXX";
+    if (::mkdtemp(tmpl) == nullptr) {
+      Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+      return false;
+    }
+    work_dir_ = tmpl;
+    socket_ = work_dir_ + "/musterd.sock";
+    std::string ready = work_dir_ + "/ready.json";
+    bool serves_store = o_.node_rank == 0;
+    std::vector<std::string> argv = {
+        musterd,
+        "--socket=" + socket_,
+        "--grpc-port=0",
+        "--listen=" + std::string(o_.nnodes > 1 ? "0.0.0.0" : "127.0.0.1"),
+        "--ready-file=" + ready,
+        "--log-level=warning"};
+    if (serves_store) {
+      argv.push_back(absl::StrCat("--store-port=", o_.master_port));
+      if (!o_.token_file.empty()) argv.push_back("--store-token-file=" + o_.token_file);
+    } else {
+      argv.push_back("--store=false");
+      if (!o_.token_file.empty()) argv.push_back("--store-token-file=" + o_.token_file);
+    }
+    daemon_log_ = work_dir_ + "/musterd.log";
+    daemon_pid_ = Spawn(argv, {}, nullptr, daemon_log_);
+    if (daemon_pid_ < 0) return false;
+    absl::Time deadline = absl::Now() + absl::Seconds(15);
+    while (true) {
+      std::ifstream in(ready);
+      std::stringstream ss;
+      ss << in.rdbuf();
+      auto parsed = ParseFlatJsonObject(ss.str());
+      if (parsed.ok()) {
+        int port = 0;
+        (void)absl::SimpleAtoi((*parsed)["store_port"], &port);
+        if (serves_store && o_.master_port == 0) o_.master_port = port;
+        if (o_.master_addr.empty()) o_.master_addr = "127.0.0.1";
+        break;
+      }
+      int status;
+      if (::waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_) {
+        daemon_pid_ = -1;
+        Say(absl::StrCat("the embedded musterd ", Describe(status), ":"));
+        std::ifstream log(daemon_log_);
+        std::fprintf(stderr, "%s", std::string(std::istreambuf_iterator<char>(log), {}).c_str());
+        return false;
+      }
+      if (absl::Now() > deadline) {
+        Say("the embedded musterd did not become ready within 15 s");
+        return false;
+      }
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    Say(absl::StrCat("started an embedded musterd for this job (socket ", socket_,
+                     serves_store ? absl::StrCat(", store port ", o_.master_port) : "", ")"));
+    return true;
+  }
+
+  void StopDaemon() {
+    if (daemon_pid_ > 0) {
+      ::kill(daemon_pid_, SIGTERM);
+      int status = 0;
+      absl::Time deadline = absl::Now() + absl::Seconds(10);
+      while (::waitpid(daemon_pid_, &status, WNOHANG) == 0 && absl::Now() < deadline) {
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      if (absl::Now() >= deadline) {
+        ::kill(daemon_pid_, SIGKILL);
+        ::waitpid(daemon_pid_, &status, 0);
+      }
+      daemon_pid_ = -1;
+    }
+    if (!work_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(work_dir_, ec);
+    }
+  }
+
+  // fork+exec with extra environment; stdout/stderr to pipes (child) or a
+  // log file (daemon). Returns the pid or -1.
+  pid_t Spawn(const std::vector<std::string>& argv, const std::map<std::string, std::string>& env,
+              Child* child, const std::string& log_file) {
+    int out[2] = {-1, -1}, err[2] = {-1, -1};
+    if (child != nullptr && (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0)) {
+      Say(absl::StrCat("pipe: ", std::strerror(errno)));
+      return -1;
+    }
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e != nullptr; ++e) {
+      std::string entry = *e;
+      if (env.count(entry.substr(0, entry.find('='))) == 0) env_strings.push_back(entry);
+    }
+    for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
+    std::vector<char*> c_argv, c_env;
+    for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
+    c_argv.push_back(nullptr);
+    for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
+    c_env.push_back(nullptr);
+    pid_t pid = ::fork();
+    if (pid < 0) {
+      Say(absl::StrCat("fork: ", std::strerror(errno)));
+      return -1;
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);  // signals reach the rank's own children too
+      if (child != nullptr) {
+        ::dup2(out[1], STDOUT_FILENO);
+        ::dup2(err[1], STDERR_FILENO);
+      } else {
+        int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd >= 0) {
+          ::dup2(fd, STDOUT_FILENO);
+          ::dup2(fd, STDERR_FILENO);
+        }
+      }
+      ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
+      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
+      std::fprintf(stderr, "muster-run: cannot run %s: %s\n", c_argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
+    if (child != nullptr) {
+      ::close(out[1]);
+      ::close(err[1]);
+      child->pid = pid;
+      child->out_fd = out[0];
+      child->err_fd = err[0];
+      child->running = true;
+    }
+    return pid;
+  }
+
+  std::map<std::string, std::string> RankEnv(int local_rank, int generation) {
+    int world = o_.nnodes * o_.nproc_per_node;
+    int rank = o_.node_rank * o_.nproc_per_node + local_rank;
+    std::map<std::string, std::string> env = {
+        {"RANK", absl::StrCat(rank)},
+        {"LOCAL_RANK", absl::StrCat(local_rank)},
+        {"WORLD_SIZE", absl::StrCat(world)},
+        {"LOCAL_WORLD_SIZE", absl::StrCat(o_.nproc_per_node)},
+        {"GROUP_RANK", absl::StrCat(o_.node_rank)},
+        {"MASTER_ADDR", o_.master_addr},
+        {"MASTER_PORT", absl::StrCat(o_.master_port)},
+        {"MUSTER_SOCKET", socket_},
+        {"MUSTER_JOB_ID", o_.job_id},
+        {"MUSTER_GENERATION", absl::StrCat(generation)},
+        // Unmodified PyTorch: every rank is a store client of musterd.
+        {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+        {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(generation)},
+        {"TORCHELASTIC_RUN_ID", o_.job_id},
+        {"TORCHELASTIC_MAX_RESTARTS", absl::StrCat(o_.max_restarts)},
+    };
+    if (!token_.empty()) env["MUSTER_STORE_TOKEN"] = token_;
+    if (std::getenv("PYTHONUNBUFFERED") == nullptr) env["PYTHONUNBUFFERED"] = "1";
+    return env;
+  }
+
+  // Prints complete lines from `data` with the rank prefix; keeps a tail.
+  void Emit(Child& c, std::string& partial, const char* data, size_t n, FILE* to, bool flush_all) {
+    partial.append(data, n);
+    size_t start = 0;
+    while (true) {
+      size_t nl = partial.find('\n', start);
+      if (nl == std::string::npos) break;
+      std::string line = partial.substr(start, nl - start);
+      std::fprintf(to, "[rank %d] %s\n", c.rank, line.c_str());
+      c.tail.push_back(line);
+      if (c.tail.size() > static_cast<size_t>(o_.tail_lines)) c.tail.pop_front();
+      start = nl + 1;
+    }
+    partial.erase(0, start);
+    if (flush_all && !partial.empty()) {
+      std::fprintf(to, "[rank %d] %s\n", c.rank, partial.c_str());
+      c.tail.push_back(partial);
+      if (c.tail.size() > static_cast<size_t>(o_.tail_lines)) c.tail.pop_front();
+      partial.clear();
+    }
+    std::fflush(to);
+  }
+
+  void DrainFd(Child& c, int& fd, std::string& partial, FILE* to) {
+    char buf[65536];
+    ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n > 0) {
+      Emit(c, partial, buf, n, to, false);
+    } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
+      Emit(c, partial, "", 0, to, true);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+
+  // Sends `sig` to every running rank's process group.
+  void SignalRanks(int sig) {
+    for (Child& c : ranks_) {
+      if (c.running) ::kill(-c.pid, sig);
+    }
+  }
+
+  bool AnyRunning() const {
+    for (const Child& c : ranks_) {
+      if (c.running || c.out_fd >= 0 || c.err_fd >= 0) return true;
+    }
+    return false;
+  }
+
+  void Reap() {
+    while (true) {
+      int status;
+      pid_t pid = ::waitpid(-1, &status, WNOHANG);
+      if (pid <= 0) return;
+      if (pid == daemon_pid_) {
+        daemon_pid_ = -1;
+        if (!daemon_died_reason_.size()) daemon_died_reason_ = Describe(status);
+        continue;
+      }
+      for (Child& c : ranks_) {
+        if (c.pid == pid && c.running) {
+          c.running = false;
+          c.status = status;
+        }
+      }
+    }
+  }
+
+  // Pumps output and signals until every rank ended, or `until` says stop.
+  // Returns the signal that interrupted muster-run (0 if none).
+  void Pump(int timeout_ms) {
+    std::vector<pollfd> fds;
+    std::vector<std::pair<Child*, bool>> owners;  // child, is_stderr
+    fds.push_back({signal_fd_, POLLIN, 0});
+    owners.push_back({nullptr, false});
+    for (Child& c : ranks_) {
+      if (c.out_fd >= 0) {
+        fds.push_back({c.out_fd, POLLIN, 0});
+        owners.push_back({&c, false});
+      }
+      if (c.err_fd >= 0) {
+        fds.push_back({c.err_fd, POLLIN, 0});
+        owners.push_back({&c, true});
+      }
+    }
+    int n = ::poll(fds.data(), fds.size(), timeout_ms);
+    if (n <= 0) return;
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (fds[i].revents == 0) continue;
+      if (i == 0) {
+        signalfd_siginfo si;
+        while (::read(signal_fd_, &si, sizeof(si)) == sizeof(si)) {
+          if (si.ssi_signo == SIGCHLD) {
+            Reap();
+          } else if (interrupted_ == 0) {
+            interrupted_ = static_cast<int>(si.ssi_signo);
+            Say(absl::StrCat("received ", strsignal(interrupted_), "; forwarding it to the ranks"));
+            SignalRanks(interrupted_);
+            kill_deadline_ = absl::Now() + o_.stop_grace;
+          }
+        }
+        continue;
+      }
+      Child& c = *owners[i].first;
+      if (owners[i].second) {
+        DrainFd(c, c.err_fd, c.err_partial, stderr);
+      } else {
+        DrainFd(c, c.out_fd, c.out_partial, stdout);
+      }
+    }
+  }
+
+  // The first rank that failed, if any.
+  const Child* FirstFailure() const {
+    for (const Child& c : ranks_) {
+      if (!c.running && c.pid > 0 && !(WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+        return &c;
+      }
+    }
+    return nullptr;
+  }
+
+  void StopAll(const std::string& why) {
+    bool any = false;
+    for (const Child& c : ranks_) any |= c.running;
+    if (!any) return;
+    Say(absl::StrCat(why, "; stopping the other ranks"));
+    SignalRanks(SIGTERM);
+    absl::Time deadline = absl::Now() + o_.stop_grace;
+    bool killed = false;
+    while (AnyRunning()) {
+      Pump(50);
+      if (!killed && absl::Now() > deadline) {
+        SignalRanks(SIGKILL);
+        killed = true;
+      }
+    }
+  }
+
+  std::unique_ptr<TcpStore> JobStore() {
+    if (o_.nnodes == 1) return nullptr;
+    TcpStoreOptions so;
+    so.host = o_.master_addr;
+    so.port = o_.master_port;
+    so.token = token_;
+    so.connect_timeout = absl::Seconds(60);
+    auto store = TcpStore::Connect(so);
+    if (!store.ok()) {
+      Say(absl::StrCat("cannot reach the job's store: ", store.status().message()));
+      return nullptr;
+    }
+    return std::move(*store);
+  }
+
+  int RunAttempts() {
+    std::unique_ptr<TcpStore> store = JobStore();
+    if (o_.nnodes > 1 && store == nullptr) return 1;
+    int base = 0;
+    if (existing_daemon_ && o_.nnodes == 1) {
+      // A persistent daemon may have seen this job id: never reuse a
+      // generation (its keys would be stale).
+      TcpStoreOptions so;
+      so.host = o_.master_addr;
+      so.port = o_.master_port;
+      so.token = token_;
+      auto s = TcpStore::Connect(so);
+      if (s.ok()) {
+        auto n = (*s)->Add(absl::StrCat("muster-run/", o_.job_id, "/attempts"), 1);
+        if (n.ok()) base = static_cast<int>(*n - 1);
+      }
+    }
+    std::string failure_summary;
+    for (int attempt = 0; attempt <= o_.max_restarts; ++attempt) {
+      int generation = base + attempt;
+      if (attempt > 0) {
+        Say(absl::StrCat("restarting all ", o_.nproc_per_node, " local rank(s): attempt ",
+                         attempt + 1, " of ", o_.max_restarts + 1, ", generation ", generation));
+      }
+      ranks_.clear();
+      ranks_.resize(o_.nproc_per_node);
+      for (int i = 0; i < o_.nproc_per_node; ++i) {
+        ranks_[i].rank = o_.node_rank * o_.nproc_per_node + i;
+        if (Spawn(o_.command, RankEnv(i, generation), &ranks_[i], "") < 0) return 1;
+      }
+      std::string failed_key = absl::StrCat("muster-run/", o_.job_id, "/failed/", generation);
+      std::string remote_failure;
+      absl::Time next_check = absl::Now();
+      while (AnyRunning()) {
+        Pump(100);
+        if (interrupted_ != 0 && kill_deadline_ < absl::Now()) {
+          SignalRanks(SIGKILL);
+          kill_deadline_ = absl::InfiniteFuture();
+        }
+        if (interrupted_ == 0 && FirstFailure() != nullptr) break;
+        if (interrupted_ == 0 && daemon_pid_ < 0 && !existing_daemon_ &&
+            !daemon_died_reason_.empty()) {
+          break;
+        }
+        if (store != nullptr && interrupted_ == 0 && absl::Now() >= next_check) {
+          next_check = absl::Now() + absl::Milliseconds(200);
+          auto present = store->Check({failed_key});
+          if (present.ok() && *present) {
+            auto v = store->Get(failed_key, absl::Seconds(5));
+            remote_failure = v.ok() ? *v : "another node failed";
+            break;
+          }
+        }
+      }
+      if (interrupted_ != 0) {
+        while (AnyRunning()) Pump(50);
+        Say(absl::StrCat("interrupted by ", strsignal(interrupted_), "; all ranks stopped"));
+        return 128 + interrupted_;
+      }
+      const Child* failed = FirstFailure();
+      if (failed == nullptr && remote_failure.empty() && daemon_died_reason_.empty()) {
+        Say(absl::StrCat("all ", o_.nproc_per_node, " local rank(s) exited 0"));
+        return 0;
+      }
+      std::string what;
+      if (failed != nullptr) {
+        what = absl::StrCat("rank ", failed->rank, " (pid ", failed->pid, ") ",
+                            Describe(failed->status));
+        std::vector<std::string> tail(failed->tail.begin(), failed->tail.end());
+        failure_summary = absl::StrCat(what, tail.empty() ? "" : "; its last output:\n  ",
+                                       absl::StrJoin(tail, "\n  "));
+        if (store != nullptr) {
+          (void)store->CompareSet(failed_key, "", absl::StrCat("node ", o_.node_rank, ": ", what));
+        }
+      } else if (!remote_failure.empty()) {
+        what = absl::StrCat("the job failed elsewhere (", remote_failure, ")");
+        failure_summary = what;
+      } else {
+        what = absl::StrCat("the embedded musterd ", daemon_died_reason_);
+        failure_summary = what;
+      }
+      StopAll(what);
+      // Output of ranks that failed while stopping is part of the record.
+      const Child* first = FirstFailure();
+      if (failed == nullptr && first != nullptr && remote_failure.empty()) failed = first;
+      if (!daemon_died_reason_.empty()) break;
+    }
+    Say(absl::StrCat("job ", o_.job_id, " failed: ", failure_summary));
+    return 1;
+  }
+
+  LaunchOptions o_;
+  std::string token_;
+  std::string socket_;
+  std::string work_dir_;
+  std::string daemon_log_;
+  pid_t daemon_pid_ = -1;
+  std::string daemon_died_reason_;
+  bool existing_daemon_ = false;
+  int signal_fd_ = -1;
+  sigset_t old_mask_;
+  std::vector<Child> ranks_;
+  int interrupted_ = 0;
+  absl::Time kill_deadline_ = absl::InfiniteFuture();
+};
+
+}  // namespace
+
+int RunLaunch(LaunchOptions options) { return Launcher(std::move(options)).Run(); }
+
+}  // namespace muster

@@ -1,0 +1,48 @@
+// Launcher: the engine of muster-run. It makes sure a musterd serves the
+// node (an embedded one for the job's lifetime if none is running), starts
+// the node's ranks with the environment c10d and muster expect, prefixes
+// their output with the rank, forwards SIGINT/SIGTERM, and on a rank failure
+// stops the others and either restarts all of them with a new generation
+// (up to max_restarts) or exits non-zero with a summary naming the failed
+// rank, its exit status or signal, and its last output lines. With several
+// nodes, a failure on one node stops (and restarts) the ranks of every node,
+// coordinated through the job's store.
+//
+// Not thread-safe: Run() is called once, from main().
+#ifndef MUSTER_TOOLS_LAUNCHER_H_
+#define MUSTER_TOOLS_LAUNCHER_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace muster {
+
+struct LaunchOptions {
+  int nproc_per_node = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  // The job's store. Single node: default 127.0.0.1 and the daemon's store
+  // port. Several nodes: required; node 0's daemon serves it.
+  std::string master_addr;
+  int master_port = 0;
+  std::string job_id;  // default: run-<pid> (one node), run-<master port> (several)
+  int max_restarts = 0;
+  // An existing musterd; empty: $MUSTER_SOCKET or the default socket if a
+  // healthy musterd answers there, else an embedded one.
+  std::string socket;
+  std::string musterd_path;  // embedded daemon binary; empty: next to muster-run
+  std::string token_file;    // passed to an embedded daemon; token given to ranks
+  absl::Duration stop_grace = absl::Seconds(5);
+  int tail_lines = 10;
+  std::vector<std::string> command;
+};
+
+// Runs the job; returns muster-run's exit status (0 when every rank exited
+// 0; 1 on a failure; 128+signal when interrupted; 2 for bad options).
+int RunLaunch(LaunchOptions options);
+
+}  // namespace muster
+
+#endif  // MUSTER_TOOLS_LAUNCHER_H_
