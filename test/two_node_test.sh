@@ -7,51 +7,10 @@
 # Needs root (ip netns); without it the test is reported as skipped.
 set -uo pipefail
 
-find_bin() {
-  local rel=$1
-  if [[ -n "${TEST_SRCDIR:-}" && -x "$TEST_SRCDIR/${TEST_WORKSPACE:-muster}/$rel" ]]; then
-    echo "$TEST_SRCDIR/${TEST_WORKSPACE:-muster}/$rel"
-  else
-    echo "$(cd "$(dirname "$0")/.." && pwd)/bazel-bin/$rel"
-  fi
-}
+source "$(dirname "$0")/netns_lib.sh"
 MUSTERD=$(find_bin daemon/musterd)
 MUSTERCTL=$(find_bin tools/musterctl)
 RANK=$(find_bin test/muster-test-rank)
-
-if [[ $(id -u) -ne 0 ]] || ! ip netns add "muster-probe-$$" 2>/dev/null; then
-  echo "MUSTER_TEST_SKIPPED: creating network namespaces needs root and iproute2"
-  exit 0
-fi
-ip netns del "muster-probe-$$"
-
-id=$(( $$ % 250 + 1 ))
-NA="muster-a-$$"
-NB="muster-b-$$"
-IPA="198.18.$id.1"
-IPB="198.18.$id.2"
-WORK=$(mktemp -d /tmp/muster-2node-XXXXXX)
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null; done
-  wait 2>/dev/null
-  ip netns del "$NA" 2>/dev/null
-  ip netns del "$NB" 2>/dev/null
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*"
-  for f in "$WORK"/*.log "$WORK"/*.out; do [[ -f $f ]] && { echo "== $f"; cat "$f"; }; done
-  exit 1
-}
-
-ip netns add "$NA" && ip netns add "$NB" || fail "ip netns add"
-ip link add "va$$" type veth peer name "vb$$" || fail "veth"
-ip link set "va$$" netns "$NA" && ip link set "vb$$" netns "$NB" || fail "veth move"
-ip -n "$NA" addr add "$IPA/24" dev "va$$" && ip -n "$NB" addr add "$IPB/24" dev "vb$$" || fail "addr"
-for ns in "$NA" "$NB"; do ip -n "$ns" link set lo up; done
-ip -n "$NA" link set "va$$" up && ip -n "$NB" link set "vb$$" up || fail "link up"
 
 # Node A: the job's store. Node B: no store of its own (--store=false).
 ip netns exec "$NA" "$MUSTERD" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \

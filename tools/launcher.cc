@@ -541,6 +541,14 @@ class Launcher {
         Say(absl::StrCat("interrupted by ", strsignal(interrupted_), "; all ranks stopped"));
         return 128 + interrupted_;
       }
+      if (store != nullptr && remote_failure.empty() && FirstFailure() == nullptr) {
+        // Our ranks are done; did the job fail on another node meanwhile?
+        auto present = store->Check({failed_key});
+        if (present.ok() && *present) {
+          auto v = store->Get(failed_key, absl::Seconds(5));
+          remote_failure = v.ok() ? *v : "another node failed";
+        }
+      }
       const Child* failed = FirstFailure();
       if (failed == nullptr && remote_failure.empty() && daemon_died_reason_.empty()) {
         Say(absl::StrCat("all ", o_.nproc_per_node, " local rank(s) exited 0"));
