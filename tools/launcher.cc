@@ -562,7 +562,14 @@ class Launcher {
         failure_summary = absl::StrCat(what, tail.empty() ? "" : "; its last output:\n  ",
                                        absl::StrJoin(tail, "\n  "));
         if (store != nullptr) {
-          (void)store->CompareSet(failed_key, "", absl::StrCat("node ", o_.node_rank, ": ", what));
+          // The first node to fail records the root cause; a later local
+          // failure is usually its consequence (an aborted collective).
+          std::string mine = absl::StrCat("node ", o_.node_rank, ": ", what);
+          auto first = store->CompareSet(failed_key, "", mine);
+          if (first.ok() && *first != mine) {
+            failure_summary = absl::StrCat("the job failed on another node (", *first,
+                                           "); here ", failure_summary);
+          }
         }
       } else if (!remote_failure.empty()) {
         what = absl::StrCat("the job failed elsewhere (", remote_failure, ")");
