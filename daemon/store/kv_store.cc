@@ -106,11 +106,14 @@ absl::Status KvStore::Append(absl::string_view key, absl::string_view value) {
 
 absl::Status KvStore::MultiSet(const std::vector<std::string>& keys,
                                const std::vector<std::string>& values) {
-  // All or nothing: check the total first.
+  // All or nothing: check the total first. A key may repeat (the last
+  // value wins), so count each distinct key once, with its final value.
+  absl::flat_hash_map<absl::string_view, size_t> final_value;
+  for (size_t i = 0; i < keys.size(); ++i) final_value[keys[i]] = i;
   uint64_t added = 0, removed = 0;
-  for (size_t i = 0; i < keys.size(); ++i) {
-    const std::string* old = Find(keys[i]);
-    added += values[i].size() + (old ? 0 : keys[i].size());
+  for (const auto& [key, i] : final_value) {
+    const std::string* old = Find(key);
+    added += values[i].size() + (old ? 0 : key.size());
     removed += old ? old->size() : 0;
   }
   absl::Status ok = Reserve(added, removed, keys.empty() ? "" : keys[0]);
