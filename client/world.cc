@@ -10,6 +10,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
+#include "backends/shm/collectives.h"
+#include "backends/shm/segment.h"
 #include "common/paths.h"
 #include "common/status_macros.h"
 #include "muster/prefix_store.h"
@@ -231,6 +233,25 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
   group->ranks_ = ranks;
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == options_.rank) group->rank_ = static_cast<int>(i);
+  }
+  if (resp.group().timeout_millis() > 0) {
+    group->timeout_ = absl::Milliseconds(resp.group().timeout_millis());
+  }
+  if (!group->is_member()) {
+    group->comm_status_ = absl::InvalidArgumentError(
+        absl::StrCat("rank ", options_.rank, " is not a member of group '", name, "'"));
+  } else if (resp.group().shm_name().empty()) {
+    group->comm_status_ = absl::UnimplementedError(absl::StrCat(
+        "collectives on group '", name, "' are not available: ", resp.group().shm_error()));
+  } else {
+    auto segment = GroupSegment::Open(resp.group().shm_name(), group->size());
+    if (!segment.ok()) {
+      group->comm_status_ = segment.status();
+    } else {
+      group->segment_ = std::move(*segment);
+      group->comm_ = std::make_unique<ShmCommunicator>(group->segment_.get(), group->rank_, name,
+                                                       group->ranks_);
+    }
   }
   return group;
 }

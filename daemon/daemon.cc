@@ -60,6 +60,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   RegistryOptions registry_options;
   registry_options.hostname = Hostname();
   registry_options.store_token = options.store.token;
+  registry_options.shm_slot_bytes = options.shm_slot_bytes;
   daemon->registry_ = std::make_unique<Registry>(registry_options);
   daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get());
   daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());

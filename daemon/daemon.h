@@ -44,6 +44,8 @@ struct DaemonOptions {
   // The TCP key-value store (its listen address is `listen_address`).
   bool store_enabled = true;
   StoreServerOptions store;
+  // Per-rank bytes of each node-local group's shared-memory segment.
+  uint64_t shm_slot_bytes = 4 << 20;
 };
 
 class Daemon {

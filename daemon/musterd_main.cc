@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -86,6 +87,7 @@ int main(int argc, char** argv) {
   int64_t max_request_bytes = options.store.limits.max_request_bytes;
   int64_t max_connections = options.store.max_connections;
   int64_t max_total_bytes = options.store.max_total_bytes;
+  int64_t shm_slot_bytes = options.shm_slot_bytes;
 
   muster::FlagSet flags(
       "musterd",
@@ -134,6 +136,9 @@ int main(int argc, char** argv) {
   flags.AddString("state-dir", &options.store.state_dir,
                   "Keep the store durable: an append-only log in this directory, replayed at\n"
                   "start (a torn last record is dropped). Empty: memory only.");
+  flags.AddInt("shm-slot-bytes", &shm_slot_bytes,
+               "Shared memory per rank of each node-local group: the most one collective\n"
+               "round moves per rank (larger buffers take several rounds).");
   flags.AddBool("store-fsync", &options.store.fsync,
                 "With --state-dir: fsync the log before acknowledging writes (survives power\n"
                 "loss, slower). Without it writes survive a crash of musterd, not of the host.");
@@ -186,6 +191,7 @@ int main(int argc, char** argv) {
   options.store.limits.max_request_bytes = max_request_bytes;
   options.store.max_connections = max_connections;
   options.store.max_total_bytes = max_total_bytes;
+  options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
   if (!token_file.empty()) {
     auto token = ReadTokenFile(token_file);
     if (!token.ok()) {

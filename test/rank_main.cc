@@ -194,6 +194,72 @@ int main(int argc, char** argv) {
         if (v.ok()) detail = absl::StrCat("from0=", *v);
       }
       report(step, s, detail);
+    } else if (cmd == "allreduce") {
+      // allreduce GROUP COUNT: int32 SUM of (rank+1)*(i+1); checks the result.
+      auto g = groups.at(words[1]);
+      size_t count = std::stoul(words[2]);
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>((world->rank() + 1) * (i + 1));
+      auto work = g->AllReduce({v.data(), count, muster::DType::kInt32});
+      absl::Status st = work->Wait();
+      int64_t sum_ranks = 0;
+      for (int r : g->ranks()) sum_ranks += r + 1;
+      bool right = true;
+      for (size_t i = 0; st.ok() && i < count; ++i)
+        right &= v[i] == static_cast<int32_t>(sum_ranks * (i + 1));
+      if (st.ok() && !right) st = absl::InternalError("wrong all_reduce result");
+      report(step, st,
+             absl::StrCat("seq=", work->sequence(),
+                          " elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+    } else if (cmd == "bcast") {
+      // bcast GROUP COUNT ROOT (group rank)
+      auto g = groups.at(words[1]);
+      size_t count = std::stoul(words[2]);
+      int root = std::stoi(words[3]);
+      std::vector<float> v(count, g->rank() == root ? 3.5f : 0.f);
+      absl::Status st = g->Broadcast({v.data(), count, muster::DType::kFloat32}, root)->Wait();
+      for (float x : v) {
+        if (st.ok() && x != 3.5f) st = absl::InternalError("wrong broadcast result");
+      }
+      report(step, st, absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+    } else if (cmd == "gatherobj") {
+      // gatherobj GROUP: all_gather of a string of rank+1 letters.
+      auto g = groups.at(words[1]);
+      std::vector<std::string> all;
+      absl::Status st =
+          g->AllGatherBytes(std::string(world->rank() + 1, 'a' + world->rank()), &all)->Wait();
+      report(step, st, absl::StrJoin(all, ","));
+    } else if (cmd == "a2a") {
+      // a2a GROUP: all_to_all_single with splits; receive (i+1) from each i.
+      auto g = groups.at(words[1]);
+      int n = g->size(), me = g->rank();
+      std::vector<size_t> in_splits(n), out_splits(n);
+      std::vector<int32_t> in, out;
+      for (int j = 0; j < n; ++j) {
+        in_splits[j] = me + 1;
+        out_splits[j] = j + 1;
+        for (int k = 0; k <= me; ++k) in.push_back(me * 100 + j);
+      }
+      size_t total = 0;
+      for (size_t x : out_splits) total += x;
+      out.assign(total, -1);
+      absl::Status st =
+          g->AllToAllSingle({out.data(), total, muster::DType::kInt32},
+                            {in.data(), in.size(), muster::DType::kInt32}, out_splits, in_splits)
+              ->Wait();
+      size_t off = 0;
+      for (int j = 0; j < n && st.ok(); ++j) {
+        for (size_t k = 0; k < out_splits[j]; ++k) {
+          if (out[off + k] != static_cast<int32_t>(j * 100 + me))
+            st = absl::InternalError("wrong all_to_all result");
+        }
+        off += out_splits[j];
+      }
+      report(step, st, "");
+    } else if (cmd == "cbarrier") {
+      auto g = groups.at(words[1]);
+      report(step, g->CollectiveBarrier()->Wait(),
+             absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
     } else if (cmd == "failures") {
       report(step, absl::OkStatus(), absl::StrJoin(world->failures(), " | "));
     } else if (cmd == "sleep") {

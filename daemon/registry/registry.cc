@@ -1,6 +1,7 @@
 #include "daemon/registry/registry.h"
 
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
@@ -91,6 +92,7 @@ void Registry::Shutdown() {
         +[](int* active) { return *active == 0; }, &active_workers_));
     for (auto& [id, job] : jobs_) {
       if (job.coordinator != nullptr) coordinators.push_back(std::move(job.coordinator));
+      ReleaseSegments(job, "musterd is shutting down");
     }
   }
   coordinators.clear();  // joins the failure watchers outside the lock
@@ -185,6 +187,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
                          " still has live ranks on this daemon; rank ", rank,
                          " asked for generation ", req.generation()));
       } else {
+        ReleaseSegments(*job, "the job was restarted");
         jobs_.erase(id.job_id());  // a restart: start the new attempt afresh
         job = nullptr;
       }
@@ -380,6 +383,7 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
     if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     if (g.info.broken_reason().empty()) g.info.set_broken_reason(what);
+    if (g.segment != nullptr) g.segment->Abort(what);
   }
   v1::SessionServerMessage event;
   *event.mutable_rank_failed()->mutable_rank() = r.info;
@@ -602,6 +606,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
           m->set_pid(it->second.pid);
         }
       }
+      AttachSegment(*job, g);
       result = g.info;
       MLOG(INFO) << "job " << job_id << ": group '" << name << "' ready with " << members.size()
                  << " members";
@@ -743,6 +748,7 @@ absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req) {
   }
   if (g.destroyed_by.size() == g.arrived_local.size()) {
     g.info.set_state(v1::GROUP_STATE_DESTROYED);
+    if (g.segment != nullptr) GroupSegment::Unlink(g.segment->name());
   }
   return absl::OkStatus();
 }
@@ -759,6 +765,9 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
   it->second.abort_reason = reason.empty() ? "aborted by the operator" : reason;
   it->second.info.set_state(v1::GROUP_STATE_BROKEN);
   it->second.info.set_broken_reason(absl::StrCat("aborted: ", it->second.abort_reason));
+  if (it->second.segment != nullptr) {
+    it->second.segment->Abort(absl::StrCat("group aborted: ", it->second.abort_reason));
+  }
   return absl::OkStatus();
 }
 
@@ -771,6 +780,7 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
     if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     g.info.set_broken_reason(absl::StrCat("job aborted: ", job->abort_reason));
+    if (g.segment != nullptr) g.segment->Abort(absl::StrCat("job aborted: ", job->abort_reason));
   }
   v1::SessionServerMessage event;
   event.mutable_job_aborted()->set_job_id(job_id);
@@ -826,6 +836,11 @@ std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id) {
     for (const auto& [name, g] : job.groups) {
       v1::GroupInfo info = g.info;
       for (v1::GroupMember& m : *info.mutable_members()) {
+        if (g.segment != nullptr && m.group_rank() < g.segment->nranks()) {
+          RankControl& c = const_cast<GroupSegment&>(*g.segment).rank(m.group_rank());
+          m.set_last_submitted_seq(static_cast<int64_t>(c.submitted.load()));
+          m.set_last_completed_seq(static_cast<int64_t>(c.completed.load()));
+        }
         auto it = job.ranks.find(m.global_rank());
         if (it == job.ranks.end()) {
           m.set_state("remote");
@@ -866,6 +881,36 @@ absl::StatusOr<v1::GroupInfo> Registry::GetGroup(const std::string& job_id,
         absl::StrCat("group '", name, "' exists in several jobs; pass --job"));
   }
   return matches[0];
+}
+
+void Registry::AttachSegment(Job& job, Group& g) {
+  for (int r : g.ranks) {
+    auto it = job.ranks.find(r);
+    if (it == job.ranks.end() || !it->second.local) {
+      g.info.set_shm_error(
+          "the group spans nodes; collectives between nodes (Gloo) are not implemented yet");
+      return;
+    }
+  }
+  std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++);
+  auto segment =
+      GroupSegment::Create(name, static_cast<int>(g.ranks.size()), options_.shm_slot_bytes);
+  if (!segment.ok()) {
+    g.info.set_shm_error(std::string(segment.status().message()));
+    MLOG(WARNING) << "job " << job.id << ": group '" << g.info.name()
+                  << "' gets no shared memory: " << segment.status().message();
+    return;
+  }
+  g.segment = std::move(*segment);
+  g.info.set_shm_name(name);
+}
+
+void Registry::ReleaseSegments(Job& job, const std::string& reason) {
+  for (auto& [name, g] : job.groups) {
+    if (g.segment == nullptr) continue;
+    g.segment->Abort(reason);
+    GroupSegment::Unlink(g.segment->name());
+  }
 }
 
 Registry::Counts Registry::counts() {

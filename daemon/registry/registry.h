@@ -30,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backends/shm/segment.h"
 #include "daemon/registry/job_coordinator.h"
 #include "proto/groups.pb.h"
 #include "proto/session.pb.h"
@@ -49,6 +50,9 @@ struct RegistryOptions {
   std::string daemon_address;
   // Token for the job stores this daemon talks to.
   std::string store_token;
+  // Bytes per rank of each node-local group's shared-memory segment (the
+  // largest piece one collective round moves per rank).
+  uint64_t shm_slot_bytes = 4 << 20;
 };
 
 class Registry {
@@ -118,6 +122,8 @@ class Registry {
     std::string abort_reason;  // AbortGroup
     std::set<int> destroyed_by;
     std::map<int64_t, BarrierState> barriers;
+    // Node-local groups: the segment members run collectives on.
+    std::shared_ptr<GroupSegment> segment;
   };
   struct Job {
     std::string id;
@@ -145,6 +151,11 @@ class Registry {
   void MarkFailed(Job& job, int rank, const std::string& host, int64_t pid,
                   const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void FormGroup(std::string job_id, std::string name);
+  // Creates the shared-memory segment of a formed group if all its members
+  // are local ranks; records why not otherwise.
+  void AttachSegment(Job& job, Group& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Aborts (with `reason`) and unlinks every segment of `job`.
+  static void ReleaseSegments(Job& job, const std::string& reason);
   void RunBarrier(std::string job_id, std::string name, int64_t sequence, std::vector<int> members,
                   absl::Duration timeout);
   static std::string DescribeRank(const v1::RankInfo& info);
@@ -155,6 +166,7 @@ class Registry {
   std::map<std::string, std::pair<std::string, int>> sessions_
       ABSL_GUARDED_BY(mu_);  // id -> job, rank
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int active_workers_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -20,14 +20,18 @@
 #define MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
 
 #include <cstdint>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backends/shm/reduce.h"
 #include "muster/store.h"
 
 namespace muster {
@@ -63,10 +67,45 @@ struct GroupOptions {
 };
 
 class World;
+class GroupSegment;
+class ShmCommunicator;
+
+// A CPU buffer: `count` elements of `dtype` at `data` (not owned).
+struct Tensor {
+  void* data = nullptr;
+  size_t count = 0;
+  DType dtype = DType::kFloat32;
+  size_t bytes() const { return count * DTypeSize(dtype); }
+};
+
+// The handle of an asynchronous collective. Collectives of one group run in
+// submission order on the group's executor; the result is recorded once.
+// Thread-safe.
+class Work {
+ public:
+  // Non-blocking.
+  bool IsCompleted() const;
+  // Blocks until the collective completed or `timeout` passed
+  // (DEADLINE_EXCEEDED; the collective itself goes on). Returns its status.
+  absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration());
+  // The result once completed; FAILED_PRECONDITION before.
+  absl::Status status() const;
+  // The collective's sequence number in its group (from 1).
+  uint64_t sequence() const { return sequence_; }
+
+ private:
+  friend class ProcessGroup;
+  void Complete(absl::Status status);
+  uint64_t sequence_ = 0;
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+};
 
 // One process group as this rank sees it.
 class ProcessGroup {
  public:
+  ~ProcessGroup();
   const std::string& name() const { return name_; }
   const std::string& tag() const { return tag_; }
   // Canonical backend config, e.g. "cpu:gloo" or "cpu:gloo,cuda:nccl".
@@ -81,15 +120,71 @@ class ProcessGroup {
   absl::StatusOr<int> GroupRank(int global_rank) const;
   absl::StatusOr<int> GlobalRank(int group_rank) const;
   // Blocks until every member called Barrier (zero timeout: the group's).
+  // Goes through musterd and the job's store (works across nodes).
   absl::Status Barrier(absl::Duration timeout = absl::ZeroDuration());
+
+  // Collectives on CPU buffers (c10d semantics), asynchronous. Members of a
+  // node-local group run them in shared memory; each gets the group's
+  // timeout. Errors: INVALID_ARGUMENT (bad buffers, root, dtype/op),
+  // FAILED_PRECONDITION (ranks called different collectives: desync),
+  // ABORTED (a member died, the group was aborted), DEADLINE_EXCEEDED
+  // (naming the members that did not join), UNIMPLEMENTED (groups spanning
+  // nodes, for now).
+  std::shared_ptr<Work> AllReduce(Tensor tensor, ReduceOp op = ReduceOp::kSum,
+                                  double premul_scale = 1.0);
+  std::shared_ptr<Work> AllReduceCoalesced(std::vector<Tensor> tensors,
+                                           ReduceOp op = ReduceOp::kSum);
+  std::shared_ptr<Work> Broadcast(Tensor tensor, int root);
+  std::shared_ptr<Work> Reduce(Tensor tensor, int root, ReduceOp op = ReduceOp::kSum);
+  // outputs[i] receives rank i's input.
+  std::shared_ptr<Work> AllGather(std::vector<Tensor> outputs, Tensor input);
+  // `output` holds size() * input.count elements.
+  std::shared_ptr<Work> AllGatherIntoTensor(Tensor output, Tensor input);
+  // `outputs` matter at the root only.
+  std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input, int root);
+  // `inputs` matter at the root only.
+  std::shared_ptr<Work> Scatter(Tensor output, std::vector<Tensor> inputs, int root);
+  // inputs[i] is reduced into rank i's output.
+  std::shared_ptr<Work> ReduceScatter(Tensor output, std::vector<Tensor> inputs,
+                                      ReduceOp op = ReduceOp::kSum);
+  // `input` holds size() * output.count elements.
+  std::shared_ptr<Work> ReduceScatterTensor(Tensor output, Tensor input,
+                                            ReduceOp op = ReduceOp::kSum);
+  // outputs[i] receives inputs[this rank] of rank i.
+  std::shared_ptr<Work> AllToAll(std::vector<Tensor> outputs, std::vector<Tensor> inputs);
+  // Split sizes in elements; empty means equal splits.
+  std::shared_ptr<Work> AllToAllSingle(Tensor output, Tensor input,
+                                       std::vector<size_t> output_splits = {},
+                                       std::vector<size_t> input_splits = {});
+  // A barrier through shared memory (fast; node-local groups).
+  std::shared_ptr<Work> CollectiveBarrier();
+  // Byte blobs of different sizes per rank ("object" collectives).
+  std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
+  std::shared_ptr<Work> AllGatherBytes(const std::string& blob, std::vector<std::string>* out);
 
  private:
   friend class World;
+  using Op = std::function<absl::Status(ShmCommunicator&, absl::Time deadline)>;
+  std::shared_ptr<Work> Submit(Op op);
+  std::shared_ptr<Work> Failed(absl::Status status);
+  void RunExecutor();
+
   World* world_ = nullptr;
   std::string name_, tag_, backend_;
   std::vector<int> ranks_;
   int rank_ = -1;
   int64_t barrier_sequence_ = 0;  // guarded by world_->mu_
+  absl::Duration timeout_ = absl::Minutes(30);
+  std::unique_ptr<GroupSegment> segment_;
+  std::unique_ptr<ShmCommunicator> comm_;
+  absl::Status comm_status_;  // why collectives are unavailable
+
+  // The executor: one thread running this group's collectives in order.
+  absl::Mutex exec_mu_;
+  std::deque<std::pair<Op, std::shared_ptr<Work>>> queue_ ABSL_GUARDED_BY(exec_mu_);
+  bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  std::thread executor_;
 };
 
 class World {

@@ -1,0 +1,490 @@
+#include "backends/shm/collectives.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace muster {
+namespace {
+
+inline void CpuRelax() { _mm_pause(); }
+
+bool SameSignature(const OpSignature& a, const OpSignature& b) {
+  return a.sequence == b.sequence && a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
+         a.root == b.root && a.reduce_op == b.reduce_op;
+}
+
+bool HasReduce(CollectiveKind k) {
+  return k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduce ||
+         k == CollectiveKind::kReduceScatter;
+}
+
+bool HasRoot(CollectiveKind k) {
+  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
+         k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+}
+
+}  // namespace
+
+const char* CollectiveName(CollectiveKind kind) {
+  switch (kind) {
+    case CollectiveKind::kBarrier:
+      return "barrier";
+    case CollectiveKind::kAllReduce:
+      return "all_reduce";
+    case CollectiveKind::kBroadcast:
+      return "broadcast";
+    case CollectiveKind::kReduce:
+      return "reduce";
+    case CollectiveKind::kAllGather:
+      return "all_gather";
+    case CollectiveKind::kGather:
+      return "gather";
+    case CollectiveKind::kScatter:
+      return "scatter";
+    case CollectiveKind::kReduceScatter:
+      return "reduce_scatter";
+    case CollectiveKind::kAllToAll:
+      return "all_to_all";
+  }
+  return "unknown";
+}
+
+std::string DescribeSignature(const OpSignature& s) {
+  auto kind = static_cast<CollectiveKind>(s.kind);
+  std::string out = absl::StrCat(CollectiveName(kind), " #", s.sequence);
+  if (kind == CollectiveKind::kBarrier) return out;
+  absl::StrAppend(&out, "(", DTypeName(static_cast<DType>(s.dtype)), ", count ", s.count);
+  if (HasRoot(kind)) absl::StrAppend(&out, ", root ", s.root);
+  if (HasReduce(kind))
+    absl::StrAppend(&out, ", ", ReduceOpName(static_cast<ReduceOp>(s.reduce_op)));
+  return out + ")";
+}
+
+ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
+                                 std::vector<int> global_ranks)
+    : segment_(segment),
+      rank_(rank),
+      size_(segment->nranks()),
+      group_name_(std::move(group_name)),
+      global_ranks_(std::move(global_ranks)) {
+  // Spinning only pays while every rank can have its own core.
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 50 : 2;
+  if (global_ranks_.size() != static_cast<size_t>(size_)) {
+    global_ranks_.resize(size_);
+    for (int i = 0; i < size_; ++i) global_ranks_[i] = i;
+  }
+  segment_->rank(rank_).pid.store(static_cast<int32_t>(::getpid()));
+  // Resume where the group is (a communicator may be created after others
+  // already used the segment, e.g. by an earlier handle of this rank).
+  round_ = segment_->rank(rank_).released.load(std::memory_order_acquire);
+  sequence_ = segment_->rank(rank_).completed.load(std::memory_order_acquire);
+}
+
+OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t count, int root,
+                                   ReduceOp op) {
+  OpSignature s;
+  s.sequence = ++sequence_;
+  s.kind = static_cast<uint32_t>(kind);
+  s.dtype = static_cast<uint32_t>(dtype);
+  s.count = count;
+  s.root = HasRoot(kind) ? root : -1;
+  s.reduce_op = HasReduce(kind) ? static_cast<uint32_t>(op) : 0;
+  current_ = s;
+  segment_->rank(rank_).submitted.store(s.sequence, std::memory_order_release);
+  return s;
+}
+
+absl::Status ShmCommunicator::Finish(absl::Status status) {
+  segment_->rank(rank_).completed.store(sequence_, std::memory_order_release);
+  return status;
+}
+
+absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
+                                      absl::Time deadline, const char* what) {
+  absl::Time spin_until = absl::InfinitePast();
+  int polls = 0;
+  while (true) {
+    uint32_t epoch = segment_->header().epoch.load(std::memory_order_acquire);
+    bool all = true;
+    for (int j = 0; j < size_; ++j) {
+      if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) {
+        all = false;
+        break;
+      }
+    }
+    if (all) return absl::OkStatus();
+    if (segment_->aborted()) {
+      return absl::AbortedError(absl::StrCat(DescribeSignature(current_), " on group '",
+                                             group_name_, "' aborted: ", segment_->abort_reason()));
+    }
+    if (++polls < 64) {
+      CpuRelax();
+      continue;
+    }
+    polls = 0;
+    absl::Time now = absl::Now();
+    if (spin_until == absl::InfinitePast()) spin_until = now + absl::Microseconds(spin_budget_us_);
+    if (now >= deadline) {
+      std::vector<int> missing;
+      for (int j = 0; j < size_; ++j) {
+        if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) {
+          missing.push_back(global_ranks_[j]);
+        }
+      }
+      std::string message = absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
+                                         "' timed out waiting for ranks ",
+                                         absl::StrJoin(missing, ", "), " to ", what);
+      segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", message));
+      return absl::DeadlineExceededError(message);
+    }
+    if (now < spin_until) continue;
+    absl::Duration left = deadline - now;
+    int64_t sleep_us = std::min<int64_t>(absl::ToInt64Microseconds(left) + 1, 1000);
+    segment_->Sleep(epoch, std::max<int64_t>(sleep_us, 1));
+  }
+}
+
+template <typename Write, typename Read>
+absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time deadline, Write write,
+                                    Read read) {
+  uint64_t k = ++round_;
+  RankControl& me = segment_->rank(rank_);
+  if (absl::Status s =
+          WaitAll(&RankControl::released, k - 1, deadline, "finish the previous round");
+      !s.ok()) {
+    return s;
+  }
+  write(segment_->slot(rank_));
+  if (signature != nullptr) me.signature = *signature;
+  me.arrived.store(k, std::memory_order_release);
+  segment_->Wake();
+  absl::Status status = WaitAll(&RankControl::arrived, k, deadline, "arrive");
+  if (!status.ok()) return status;
+  if (signature != nullptr) {
+    for (int j = 0; j < size_ && status.ok(); ++j) {
+      const OpSignature& other = segment_->rank(j).signature;
+      if (!SameSignature(other, *signature)) {
+        status = absl::FailedPreconditionError(
+            absl::StrCat("collectives on group '", group_name_, "' do not match: rank ",
+                         global_ranks_[rank_], " called ", DescribeSignature(*signature),
+                         " but rank ", global_ranks_[j], " called ", DescribeSignature(other)));
+      }
+    }
+  }
+  if (status.ok()) status = read();
+  me.released.store(k, std::memory_order_release);
+  segment_->Wake();
+  return status;
+}
+
+absl::Status ShmCommunicator::CheckRoot(int root) const {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("root ", root, " is outside group '", group_name_, "' of size ", size_));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ShmCommunicator::Barrier(absl::Time deadline) {
+  OpSignature sig = Begin(CollectiveKind::kBarrier, DType::kUInt8, 0, -1, ReduceOp::kSum);
+  return Finish(Round(
+      &sig, deadline, [](char*) {}, [] { return absl::OkStatus(); }));
+}
+
+absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                        double scale, absl::Time deadline) {
+  if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kAllReduce, dtype, count, -1, op);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = segment_->slot_bytes() / es;
+  char* bytes = static_cast<char*>(data);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
+        [&] {
+          char* acc = bytes + off * es;
+          ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+          ReduceFinish(acc, len, dtype, op, size_);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,
+                                        absl::Time deadline) {
+  if (absl::Status s = CheckRoot(root); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kBroadcast, dtype, count, root, ReduceOp::kSum);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = segment_->slot_bytes() / es;
+  char* bytes = static_cast<char*>(data);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) {
+          if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
+        },
+        [&] {
+          if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                     double scale, int root, absl::Time deadline) {
+  if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
+  if (absl::Status s = CheckRoot(root); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kReduce, dtype, count, root, op);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = segment_->slot_bytes() / es;
+  char* bytes = static_cast<char*>(data);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
+        [&] {
+          if (rank_ == root) {
+            char* acc = bytes + off * es;
+            ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+            for (int j = 1; j < size_; ++j) {
+              ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+            }
+            ReduceFinish(acc, len, dtype, op, size_);
+          }
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
+                                        absl::Time deadline) {
+  OpSignature sig = Begin(CollectiveKind::kAllGather, dtype, count, -1, ReduceOp::kSum);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = segment_->slot_bytes() / es;
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) { std::memcpy(slot, src + off * es, len * es); },
+        [&] {
+          for (int j = 0; j < size_; ++j) {
+            std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+          }
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
+                                     absl::Time deadline) {
+  if (absl::Status s = CheckRoot(root); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kGather, dtype, count, root, ReduceOp::kSum);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = segment_->slot_bytes() / es;
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) { std::memcpy(slot, src + off * es, len * es); },
+        [&] {
+          if (rank_ == root) {
+            for (int j = 0; j < size_; ++j) {
+              std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+            }
+          }
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
+                                      int root, absl::Time deadline) {
+  if (absl::Status s = CheckRoot(root); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kScatter, dtype, count, root, ReduceOp::kSum);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) {
+          if (rank_ != root) return;
+          for (int j = 0; j < size_; ++j) {
+            std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
+          }
+        },
+        [&] {
+          std::memcpy(dst + off * es, segment_->slot(root) + rank_ * chunk * es, len * es);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t count, DType dtype,
+                                            ReduceOp op, double scale, absl::Time deadline) {
+  if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
+  OpSignature sig = Begin(CollectiveKind::kReduceScatter, dtype, count, -1, op);
+  size_t es = DTypeSize(dtype);
+  size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  size_t off = 0;
+  bool first = true;
+  do {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) {
+          for (int j = 0; j < size_; ++j) {
+            std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
+          }
+        },
+        [&] {
+          char* acc = dst + off * es;
+          size_t region = rank_ * chunk * es;
+          ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
+          }
+          ReduceFinish(acc, len, dtype, op, size_);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  } while (off < count);
+  return Finish(absl::OkStatus());
+}
+
+absl::Status ShmCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,
+                                       void* out, const std::vector<size_t>& recv_counts,
+                                       DType dtype, absl::Time deadline) {
+  if (send_counts.size() != static_cast<size_t>(size_) ||
+      recv_counts.size() != static_cast<size_t>(size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("all_to_all on group '", group_name_, "' needs ",
+                                                   size_, " send and receive counts"));
+  }
+  if (static_cast<uint64_t>(size_) * 2 * sizeof(uint64_t) > segment_->slot_bytes()) {
+    return absl::InvalidArgumentError("group too large for all_to_all metadata");
+  }
+  OpSignature sig = Begin(CollectiveKind::kAllToAll, dtype, size_, -1, ReduceOp::kSum);
+  size_t es = DTypeSize(dtype);
+  // Round 1: everyone publishes its counts; every rank checks the matrix.
+  std::vector<uint64_t> matrix(static_cast<size_t>(size_) * size_);  // [sender][receiver]
+  absl::Status s = Round(
+      &sig, deadline,
+      [&](char* slot) {
+        auto* words = reinterpret_cast<uint64_t*>(slot);
+        for (int j = 0; j < size_; ++j) {
+          words[j] = send_counts[j];
+          words[size_ + j] = recv_counts[j];
+        }
+      },
+      [&]() -> absl::Status {
+        for (int j = 0; j < size_; ++j) {
+          const auto* words = reinterpret_cast<const uint64_t*>(segment_->slot(j));
+          for (int i = 0; i < size_; ++i) matrix[j * size_ + i] = words[i];
+        }
+        for (int j = 0; j < size_; ++j) {
+          const auto* words = reinterpret_cast<const uint64_t*>(segment_->slot(j));
+          for (int i = 0; i < size_; ++i) {
+            uint64_t expects = words[size_ + i];  // rank j expects from rank i
+            if (matrix[i * size_ + j] != expects) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("all_to_all on group '", group_name_, "': rank ", global_ranks_[i],
+                               " sends ", matrix[i * size_ + j], " elements to rank ",
+                               global_ranks_[j], ", which expects ", expects));
+            }
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return Finish(s);
+  uint64_t largest = *std::max_element(matrix.begin(), matrix.end());
+  size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
+  std::vector<size_t> send_off(size_ + 1, 0), recv_off(size_ + 1, 0);
+  for (int j = 0; j < size_; ++j) {
+    send_off[j + 1] = send_off[j] + send_counts[j];
+    recv_off[j + 1] = recv_off[j] + recv_counts[j];
+  }
+  const char* src = static_cast<const char*>(in);
+  char* dst = static_cast<char*>(out);
+  for (uint64_t off = 0; off < largest; off += chunk) {
+    s = Round(
+        nullptr, deadline,
+        [&](char* slot) {
+          for (int j = 0; j < size_; ++j) {
+            if (send_counts[j] <= off) continue;
+            size_t len = std::min<uint64_t>(chunk, send_counts[j] - off);
+            std::memcpy(slot + j * chunk * es, src + (send_off[j] + off) * es, len * es);
+          }
+        },
+        [&] {
+          for (int j = 0; j < size_; ++j) {
+            if (recv_counts[j] <= off) continue;
+            size_t len = std::min<uint64_t>(chunk, recv_counts[j] - off);
+            std::memcpy(dst + (recv_off[j] + off) * es, segment_->slot(j) + rank_ * chunk * es,
+                        len * es);
+          }
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+  }
+  return Finish(absl::OkStatus());
+}
+
+}  // namespace muster

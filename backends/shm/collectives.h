@@ -1,0 +1,115 @@
+// ShmCommunicator: one rank's view of a process group whose members share a
+// node, executing collectives by itself on the group's shared-memory
+// segment (no daemon round trip, no system call on the fast path).
+//
+// Protocol: a collective is a sequence of rounds, numbered globally per
+// group. In round k a rank (1) waits until every rank released round k-1
+// (so its slot may be overwritten), (2) writes its contribution into its
+// own slot and publishes arrived=k, (3) waits until every rank arrived at
+// k, (4) reads what it needs from the slots, (5) publishes released=k.
+// Waiting spins briefly, then sleeps on the segment's futex word; it ends
+// early if the segment is aborted (ABORTED with musterd's reason) or the
+// deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
+// the segment is then aborted so no rank waits for a collective that can
+// never complete). In the first round of every collective each rank also
+// publishes its OpSignature; if they differ, every rank fails the
+// collective with FAILED_PRECONDITION naming both ranks and both
+// signatures (desync). Reductions combine contributions in rank order on
+// every rank, so all ranks get bitwise-identical results.
+//
+// Large buffers are cut into slot-sized chunks, one round per chunk.
+//
+// Thread-compatible: one thread drives a communicator at a time (the SDK
+// runs each group's collectives on one executor thread, in order).
+#ifndef MUSTER_BACKENDS_SHM_COLLECTIVES_H_
+#define MUSTER_BACKENDS_SHM_COLLECTIVES_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+#include "backends/shm/reduce.h"
+#include "backends/shm/segment.h"
+
+namespace muster {
+
+enum class CollectiveKind : uint32_t {
+  kBarrier = 1,
+  kAllReduce = 2,
+  kBroadcast = 3,
+  kReduce = 4,
+  kAllGather = 5,
+  kGather = 6,
+  kScatter = 7,
+  kReduceScatter = 8,
+  kAllToAll = 9,
+};
+const char* CollectiveName(CollectiveKind kind);
+// "all_reduce(float32, count 1024, SUM)" for messages.
+std::string DescribeSignature(const OpSignature& s);
+
+class ShmCommunicator {
+ public:
+  // `rank` is this process's group rank; `global_ranks[i]` the global rank
+  // of group rank i (for messages). `segment` must outlive the object.
+  ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
+                  std::vector<int> global_ranks);
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Sequence number of the last collective started (0 before the first).
+  uint64_t sequence() const { return sequence_; }
+
+  absl::Status Barrier(absl::Time deadline);
+  // In place: `data` holds the input and receives the result.
+  absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
+                         absl::Time deadline);
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root, absl::Time deadline);
+  // In place at the root; other ranks' `data` is unchanged.
+  absl::Status Reduce(void* data, size_t count, DType dtype, ReduceOp op, double scale, int root,
+                      absl::Time deadline);
+  // `out` holds size()*count elements, rank i's input at offset i*count.
+  absl::Status AllGather(const void* in, void* out, size_t count, DType dtype, absl::Time deadline);
+  // `out` (size()*count elements) is used at the root only.
+  absl::Status Gather(const void* in, void* out, size_t count, DType dtype, int root,
+                      absl::Time deadline);
+  // `in` (size()*count elements) is read at the root only.
+  absl::Status Scatter(const void* in, void* out, size_t count, DType dtype, int root,
+                       absl::Time deadline);
+  // `in` holds size()*count elements; block i is reduced into rank i's `out`.
+  absl::Status ReduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                             double scale, absl::Time deadline);
+  // Sends send_counts[j] elements (consecutive in `in`) to rank j and
+  // receives recv_counts[j] elements from rank j (consecutive in `out`).
+  // Every pair must agree, else INVALID_ARGUMENT on every rank.
+  absl::Status AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
+                        const std::vector<size_t>& recv_counts, DType dtype, absl::Time deadline);
+
+ private:
+  // Starts collective `sig` (assigns its sequence number); returns its
+  // first-round flag holder.
+  OpSignature Begin(CollectiveKind kind, DType dtype, uint64_t count, int root, ReduceOp op);
+  absl::Status Finish(absl::Status status);
+  template <typename Write, typename Read>
+  absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read);
+  // Waits until rank j's `field` >= target for every j.
+  absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
+                       absl::Time deadline, const char* what);
+  absl::Status CheckRoot(int root) const;
+
+  GroupSegment* segment_;
+  int rank_;
+  int size_;
+  std::string group_name_;
+  std::vector<int> global_ranks_;
+  uint64_t round_ = 0;
+  uint64_t sequence_ = 0;
+  OpSignature current_;
+  int spin_budget_us_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_SHM_COLLECTIVES_H_

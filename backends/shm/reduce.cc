@@ -1,0 +1,597 @@
+// CPU reduction kernels. Layout:
+//  - bit-exact, branch-free 16-bit <-> float conversions (inline, so that the
+//    block conversion loops vectorize);
+//  - elementwise functors (Add, Mul, Min, Max, bitwise, bool logic, scaled
+//    add), each a tiny inline call the vectorizer can see through;
+//  - loop templates instantiated per element type and functor
+//    (Combine / Combine16 / Map / Map16): one switch per call, never per
+//    element;
+//  - the public entry points, which check the (dtype, op) pair once and
+//    dispatch.
+// Integer SUM/PRODUCT and bitwise ops run on the unsigned view of the buffer
+// (two's complement wrap-around without signed-overflow UB); MIN/MAX run on
+// the signed type. float16/bfloat16 are converted in blocks of kBlock
+// elements to float, combined in float and rounded back after every step.
+#include "backends/shm/reduce.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <type_traits>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+
+namespace muster {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Bit casts and 16-bit conversions.
+
+inline uint32_t FloatBits(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, sizeof(u));
+  return u;
+}
+
+inline float BitsFloat(uint32_t u) {
+  float f;
+  std::memcpy(&f, &u, sizeof(f));
+  return f;
+}
+
+// cond ? a : b as mask arithmetic: GCC will not if-convert a ternary whose
+// arms contain float operations, and a branch stops vectorization.
+inline uint32_t Select(bool cond, uint32_t a, uint32_t b) {
+  const uint32_t mask = 0u - static_cast<uint32_t>(cond);
+  return (a & mask) | (b & ~mask);
+}
+
+// binary16 -> binary32, exact. Subnormals are renormalized by a float
+// subtraction of two normal numbers, so DAZ/FTZ modes do not affect it.
+inline float HalfToFloatInline(uint16_t h) {
+  const uint32_t em = static_cast<uint32_t>(h & 0x7fffu) << 13;  // exponent+mantissa
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exp = em & 0x0f800000u;           // the 5 exponent bits, shifted
+  const uint32_t normal = em + (112u << 23);       // rebias 15 -> 127
+  const uint32_t inf_nan = em + (224u << 23);      // exponent 31 -> 255, payload kept
+  const uint32_t subnormal =                       // m * 2^-24
+      FloatBits(BitsFloat(em + (113u << 23)) - BitsFloat(113u << 23));
+  const uint32_t bits = Select(exp == 0x0f800000u, inf_nan, Select(exp == 0, subnormal, normal));
+  return BitsFloat(bits | sign);
+}
+
+// binary32 -> binary16, round to nearest even; overflow gives inf, NaN stays
+// a (quiet) NaN keeping the sign and the top payload bits.
+inline uint16_t FloatToHalfInline(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t sign = (u >> 16) & 0x8000u;
+  const uint32_t a = u & 0x7fffffffu;
+  // Normal half: rebias 127 -> 15 and round the 13 dropped bits to even; a
+  // carry out of the mantissa correctly bumps the exponent (up to inf).
+  const uint32_t normal = (a - (112u << 23) + 0xfffu + ((a >> 13) & 1u)) >> 13;
+  // Subnormal half (|f| < 2^-14): adding 0.5 makes the float ulp 2^-24, the
+  // half subnormal step, so the FPU's round-to-nearest-even does the work.
+  const uint32_t subnormal = FloatBits(BitsFloat(a) + 0.5f) - 0x3f000000u;
+  const uint32_t nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+  const uint32_t big = Select(a > 0x7f800000u, nan, 0x7c00u);
+  const uint32_t bits =  // thresholds: 2^16 and 2^-14
+      Select(a >= 0x47800000u, big, Select(a < 0x38800000u, subnormal, normal));
+  return static_cast<uint16_t>(bits | sign);
+}
+
+inline float BFloat16ToFloatInline(uint16_t b) { return BitsFloat(static_cast<uint32_t>(b) << 16); }
+
+inline uint16_t FloatToBFloat16Inline(float f) {
+  const uint32_t u = FloatBits(f);
+  const uint32_t rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+  const uint32_t nan = (u >> 16) | 0x40u;  // quiet; the truncated payload may be 0
+  return static_cast<uint16_t>((u & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+}
+
+// Block codecs for the 16-bit types.
+struct HalfCodec {
+  static void Decode(const uint16_t* __restrict src, float* __restrict dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = HalfToFloatInline(src[i]);
+  }
+  static void Encode(const float* __restrict src, uint16_t* __restrict dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToHalfInline(src[i]);
+  }
+};
+
+struct BFloat16Codec {
+  static void Decode(const uint16_t* __restrict src, float* __restrict dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = BFloat16ToFloatInline(src[i]);
+  }
+  static void Encode(const float* __restrict src, uint16_t* __restrict dst, size_t n) {
+    for (size_t i = 0; i < n; ++i) dst[i] = FloatToBFloat16Inline(src[i]);
+  }
+};
+
+// ---------------------------------------------------------------------------
+// Elementwise functors. Integer Add/Mul/bitwise are only used on unsigned
+// types; the static_cast undoes the promotion of 8-bit operands to int.
+
+struct Add {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a + b);
+  }
+};
+
+struct Mul {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a * b);
+  }
+};
+
+// NaN-propagating min/max (torch.minimum/maximum); `a != a` is false for
+// integers and folds away.
+struct Min {
+  template <typename T>
+  T operator()(T a, T b) const {
+    const T r = a < b ? a : b;  // b when b is NaN
+    return a != a ? a : r;
+  }
+};
+
+struct Max {
+  template <typename T>
+  T operator()(T a, T b) const {
+    const T r = a > b ? a : b;
+    return a != a ? a : r;
+  }
+};
+
+struct BitAnd {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a & b);
+  }
+};
+
+struct BitOr {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a | b);
+  }
+};
+
+struct BitXor {
+  template <typename T>
+  T operator()(T a, T b) const {
+    return static_cast<T>(a ^ b);
+  }
+};
+
+// bool: any nonzero byte is true; results are always 0 or 1.
+struct BoolOr {
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a | b) != 0; }
+};
+
+struct BoolAnd {
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) & (b != 0); }
+};
+
+struct BoolXor {
+  uint8_t operator()(uint8_t a, uint8_t b) const { return (a != 0) ^ (b != 0); }
+};
+
+// PREMUL_SUM step: acc + scale * in.
+template <typename T>
+struct AddScaled {
+  T scale;
+  T operator()(T a, T b) const { return a + b * scale; }
+};
+
+// Unary maps for ReduceInit (PREMUL_SUM, bool) and ReduceFinish (AVG).
+template <typename T>
+struct Scale {
+  T scale;
+  T operator()(T x) const { return x * scale; }
+};
+
+template <typename T>
+struct DivideBy {
+  T divisor;
+  T operator()(T x) const { return x / divisor; }
+};
+
+struct BoolNormalize {
+  uint8_t operator()(uint8_t x) const { return x != 0; }
+};
+
+// ---------------------------------------------------------------------------
+// Loop templates.
+
+constexpr size_t kBlock = 256;
+
+template <typename T, typename Op>
+void Combine(T* __restrict acc, const T* __restrict in, size_t n, Op op) {
+  for (size_t i = 0; i < n; ++i) acc[i] = op(acc[i], in[i]);
+}
+
+template <typename T, typename F>
+void MapRestrict(T* __restrict out, const T* __restrict in, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) out[i] = f(in[i]);
+}
+
+template <typename T, typename F>
+void MapInPlace(T* x, size_t n, F f) {
+  for (size_t i = 0; i < n; ++i) x[i] = f(x[i]);
+}
+
+// out[i] = f(in[i]); `out` may equal `in` (ReduceInit's documented alias).
+template <typename T, typename F>
+void Map(T* out, const T* in, size_t n, F f) {
+  if (out == in) {
+    MapInPlace(out, n, f);
+  } else {
+    MapRestrict(out, in, n, f);
+  }
+}
+
+template <typename Codec, typename Op>
+void Combine16(uint16_t* __restrict acc, const uint16_t* __restrict in, size_t n, Op op) {
+  alignas(64) float a[kBlock];
+  alignas(64) float b[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    const size_t m = std::min(kBlock, n - base);
+    Codec::Decode(acc + base, a, m);
+    Codec::Decode(in + base, b, m);
+    for (size_t i = 0; i < m; ++i) a[i] = op(a[i], b[i]);
+    Codec::Encode(a, acc + base, m);
+  }
+}
+
+// Each block is decoded completely before it is written, so `out` may equal
+// `in`.
+template <typename Codec, typename F>
+void Map16(uint16_t* out, const uint16_t* in, size_t n, F f) {
+  alignas(64) float a[kBlock];
+  for (size_t base = 0; base < n; base += kBlock) {
+    const size_t m = std::min(kBlock, n - base);
+    Codec::Decode(in + base, a, m);
+    for (size_t i = 0; i < m; ++i) a[i] = f(a[i]);
+    Codec::Encode(a, out + base, m);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Per-category dispatch. Pairs rejected by Supported() never get here.
+
+[[noreturn]] void Unsupported(const char* where, DType dtype, ReduceOp op) {
+  std::fprintf(stderr, "muster: %s called with unsupported dtype %s (%d) / op %s (%d)\n", where,
+               DTypeName(dtype), static_cast<int>(dtype), ReduceOpName(op), static_cast<int>(op));
+  std::abort();
+}
+
+template <typename T>  // float or double; complex uses these on its real view
+void IntoFloating(T* acc, const T* in, size_t n, ReduceOp op, double scale) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return Combine(acc, in, n, Add{});
+    case ReduceOp::kProduct:
+      return Combine(acc, in, n, Mul{});
+    case ReduceOp::kMin:
+      return Combine(acc, in, n, Min{});
+    case ReduceOp::kMax:
+      return Combine(acc, in, n, Max{});
+    case ReduceOp::kPremulSum:
+      return Combine(acc, in, n, AddScaled<T>{static_cast<T>(scale)});
+    default:
+      return;  // unreachable: filtered by Supported()
+  }
+}
+
+template <typename Codec>
+void Into16(uint16_t* acc, const uint16_t* in, size_t n, ReduceOp op, double scale) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kAvg:
+      return Combine16<Codec>(acc, in, n, Add{});
+    case ReduceOp::kProduct:
+      return Combine16<Codec>(acc, in, n, Mul{});
+    case ReduceOp::kMin:
+      return Combine16<Codec>(acc, in, n, Min{});
+    case ReduceOp::kMax:
+      return Combine16<Codec>(acc, in, n, Max{});
+    case ReduceOp::kPremulSum:
+      return Combine16<Codec>(acc, in, n, AddScaled<float>{static_cast<float>(scale)});
+    default:
+      return;
+  }
+}
+
+template <typename T>  // signed or unsigned integer
+void IntoInteger(T* acc, const T* in, size_t n, ReduceOp op) {
+  using U = std::make_unsigned_t<T>;
+  U* uacc = reinterpret_cast<U*>(acc);
+  const U* uin = reinterpret_cast<const U*>(in);
+  switch (op) {
+    case ReduceOp::kSum:
+      return Combine(uacc, uin, n, Add{});
+    case ReduceOp::kProduct:
+      return Combine(uacc, uin, n, Mul{});
+    case ReduceOp::kMin:
+      return Combine(acc, in, n, Min{});
+    case ReduceOp::kMax:
+      return Combine(acc, in, n, Max{});
+    case ReduceOp::kBand:
+      return Combine(uacc, uin, n, BitAnd{});
+    case ReduceOp::kBor:
+      return Combine(uacc, uin, n, BitOr{});
+    case ReduceOp::kBxor:
+      return Combine(uacc, uin, n, BitXor{});
+    default:
+      return;
+  }
+}
+
+void IntoBool(uint8_t* acc, const uint8_t* in, size_t n, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMax:
+    case ReduceOp::kBor:
+      return Combine(acc, in, n, BoolOr{});
+    case ReduceOp::kProduct:
+    case ReduceOp::kMin:
+    case ReduceOp::kBand:
+      return Combine(acc, in, n, BoolAnd{});
+    case ReduceOp::kBxor:
+      return Combine(acc, in, n, BoolXor{});
+    default:
+      return;
+  }
+}
+
+bool ValidDType(DType dtype) { return static_cast<int>(dtype) < kNumDTypes; }
+bool ValidOp(ReduceOp op) { return static_cast<int>(op) < kNumReduceOps; }
+
+// The dtype x op rules from the header.
+bool Supported(DType dtype, ReduceOp op) {
+  if (!ValidDType(dtype) || !ValidOp(op)) return false;
+  const bool bitwise = op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+  const bool floating_only = op == ReduceOp::kAvg || op == ReduceOp::kPremulSum;
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
+      return !bitwise;
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kBool:
+      return !floating_only;
+    case DType::kComplex64:
+    case DType::kComplex128:
+      return op == ReduceOp::kSum || floating_only;
+  }
+  return false;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Public API.
+
+size_t DTypeSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+      return 2;
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat64:
+    case DType::kInt64:
+    case DType::kComplex64:
+      return 8;
+    case DType::kInt8:
+    case DType::kUInt8:
+    case DType::kBool:
+      return 1;
+    case DType::kComplex128:
+      return 16;
+  }
+  return 0;
+}
+
+const char* DTypeName(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return "float16";
+    case DType::kBFloat16:
+      return "bfloat16";
+    case DType::kFloat32:
+      return "float32";
+    case DType::kFloat64:
+      return "float64";
+    case DType::kInt8:
+      return "int8";
+    case DType::kUInt8:
+      return "uint8";
+    case DType::kInt32:
+      return "int32";
+    case DType::kInt64:
+      return "int64";
+    case DType::kBool:
+      return "bool";
+    case DType::kComplex64:
+      return "complex64";
+    case DType::kComplex128:
+      return "complex128";
+  }
+  return "unknown";
+}
+
+const char* ReduceOpName(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return "SUM";
+    case ReduceOp::kAvg:
+      return "AVG";
+    case ReduceOp::kProduct:
+      return "PRODUCT";
+    case ReduceOp::kMin:
+      return "MIN";
+    case ReduceOp::kMax:
+      return "MAX";
+    case ReduceOp::kBand:
+      return "BAND";
+    case ReduceOp::kBor:
+      return "BOR";
+    case ReduceOp::kBxor:
+      return "BXOR";
+    case ReduceOp::kPremulSum:
+      return "PREMUL_SUM";
+  }
+  return "UNKNOWN";
+}
+
+absl::StatusOr<DType> ParseDType(const char* name) {
+  struct Alias {
+    const char* name;
+    DType dtype;
+  };
+  static constexpr Alias kAliases[] = {
+      {"float16", DType::kFloat16},     {"fp16", DType::kFloat16},
+      {"half", DType::kFloat16},        {"bfloat16", DType::kBFloat16},
+      {"bf16", DType::kBFloat16},       {"float32", DType::kFloat32},
+      {"fp32", DType::kFloat32},        {"float", DType::kFloat32},
+      {"float64", DType::kFloat64},     {"fp64", DType::kFloat64},
+      {"double", DType::kFloat64},      {"int8", DType::kInt8},
+      {"uint8", DType::kUInt8},         {"int32", DType::kInt32},
+      {"int", DType::kInt32},           {"int64", DType::kInt64},
+      {"long", DType::kInt64},          {"bool", DType::kBool},
+      {"complex64", DType::kComplex64}, {"complex128", DType::kComplex128},
+  };
+  if (name == nullptr) return absl::InvalidArgumentError("dtype name is null");
+  const absl::string_view s(name);
+  for (const Alias& alias : kAliases) {
+    if (s == alias.name) return alias.dtype;
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "unknown dtype \"", s,
+      "\" (expected float16|fp16|half, bfloat16|bf16, float32|fp32|float, float64|fp64|double, "
+      "int8, uint8, int32|int, int64|long, bool, complex64, complex128)"));
+}
+
+absl::Status CheckReduce(DType dtype, ReduceOp op) {
+  if (!ValidDType(dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown dtype ", static_cast<int>(dtype)));
+  }
+  if (!ValidOp(op)) {
+    return absl::InvalidArgumentError(absl::StrCat("unknown reduce op ", static_cast<int>(op)));
+  }
+  if (!Supported(dtype, op)) {
+    return absl::InvalidArgumentError(absl::StrCat("reduce op ", ReduceOpName(op),
+                                                   " does not support dtype ", DTypeName(dtype)));
+  }
+  return absl::OkStatus();
+}
+
+void ReduceInit(void* acc, const void* first, size_t count, DType dtype, ReduceOp op,
+                double scale) {
+  if (!Supported(dtype, op)) Unsupported("ReduceInit", dtype, op);
+  if (count == 0) return;
+  if (op == ReduceOp::kPremulSum) {
+    switch (dtype) {
+      case DType::kFloat16:
+        return Map16<HalfCodec>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(first),
+                                count, Scale<float>{static_cast<float>(scale)});
+      case DType::kBFloat16:
+        return Map16<BFloat16Codec>(static_cast<uint16_t*>(acc),
+                                    static_cast<const uint16_t*>(first), count,
+                                    Scale<float>{static_cast<float>(scale)});
+      case DType::kFloat32:
+      case DType::kComplex64:
+        return Map(static_cast<float*>(acc), static_cast<const float*>(first),
+                   dtype == DType::kComplex64 ? 2 * count : count,
+                   Scale<float>{static_cast<float>(scale)});
+      case DType::kFloat64:
+      case DType::kComplex128:
+        return Map(static_cast<double*>(acc), static_cast<const double*>(first),
+                   dtype == DType::kComplex128 ? 2 * count : count, Scale<double>{scale});
+      default:
+        return;
+    }
+  }
+  if (dtype == DType::kBool) {
+    return Map(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(first), count,
+               BoolNormalize{});
+  }
+  if (acc != first) std::memmove(acc, first, count * DTypeSize(dtype));
+}
+
+void ReduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op, double scale) {
+  if (!Supported(dtype, op)) Unsupported("ReduceInto", dtype, op);
+  switch (dtype) {
+    case DType::kFloat16:
+      return Into16<HalfCodec>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in),
+                               count, op, scale);
+    case DType::kBFloat16:
+      return Into16<BFloat16Codec>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(in),
+                                   count, op, scale);
+    case DType::kFloat32:
+      return IntoFloating(static_cast<float*>(acc), static_cast<const float*>(in), count, op,
+                          scale);
+    case DType::kFloat64:
+      return IntoFloating(static_cast<double*>(acc), static_cast<const double*>(in), count, op,
+                          scale);
+    case DType::kComplex64:
+      return IntoFloating(static_cast<float*>(acc), static_cast<const float*>(in), 2 * count, op,
+                          scale);
+    case DType::kComplex128:
+      return IntoFloating(static_cast<double*>(acc), static_cast<const double*>(in), 2 * count,
+                          op, scale);
+    case DType::kInt8:
+      return IntoInteger(static_cast<int8_t*>(acc), static_cast<const int8_t*>(in), count, op);
+    case DType::kUInt8:
+      return IntoInteger(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(in), count, op);
+    case DType::kInt32:
+      return IntoInteger(static_cast<int32_t*>(acc), static_cast<const int32_t*>(in), count, op);
+    case DType::kInt64:
+      return IntoInteger(static_cast<int64_t*>(acc), static_cast<const int64_t*>(in), count, op);
+    case DType::kBool:
+      return IntoBool(static_cast<uint8_t*>(acc), static_cast<const uint8_t*>(in), count, op);
+  }
+}
+
+void ReduceFinish(void* acc, size_t count, DType dtype, ReduceOp op, int contributions) {
+  if (!Supported(dtype, op)) Unsupported("ReduceFinish", dtype, op);
+  // Only AVG has a finishing step; dividing by 1 is the identity, and a
+  // non-positive count has no meaningful average, so both leave `acc` as is.
+  if (op != ReduceOp::kAvg || contributions <= 1) return;
+  switch (dtype) {
+    case DType::kFloat16:
+      return Map16<HalfCodec>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(acc),
+                              count, DivideBy<float>{static_cast<float>(contributions)});
+    case DType::kBFloat16:
+      return Map16<BFloat16Codec>(static_cast<uint16_t*>(acc), static_cast<const uint16_t*>(acc),
+                                  count, DivideBy<float>{static_cast<float>(contributions)});
+    case DType::kFloat32:
+    case DType::kComplex64:
+      return MapInPlace(static_cast<float*>(acc), dtype == DType::kComplex64 ? 2 * count : count,
+                        DivideBy<float>{static_cast<float>(contributions)});
+    case DType::kFloat64:
+    case DType::kComplex128:
+      return MapInPlace(static_cast<double*>(acc),
+                        dtype == DType::kComplex128 ? 2 * count : count,
+                        DivideBy<double>{static_cast<double>(contributions)});
+    default:
+      return;
+  }
+}
+
+float HalfToFloat(uint16_t h) { return HalfToFloatInline(h); }
+uint16_t FloatToHalf(float f) { return FloatToHalfInline(f); }
+float BFloat16ToFloat(uint16_t b) { return BFloat16ToFloatInline(b); }
+uint16_t FloatToBFloat16(float f) { return FloatToBFloat16Inline(f); }
+
+}  // namespace muster

@@ -1,0 +1,146 @@
+#include "backends/shm/segment.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <new>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace muster {
+namespace {
+
+constexpr uint32_t kVersion = 1;
+
+uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+uint64_t SlotsOffset(int nranks) {
+  return RoundUp(sizeof(SegmentHeader) + sizeof(RankControl) * nranks, 4096);
+}
+
+}  // namespace
+
+GroupSegment::GroupSegment(std::string name, void* base, size_t bytes)
+    : name_(std::move(name)), base_(base), bytes_(bytes) {
+  header_ = static_cast<SegmentHeader*>(base);
+  controls_ = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
+  slots_ = static_cast<char*>(base) + header_->slots_offset;
+}
+
+GroupSegment::~GroupSegment() { ::munmap(base_, bytes_); }
+
+absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::string& name,
+                                                                   int nranks,
+                                                                   uint64_t slot_bytes) {
+  if (nranks < 1 || nranks > kMaxRanks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a shared-memory group has 1..", kMaxRanks, " ranks, not ", nranks));
+  }
+  slot_bytes = RoundUp(slot_bytes, 4096);
+  uint64_t offset = SlotsOffset(nranks);
+  uint64_t bytes = offset + slot_bytes * nranks;
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
+  if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return ErrnoToStatus(err, absl::StrCat("sizing shared memory ", name, " to ", bytes, " bytes"));
+  }
+  void* base = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) {
+    ::shm_unlink(name.c_str());
+    return ErrnoToStatus(err, absl::StrCat("mmap ", name));
+  }
+  auto* h = new (base) SegmentHeader();
+  h->version = kVersion;
+  h->nranks = static_cast<uint32_t>(nranks);
+  h->slot_bytes = slot_bytes;
+  h->slots_offset = offset;
+  h->aborted.store(0);
+  h->epoch.store(0);
+  h->sleepers.store(0);
+  std::memset(h->abort_reason, 0, sizeof(h->abort_reason));
+  auto* controls = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
+  for (int i = 0; i < nranks; ++i) {
+    auto* c = new (&controls[i]) RankControl();
+    c->arrived.store(0);
+    c->released.store(0);
+    c->submitted.store(0);
+    c->completed.store(0);
+    c->pid.store(0);
+  }
+  std::atomic_thread_fence(std::memory_order_release);
+  reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes));
+}
+
+absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::string& name,
+                                                                 int expected_nranks) {
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
+  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("opening group shared memory ", name));
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(sizeof(SegmentHeader))) {
+    ::close(fd);
+    return absl::DataLossError(absl::StrCat("shared memory ", name, " is too small"));
+  }
+  void* base = ::mmap(nullptr, st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  int err = errno;
+  ::close(fd);
+  if (base == MAP_FAILED) return ErrnoToStatus(err, absl::StrCat("mmap ", name));
+  auto* h = static_cast<SegmentHeader*>(base);
+  uint64_t magic =
+      reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
+  if (magic != kMagic || h->version != kVersion || static_cast<int>(h->nranks) != expected_nranks ||
+      h->slots_offset + h->slot_bytes * h->nranks > static_cast<uint64_t>(st.st_size)) {
+    ::munmap(base, st.st_size);
+    return absl::DataLossError(absl::StrCat("shared memory ", name, " is not a ", expected_nranks,
+                                            "-rank muster group segment"));
+  }
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, st.st_size));
+}
+
+void GroupSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+void GroupSegment::Abort(const std::string& reason) {
+  uint32_t expected = 0;
+  // Reason first, then the flag (readers acquire the flag, then read it).
+  static_assert(sizeof(header_->abort_reason) > 1, "");
+  if (header_->aborted.load(std::memory_order_acquire) == 0) {
+    std::strncpy(header_->abort_reason, reason.c_str(), sizeof(header_->abort_reason) - 1);
+    header_->aborted.compare_exchange_strong(expected, 1, std::memory_order_acq_rel);
+  }
+  Wake();
+}
+
+std::string GroupSegment::abort_reason() const {
+  return std::string(header_->abort_reason,
+                     strnlen(header_->abort_reason, sizeof(header_->abort_reason)));
+}
+
+void GroupSegment::Wake() {
+  header_->epoch.fetch_add(1, std::memory_order_acq_rel);
+  if (header_->sleepers.load(std::memory_order_acquire) > 0) {
+    ::syscall(SYS_futex, &header_->epoch, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
+  }
+}
+
+void GroupSegment::Sleep(uint32_t seen, int64_t timeout_us) {
+  timespec ts{static_cast<time_t>(timeout_us / 1000000),
+              static_cast<long>((timeout_us % 1000000) * 1000)};
+  header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+  ::syscall(SYS_futex, &header_->epoch, FUTEX_WAIT, seen, &ts, nullptr, 0);
+  header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+}  // namespace muster

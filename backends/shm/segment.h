@@ -1,0 +1,107 @@
+// GroupSegment: the shared-memory segment of one process group on one
+// node. musterd creates it when a group whose members are all on this node
+// is formed; each member rank maps it and exchanges data through it.
+//
+// Layout (all offsets fixed at creation):
+//   SegmentHeader | RankControl x nranks | slot 0 | slot 1 | ... (slot_bytes each)
+// Every rank owns its RankControl and its slot: it writes only those, and
+// reads everyone's. Progress is published through monotonically increasing
+// round counters (release/acquire). The header also carries the abort flag
+// and reason, which musterd sets when the group breaks (a member died, the
+// operator aborted it) and a rank sets when a collective times out; a futex
+// word wakes sleeping waiters.
+//
+// Thread-safety: the atomics are the synchronization; see collectives.h
+// for the protocol. A GroupSegment object itself is immutable after Open.
+#ifndef MUSTER_BACKENDS_SHM_SEGMENT_H_
+#define MUSTER_BACKENDS_SHM_SEGMENT_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+
+namespace muster {
+
+// What a rank is doing in the current collective, compared across ranks to
+// detect desynchronized programs.
+struct OpSignature {
+  uint64_t sequence = 0;  // per group, from 1
+  uint32_t kind = 0;      // CollectiveKind
+  uint32_t dtype = 0;
+  uint64_t count = 0;  // elements (per rank, as the op defines)
+  int32_t root = -1;
+  uint32_t reduce_op = 0;
+};
+
+struct alignas(64) RankControl {
+  std::atomic<uint64_t> arrived;    // last round whose data is in this rank's slot
+  std::atomic<uint64_t> released;   // last round this rank finished reading
+  std::atomic<uint64_t> submitted;  // last collective sequence submitted
+  std::atomic<uint64_t> completed;  // last collective sequence completed
+  OpSignature signature;            // of the collective in progress
+  uint64_t meta[64];                // small per-round metadata (e.g. split sizes)
+  std::atomic<int32_t> pid;
+};
+
+struct alignas(64) SegmentHeader {
+  uint64_t magic;
+  uint32_t version;
+  uint32_t nranks;
+  uint64_t slot_bytes;
+  uint64_t slots_offset;
+  std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> epoch;     // futex word: bumped on every progress
+  std::atomic<uint32_t> sleepers;  // waiters in futex_wait
+  char abort_reason[512];
+};
+
+class GroupSegment {
+ public:
+  static constexpr uint64_t kMagic = 0x4d55535445525347ull;  // "MUSTERSG"
+  static constexpr int kMaxRanks = 256;
+  static constexpr uint64_t kMetaWords = 64;
+
+  // Creates (and truncates) the segment `name` (a POSIX shm name, "/…").
+  static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(const std::string& name, int nranks,
+                                                              uint64_t slot_bytes);
+  // Maps an existing segment; checks its magic and rank count.
+  static absl::StatusOr<std::unique_ptr<GroupSegment>> Open(const std::string& name,
+                                                            int expected_nranks);
+  // Removes the name (mappings stay valid until unmapped).
+  static void Unlink(const std::string& name);
+  ~GroupSegment();
+  GroupSegment(const GroupSegment&) = delete;
+  GroupSegment& operator=(const GroupSegment&) = delete;
+
+  const std::string& name() const { return name_; }
+  int nranks() const { return header_->nranks; }
+  uint64_t slot_bytes() const { return header_->slot_bytes; }
+  SegmentHeader& header() { return *header_; }
+  RankControl& rank(int i) { return controls_[i]; }
+  char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * header_->slot_bytes; }
+
+  // Sets the abort flag (first reason wins) and wakes every waiter.
+  void Abort(const std::string& reason);
+  bool aborted() const { return header_->aborted.load(std::memory_order_acquire) != 0; }
+  std::string abort_reason() const;
+  // Bumps the futex word and wakes sleepers (after publishing progress).
+  void Wake();
+  // Sleeps until the futex word differs from `seen` or `timeout_us` passed.
+  void Sleep(uint32_t seen, int64_t timeout_us);
+
+ private:
+  GroupSegment(std::string name, void* base, size_t bytes);
+  std::string name_;
+  void* base_;
+  size_t bytes_;
+  SegmentHeader* header_;
+  RankControl* controls_;
+  char* slots_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_SHM_SEGMENT_H_

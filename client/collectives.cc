@@ -1,0 +1,352 @@
+// ProcessGroup's collectives and Work: validation, the per-group executor,
+// and the list/bytes variants built on ShmCommunicator's contiguous ones.
+#include "backends/shm/collectives.h"
+
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "backends/shm/segment.h"
+#include "muster/world.h"
+
+namespace muster {
+namespace {
+
+absl::Status CheckTensor(const Tensor& t, const char* what) {
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": null buffer with ", t.count, " elements"));
+  }
+  if (static_cast<int>(t.dtype) >= kNumDTypes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckList(const std::vector<Tensor>& list, size_t expected, size_t count, DType dtype,
+                       const char* what) {
+  if (list.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected ", expected, " tensors, got ", list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (absl::Status s = CheckTensor(list[i], what); !s.ok()) return s;
+    if (list[i].count != count || list[i].dtype != dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor ", i, " has ", list[i].count, " ", DTypeName(list[i].dtype),
+                       " elements, expected ", count, " ", DTypeName(dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+bool Work::IsCompleted() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+absl::Status Work::Wait(absl::Duration timeout) {
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
+  }
+  return status_;
+}
+
+absl::Status Work::status() const {
+  absl::MutexLock lock(&mu_);
+  if (!done_) return absl::FailedPreconditionError("the collective has not completed yet");
+  return status_;
+}
+
+void Work::Complete(absl::Status status) {
+  absl::MutexLock lock(&mu_);
+  if (done_) return;  // recorded exactly once
+  status_ = std::move(status);
+  done_ = true;
+}
+
+ProcessGroup::~ProcessGroup() {
+  {
+    absl::MutexLock lock(&exec_mu_);
+    stopping_ = true;
+  }
+  if (executor_.joinable()) executor_.join();
+  for (auto& [op, work] : queue_) {
+    work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+  }
+}
+
+std::shared_ptr<Work> ProcessGroup::Failed(absl::Status status) {
+  auto work = std::make_shared<Work>();
+  work->Complete(std::move(status));
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
+  auto work = std::make_shared<Work>();
+  absl::MutexLock lock(&exec_mu_);
+  work->sequence_ = ++submitted_;
+  if (stopping_) {
+    work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+    return work;
+  }
+  queue_.emplace_back(std::move(op), work);
+  if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
+  return work;
+}
+
+void ProcessGroup::RunExecutor() {
+  while (true) {
+    std::pair<Op, std::shared_ptr<Work>> item;
+    {
+      absl::MutexLock lock(&exec_mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+        return stopping_ || !queue_.empty();
+      };
+      exec_mu_.Await(absl::Condition(&ready));
+      if (queue_.empty()) return;  // stopping
+      item = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    absl::Status status = comm_status_;
+    if (status.ok()) status = item.first(*comm_, absl::Now() + timeout_);
+    item.second->Complete(std::move(status));
+  }
+}
+
+std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
+  if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
+  return Submit([t, op, scale](ShmCommunicator& c, absl::Time d) {
+    return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tensors, ReduceOp op) {
+  for (const Tensor& t : tensors) {
+    if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
+  }
+  return Submit([tensors, op](ShmCommunicator& c, absl::Time d) {
+    for (const Tensor& t : tensors) {
+      if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
+  if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
+  return Submit([t, root](ShmCommunicator& c, absl::Time d) {
+    return c.Broadcast(t.data, t.count, t.dtype, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
+  if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
+  return Submit([t, root, op](ShmCommunicator& c, absl::Time d) {
+    return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
+  if (absl::Status s = CheckTensor(in, "all_gather_into_tensor"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "all_gather_into_tensor"); !s.ok()) return Failed(s);
+  if (out.count != in.count * size() || out.dtype != in.dtype) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
+        " elements, has ", out.count, " ", DTypeName(out.dtype))));
+  }
+  return Submit([in, out](ShmCommunicator& c, absl::Time d) {
+    return c.AllGather(in.data, out.data, in.count, in.dtype, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor in) {
+  if (absl::Status s = CheckTensor(in, "all_gather"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
+    return Failed(s);
+  }
+  return Submit([in, outs](ShmCommunicator& c, absl::Time d) {
+    std::string flat(in.bytes() * outs.size(), '\0');
+    absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, int root) {
+  if (absl::Status s = CheckTensor(in, "gather"); !s.ok()) return Failed(s);
+  if (rank_ == root) {
+    if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "gather"); !s.ok()) {
+      return Failed(s);
+    }
+  }
+  bool is_root = rank_ == root;
+  return Submit([in, outs, root, is_root](ShmCommunicator& c, absl::Time d) {
+    std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
+    absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
+    if (!s.ok() || !is_root) return s;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins, int root) {
+  if (absl::Status s = CheckTensor(out, "scatter"); !s.ok()) return Failed(s);
+  bool is_root = rank_ == root;
+  if (is_root) {
+    if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "scatter"); !s.ok()) {
+      return Failed(s);
+    }
+  }
+  return Submit([out, ins, root, is_root](ShmCommunicator& c, absl::Time d) {
+    std::string flat;
+    if (is_root) {
+      flat.resize(out.bytes() * ins.size());
+      for (size_t i = 0; i < ins.size(); ++i) {
+        std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+      }
+    }
+    return c.Scatter(flat.data(), out.data, out.count, out.dtype, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, ReduceOp op) {
+  if (absl::Status s = CheckTensor(in, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
+  if (in.count != out.count * size() || out.dtype != in.dtype) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
+                     DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
+  }
+  return Submit([in, out, op](ShmCommunicator& c, absl::Time d) {
+    return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor> ins,
+                                                  ReduceOp op) {
+  if (absl::Status s = CheckTensor(out, "reduce_scatter"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
+    return Failed(s);
+  }
+  return Submit([out, ins, op](ShmCommunicator& c, absl::Time d) {
+    std::string flat(out.bytes() * ins.size(), '\0');
+    for (size_t i = 0; i < ins.size(); ++i) {
+      std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+    }
+    return c.ReduceScatter(flat.data(), out.data, out.count, out.dtype, op, 1.0, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
+                                                   std::vector<size_t> out_splits,
+                                                   std::vector<size_t> in_splits) {
+  if (absl::Status s = CheckTensor(in, "all_to_all_single"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "all_to_all_single"); !s.ok()) return Failed(s);
+  if (in.dtype != out.dtype) {
+    return Failed(absl::InvalidArgumentError("all_to_all_single: input and output dtypes differ"));
+  }
+  size_t n = size();
+  auto fill = [n](std::vector<size_t>& splits, size_t total, const char* which) -> absl::Status {
+    if (splits.empty()) {
+      if (total % n != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all_single: ", which, " of ", total,
+                                                       " elements does not split evenly into ", n,
+                                                       " ranks; pass split sizes"));
+      }
+      splits.assign(n, total / n);
+    }
+    size_t sum = 0;
+    for (size_t v : splits) sum += v;
+    if (splits.size() != n || sum != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_to_all_single: ", which, " splits must be ", n, " sizes summing to ", total));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
+  if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
+  return Submit([in, out, in_splits, out_splits](ShmCommunicator& c, absl::Time d) {
+    return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vector<Tensor> ins) {
+  size_t n = size();
+  if (outs.size() != n || ins.size() != n) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("all_to_all: expected ", n, " input and output tensors")));
+  }
+  std::vector<size_t> send(n), recv(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (absl::Status s = CheckTensor(ins[i], "all_to_all"); !s.ok()) return Failed(s);
+    if (absl::Status s = CheckTensor(outs[i], "all_to_all"); !s.ok()) return Failed(s);
+    if (ins[i].dtype != ins[0].dtype || outs[i].dtype != ins[0].dtype) {
+      return Failed(absl::InvalidArgumentError("all_to_all: tensors must share one dtype"));
+    }
+    send[i] = ins[i].count;
+    recv[i] = outs[i].count;
+  }
+  return Submit([outs, ins, send, recv](ShmCommunicator& c, absl::Time d) {
+    size_t es = DTypeSize(ins[0].dtype);
+    std::string in_flat, out_flat;
+    for (const Tensor& t : ins) in_flat.append(static_cast<const char*>(t.data), t.bytes());
+    size_t total = 0;
+    for (size_t v : recv) total += v;
+    out_flat.resize(total * es);
+    absl::Status s = c.AllToAll(in_flat.data(), send, out_flat.data(), recv, ins[0].dtype, d);
+    if (!s.ok()) return s;
+    size_t off = 0;
+    for (const Tensor& t : outs) {
+      std::memcpy(t.data, out_flat.data() + off, t.bytes());
+      off += t.bytes();
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::CollectiveBarrier() {
+  return Submit([](ShmCommunicator& c, absl::Time d) { return c.Barrier(d); });
+}
+
+std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
+  if (blob == nullptr) return Failed(absl::InvalidArgumentError("broadcast_object: null blob"));
+  return Submit([blob, root](ShmCommunicator& c, absl::Time d) {
+    int64_t size = static_cast<int64_t>(blob->size());
+    absl::Status s = c.Broadcast(&size, 1, DType::kInt64, root, d);
+    if (!s.ok()) return s;
+    blob->resize(size);
+    return c.Broadcast(blob->data(), blob->size(), DType::kUInt8, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
+                                                   std::vector<std::string>* out) {
+  if (out == nullptr) return Failed(absl::InvalidArgumentError("all_gather_object: null output"));
+  std::string mine = blob;
+  return Submit([mine, out](ShmCommunicator& c, absl::Time d) {
+    int64_t size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(c.size());
+    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string padded = mine;
+    padded.resize(largest);
+    std::string all(largest * c.size(), '\0');
+    s = c.AllGather(padded.data(), all.data(), largest, DType::kUInt8, d);
+    if (!s.ok()) return s;
+    out->clear();
+    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace muster
