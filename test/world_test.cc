@@ -362,5 +362,89 @@ TEST_CASE("local synchronization, tags, rank lookups, destroy and the c10d-style
   CHECK(absl::StrContains(Squeeze(groups), "misc edge cpu:gloo destroyed 2 0,2"));
 }
 
+TEST_CASE(
+    "collectives run across rank processes in shared memory; musterctl shows the "
+    "sequence numbers") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "coll", 4);
+  for (int r = 0; r < 4; ++r) {
+    job.Start(r,
+              "init;allreduce world 100000;bcast world 1001 3;gatherobj world;a2a world;"
+              "subgroups 2;allreduce group_1 33;allreduce group_2 33;cbarrier world;"
+              "sleep 1200");
+  }
+  absl::SleepFor(absl::Milliseconds(900));
+  std::string group = Ctl(*daemon, {"group", "world", "--job", "coll", "--json"});
+  std::string table = Ctl(*daemon, {"group", "world", "--job", "coll"});
+  std::string out = job.WaitAll();
+  INFO(out << group << table);
+  for (int r = 0; r < 4; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": ");
+    CHECK(absl::StrContains(out, p + "allreduce world 100000 ok seq=1"));
+    CHECK(absl::StrContains(out, p + "bcast world 1001 3 ok"));
+    CHECK(absl::StrContains(out, p + "gatherobj world ok a,bb,ccc,dddd"));
+    CHECK(absl::StrContains(out, p + "a2a world ok"));
+    CHECK(absl::StrContains(out, p + "allreduce group_" + std::to_string(r / 2 + 1) + " 33 ok"));
+    CHECK(absl::StrContains(out, p + "cbarrier world ok"));
+  }
+  // world ran: all_reduce, broadcast, 2 all_gathers (sizes, data), 2 rounds
+  // of all_to_all metadata+data count as one collective, the barrier: 6.
+  CHECK(absl::StrContains(group, "\"last_submitted_seq\":6,\"last_completed_seq\":6"));
+  CHECK(absl::StrContains(table, "SUBMITTED"));
+}
+
+TEST_CASE("mismatched collectives across processes fail with both signatures") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "desync", 2);
+  job.Start(0, "init;allreduce world 64;cbarrier world");
+  job.Start(1, "init;bcast world 64 0;cbarrier world");
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out,
+                          "rank 0: allreduce world 64 error FAILED_PRECONDITION: collectives "
+                          "on group 'world' do not match: rank 0 called all_reduce #1(int32, "
+                          "count 64, SUM) but rank 1 called broadcast #1(float32, count 64, "
+                          "root 0)"));
+  CHECK(absl::StrContains(out, "rank 1: bcast world 64 0 error FAILED_PRECONDITION"));
+  CHECK(absl::StrContains(out, "rank 0: cbarrier world ok"));
+}
+
+TEST_CASE(
+    "a rank killed mid-collective fails the others within 2 s; a silent rank times out "
+    "naming it") {
+  auto daemon = StartDaemon();
+  {
+    Job job(*daemon, "killed", 3);
+    job.Start(0, "init;allreduce world 8");
+    job.Start(1, "init;allreduce world 8");
+    job.Start(2, "init;sleep 400;crash");
+    std::string out = job.WaitAll();
+    INFO(out);
+    for (int r = 0; r < 2; ++r) {
+      std::string line = absl::StrCat("rank ", r,
+                                      ": allreduce world 8 error ABORTED: all_reduce #1(int32, "
+                                      "count 8, SUM) on group 'world' aborted: rank 2 (host ");
+      CHECK(absl::StrContains(out, line));
+      int64_t ms = Field(out, absl::StrCat("rank ", r, ": allreduce"), "elapsed_ms");
+      CHECK(ms >= 300);
+      CHECK(ms < 2400);
+    }
+  }
+  {
+    Job job(*daemon, "silent", 3);
+    std::map<std::string, std::string> env = {{"MUSTER_TEST_INIT_TIMEOUT_MS", "1500"}};
+    job.Start(0, "init;allreduce world 8", env);
+    job.Start(1, "init;allreduce world 8", env);
+    job.Start(2, "init;sleep 4000", env);
+    std::string out = job.WaitAll();
+    INFO(out);
+    CHECK(absl::StrContains(out,
+                            "allreduce world 8 error DEADLINE_EXCEEDED: all_reduce #1(int32, "
+                            "count 8, SUM) on group 'world' timed out waiting for ranks 2 "
+                            "to arrive"));
+  }
+  CHECK(daemon->process().Running());
+}
+
 }  // namespace
 }  // namespace muster::testing
