@@ -47,8 +47,11 @@ bool Work::IsCompleted() const {
 }
 
 absl::Status Work::Wait(absl::Duration timeout) {
+  absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  if (group_ != nullptr) group_->RunUntil(this, deadline);
   absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithTimeout(absl::Condition(&done_), timeout)) {
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
   }
@@ -93,27 +96,50 @@ std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
     work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
     return work;
   }
+  work->group_ = this;
   queue_.emplace_back(std::move(op), work);
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
 }
 
+bool ProcessGroup::RunHead() {
+  if (running_ || queue_.empty()) return false;
+  running_ = true;
+  std::pair<Op, std::shared_ptr<Work>> item = std::move(queue_.front());
+  queue_.pop_front();
+  exec_mu_.Unlock();
+  absl::Status status = comm_status_;
+  if (status.ok()) status = item.first(*comm_, absl::Now() + timeout_);
+  item.second->Complete(std::move(status));
+  exec_mu_.Lock();
+  running_ = false;
+  return true;
+}
+
 void ProcessGroup::RunExecutor() {
+  // Runs collectives nobody waits for (asynchronous use), in order.
+  absl::MutexLock lock(&exec_mu_);
   while (true) {
-    std::pair<Op, std::shared_ptr<Work>> item;
-    {
-      absl::MutexLock lock(&exec_mu_);
-      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
-        return stopping_ || !queue_.empty();
-      };
-      exec_mu_.Await(absl::Condition(&ready));
-      if (queue_.empty()) return;  // stopping
-      item = std::move(queue_.front());
-      queue_.pop_front();
-    }
-    absl::Status status = comm_status_;
-    if (status.ok()) status = item.first(*comm_, absl::Now() + timeout_);
-    item.second->Complete(std::move(status));
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return stopping_ || (!running_ && !queue_.empty());
+    };
+    exec_mu_.Await(absl::Condition(&ready));
+    if (stopping_ && queue_.empty()) return;
+    if (stopping_ && !running_) return;
+    RunHead();
+  }
+}
+
+void ProcessGroup::RunUntil(Work* work, absl::Time deadline) {
+  absl::MutexLock lock(&exec_mu_);
+  while (!work->IsCompleted()) {
+    if (RunHead()) continue;
+    // Someone else runs a collective (maybe ours): wait for it to finish.
+    auto progress = [this, work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return !running_ || work->IsCompleted();
+    };
+    if (!exec_mu_.AwaitWithDeadline(absl::Condition(&progress), deadline)) return;
+    if (queue_.empty() && !running_ && !work->IsCompleted()) return;  // not ours to run
   }
 }
 

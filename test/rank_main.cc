@@ -256,6 +256,22 @@ int main(int argc, char** argv) {
         off += out_splits[j];
       }
       report(step, st, "");
+    } else if (cmd == "arlat") {
+      // arlat GROUP ITERS BYTES: time per all_reduce (float32 SUM), waited one by one.
+      auto g = groups.at(words[1]);
+      int iters = std::stoi(words[2]);
+      size_t count = std::max<size_t>(1, std::stoul(words[3]) / 4);
+      std::vector<float> v(count, 1.0f);
+      absl::Status st;
+      for (int i = 0; i < 10 && st.ok(); ++i) {
+        st = g->AllReduce({v.data(), count, muster::DType::kFloat32})->Wait();
+      }
+      absl::Time t0 = absl::Now();
+      for (int i = 0; i < iters && st.ok(); ++i) {
+        st = g->AllReduce({v.data(), count, muster::DType::kFloat32})->Wait();
+      }
+      double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
+      report(step, st, absl::StrCat("us_per_op=", us));
     } else if (cmd == "cbarrier") {
       auto g = groups.at(words[1]);
       report(step, g->CollectiveBarrier()->Wait(),

@@ -67,6 +67,7 @@ struct GroupOptions {
 };
 
 class World;
+class ProcessGroup;
 class GroupSegment;
 class ShmCommunicator;
 
@@ -97,6 +98,8 @@ class Work {
   friend class ProcessGroup;
   void Complete(absl::Status status);
   uint64_t sequence_ = 0;
+  // The group whose executor queue holds this work (Wait() may run it).
+  ProcessGroup* group_ = nullptr;
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
@@ -164,10 +167,18 @@ class ProcessGroup {
 
  private:
   friend class World;
+  friend class Work;
   using Op = std::function<absl::Status(ShmCommunicator&, absl::Time deadline)>;
   std::shared_ptr<Work> Submit(Op op);
   std::shared_ptr<Work> Failed(absl::Status status);
   void RunExecutor();
+  // Runs queued collectives on the calling thread, in order, until `work`
+  // completed (a waiting caller runs its own collective instead of handing
+  // it to the executor thread: two fewer thread wake-ups per collective).
+  void RunUntil(Work* work, absl::Time deadline);
+  // Pops and runs the head of the queue if no one else runs one. Called
+  // with exec_mu_ held; releases it while running.
+  bool RunHead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
 
   World* world_ = nullptr;
   std::string name_, tag_, backend_;
@@ -183,6 +194,7 @@ class ProcessGroup {
   absl::Mutex exec_mu_;
   std::deque<std::pair<Op, std::shared_ptr<Work>>> queue_ ABSL_GUARDED_BY(exec_mu_);
   bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
 };
