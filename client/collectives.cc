@@ -3,8 +3,10 @@
 #include "backends/shm/collectives.h"
 
 #include <cstring>
+#include <list>
 
 #include "absl/strings/str_cat.h"
+#include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
 #include "muster/world.h"
 
@@ -77,6 +79,15 @@ ProcessGroup::~ProcessGroup() {
     stopping_ = true;
   }
   if (executor_.joinable()) executor_.join();
+  {
+    absl::MutexLock lock(&p2p_mu_);
+    p2p_stopping_ = true;
+  }
+  if (p2p_ != nullptr) p2p_->segment()->Wake();
+  if (p2p_thread_.joinable()) p2p_thread_.join();
+  for (auto& [op, work] : p2p_new_) {
+    work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+  }
   for (auto& [op, work] : queue_) {
     work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
   }
@@ -373,6 +384,87 @@ std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
     for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
     return absl::OkStatus();
   });
+}
+
+std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
+  const char* what = send ? "send" : "recv";
+  if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
+  if (!comm_status_.ok()) return Failed(comm_status_);
+  auto group_rank = GroupRank(peer);
+  if (!group_rank.ok()) return Failed(group_rank.status());
+  auto op = std::make_unique<P2POp>();
+  op->send = send;
+  op->peer = *group_rank;
+  op->tag = tag;
+  op->data = static_cast<char*>(t.data);
+  op->bytes = t.bytes();
+  op->deadline = absl::Now() + timeout_;
+  if (absl::Status s = p2p_->Validate(*op); !s.ok()) return Failed(s);
+  auto work = std::make_shared<Work>();
+  {
+    absl::MutexLock lock(&p2p_mu_);
+    if (p2p_stopping_) {
+      work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+      return work;
+    }
+    p2p_new_.emplace_back(std::move(op), work);
+    if (!p2p_thread_.joinable()) p2p_thread_ = std::thread([this] { RunP2P(); });
+  }
+  p2p_->segment()->Wake();
+  return work;
+}
+
+std::shared_ptr<Work> ProcessGroup::ISend(Tensor t, int dst, uint64_t tag) {
+  return SubmitP2P(true, t, dst, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::IRecv(Tensor t, int src, uint64_t tag) {
+  return SubmitP2P(false, t, src, tag);
+}
+
+std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
+    const std::vector<P2PRequest>& requests) {
+  std::vector<std::shared_ptr<Work>> works;
+  for (const P2PRequest& r : requests) works.push_back(SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  return works;
+}
+
+void ProcessGroup::RunP2P() {
+  std::list<std::pair<std::unique_ptr<P2POp>, std::shared_ptr<Work>>> active;
+  while (true) {
+    uint32_t epoch = p2p_->segment()->header().epoch.load(std::memory_order_acquire);
+    {
+      absl::MutexLock lock(&p2p_mu_);
+      if (active.empty()) {
+        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p2p_mu_) {
+          return p2p_stopping_ || !p2p_new_.empty();
+        };
+        p2p_mu_.Await(absl::Condition(&ready));
+      }
+      if (p2p_stopping_) {
+        for (auto& [op, work] : active) {
+          work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+        }
+        return;
+      }
+      while (!p2p_new_.empty()) {
+        active.push_back(std::move(p2p_new_.front()));
+        p2p_new_.pop_front();
+      }
+    }
+    std::vector<P2POp*> ops;
+    for (auto& [op, work] : active) ops.push_back(op.get());
+    bool moved = p2p_->Progress(ops);
+    for (auto it = active.begin(); it != active.end();) {
+      if (it->first->finished) {
+        it->second->Complete(it->first->status);
+        it = active.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!moved && !active.empty()) p2p_->segment()->Sleep(epoch, 1000);
+  }
 }
 
 }  // namespace muster

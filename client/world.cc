@@ -11,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
 #include "backends/shm/collectives.h"
+#include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
 #include "common/paths.h"
 #include "common/status_macros.h"
@@ -251,6 +252,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
       group->segment_ = std::move(*segment);
       group->comm_ = std::make_unique<ShmCommunicator>(group->segment_.get(), group->rank_, name,
                                                        group->ranks_);
+      group->p2p_ =
+          std::make_unique<P2PEngine>(group->segment_.get(), group->rank_, name, group->ranks_);
     }
   }
   return group;

@@ -272,6 +272,26 @@ int main(int argc, char** argv) {
       }
       double us = absl::ToDoubleMicroseconds(absl::Now() - t0) / iters;
       report(step, st, absl::StrCat("us_per_op=", us));
+    } else if (cmd == "ring") {
+      // ring GROUP BYTES: every member sends BYTES to the next global member
+      // and receives from the previous one (batch_isend_irecv).
+      auto g = groups.at(words[1]);
+      size_t bytes = std::stoul(words[2]);
+      int n = g->size(), me = g->rank();
+      int next = g->ranks()[(me + 1) % n], prev = g->ranks()[(me + n - 1) % n];
+      std::vector<uint8_t> out(bytes), in(bytes);
+      for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<uint8_t>(world->rank() + i);
+      auto works =
+          g->BatchISendIRecv({{true, {out.data(), bytes, muster::DType::kUInt8}, next, 9},
+                              {false, {in.data(), bytes, muster::DType::kUInt8}, prev, 9}});
+      absl::Status st;
+      for (auto& w : works) {
+        if (absl::Status s2 = w->Wait(); !s2.ok() && st.ok()) st = s2;
+      }
+      for (size_t i = 0; st.ok() && i < bytes; ++i) {
+        if (in[i] != static_cast<uint8_t>(prev + i)) st = absl::InternalError("wrong p2p data");
+      }
+      report(step, st, "");
     } else if (cmd == "cbarrier") {
       auto g = groups.at(words[1]);
       report(step, g->CollectiveBarrier()->Wait(),

@@ -386,6 +386,8 @@ TEST_CASE(
     CHECK(absl::StrContains(out, p + "a2a world ok"));
     CHECK(absl::StrContains(out, p + "allreduce group_" + std::to_string(r / 2 + 1) + " 33 ok"));
     CHECK(absl::StrContains(out, p + "cbarrier world ok"));
+    CHECK(absl::StrContains(out, p + "ring world 3000000 ok"));
+    CHECK(absl::StrContains(out, p + "ring world 1 ok"));
   }
   // world ran: all_reduce, broadcast, 2 all_gathers (sizes, data), 2 rounds
   // of all_to_all metadata+data count as one collective, the barrier: 6.

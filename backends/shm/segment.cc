@@ -7,6 +7,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstring>
@@ -18,7 +19,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -38,15 +39,19 @@ GroupSegment::GroupSegment(std::string name, void* base, size_t bytes)
 GroupSegment::~GroupSegment() { ::munmap(base_, bytes_); }
 
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::string& name,
-                                                                   int nranks,
-                                                                   uint64_t slot_bytes) {
+                                                                   int nranks, uint64_t slot_bytes,
+                                                                   uint64_t mailbox_bytes) {
   if (nranks < 1 || nranks > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("a shared-memory group has 1..", kMaxRanks, " ranks, not ", nranks));
   }
   slot_bytes = RoundUp(slot_bytes, 4096);
+  mailbox_bytes = RoundUp(std::max<uint64_t>(mailbox_bytes, 4096), 4096);
   uint64_t offset = SlotsOffset(nranks);
-  uint64_t bytes = offset + slot_bytes * nranks;
+  uint64_t mailboxes_offset = offset + slot_bytes * nranks;
+  uint64_t mailbox_stride = sizeof(MailboxHeader) + mailbox_bytes;
+  // Untouched pages of tmpfs cost nothing: unused mailboxes are free.
+  uint64_t bytes = mailboxes_offset + mailbox_stride * nranks * nranks;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
@@ -67,6 +72,8 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   h->nranks = static_cast<uint32_t>(nranks);
   h->slot_bytes = slot_bytes;
   h->slots_offset = offset;
+  h->mailbox_bytes = mailbox_bytes;
+  h->mailboxes_offset = mailboxes_offset;
   h->aborted.store(0);
   h->epoch.store(0);
   h->sleepers.store(0);
@@ -79,6 +86,12 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     c->submitted.store(0);
     c->completed.store(0);
     c->pid.store(0);
+  }
+  for (int i = 0; i < nranks * nranks; ++i) {
+    auto* m =
+        new (static_cast<char*>(base) + mailboxes_offset + i * mailbox_stride) MailboxHeader();
+    m->written.store(0);
+    m->read.store(0);
   }
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
@@ -102,7 +115,8 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
   uint64_t magic =
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
   if (magic != kMagic || h->version != kVersion || static_cast<int>(h->nranks) != expected_nranks ||
-      h->slots_offset + h->slot_bytes * h->nranks > static_cast<uint64_t>(st.st_size)) {
+      h->mailboxes_offset + (sizeof(MailboxHeader) + h->mailbox_bytes) * h->nranks * h->nranks >
+          static_cast<uint64_t>(st.st_size)) {
     ::munmap(base, st.st_size);
     return absl::DataLossError(absl::StrCat("shared memory ", name, " is not a ", expected_nranks,
                                             "-rank muster group segment"));
@@ -111,6 +125,12 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
 }
 
 void GroupSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+MailboxHeader& GroupSegment::mailbox(int from, int to) {
+  uint64_t stride = sizeof(MailboxHeader) + header_->mailbox_bytes;
+  return *reinterpret_cast<MailboxHeader*>(static_cast<char*>(base_) + header_->mailboxes_offset +
+                                           stride * (static_cast<uint64_t>(from) * nranks() + to));
+}
 
 void GroupSegment::Abort(const std::string& reason) {
   uint32_t expected = 0;

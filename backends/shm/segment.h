@@ -4,6 +4,7 @@
 //
 // Layout (all offsets fixed at creation):
 //   SegmentHeader | RankControl x nranks | slot 0 | slot 1 | ... (slot_bytes each)
+//   | mailbox (0→0), (0→1), ... (n-1→n-1)   (point-to-point rings)
 // Every rank owns its RankControl and its slot: it writes only those, and
 // reads everyone's. Progress is published through monotonically increasing
 // round counters (release/acquire). The header also carries the abort flag
@@ -46,12 +47,23 @@ struct alignas(64) RankControl {
   std::atomic<int32_t> pid;
 };
 
+// One single-producer single-consumer byte ring from one rank to another.
+// Invariant: read <= written <= read + capacity; bytes [read, written) are
+// unread data at positions modulo capacity.
+struct alignas(64) MailboxHeader {
+  std::atomic<uint64_t> written;
+  char pad[56];
+  std::atomic<uint64_t> read;
+};
+
 struct alignas(64) SegmentHeader {
   uint64_t magic;
   uint32_t version;
   uint32_t nranks;
   uint64_t slot_bytes;
   uint64_t slots_offset;
+  uint64_t mailbox_bytes;  // ring capacity of each mailbox
+  uint64_t mailboxes_offset;
   std::atomic<uint32_t> aborted;
   std::atomic<uint32_t> epoch;     // futex word: bumped on every progress
   std::atomic<uint32_t> sleepers;  // waiters in futex_wait
@@ -66,7 +78,8 @@ class GroupSegment {
 
   // Creates (and truncates) the segment `name` (a POSIX shm name, "/…").
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(const std::string& name, int nranks,
-                                                              uint64_t slot_bytes);
+                                                              uint64_t slot_bytes,
+                                                              uint64_t mailbox_bytes = 256 << 10);
   // Maps an existing segment; checks its magic and rank count.
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Open(const std::string& name,
                                                             int expected_nranks);
@@ -82,6 +95,12 @@ class GroupSegment {
   SegmentHeader& header() { return *header_; }
   RankControl& rank(int i) { return controls_[i]; }
   char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * header_->slot_bytes; }
+  // The ring from rank `from` to rank `to`, and its data area.
+  MailboxHeader& mailbox(int from, int to);
+  char* mailbox_data(int from, int to) {
+    return reinterpret_cast<char*>(&mailbox(from, to)) + sizeof(MailboxHeader);
+  }
+  uint64_t mailbox_bytes() const { return header_->mailbox_bytes; }
 
   // Sets the abort flag (first reason wins) and wakes every waiter.
   void Abort(const std::string& reason);

@@ -70,6 +70,8 @@ class World;
 class ProcessGroup;
 class GroupSegment;
 class ShmCommunicator;
+class P2PEngine;
+struct P2POp;
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
 struct Tensor {
@@ -165,6 +167,26 @@ class ProcessGroup {
   std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
   std::shared_ptr<Work> AllGatherBytes(const std::string& blob, std::vector<std::string>* out);
 
+  // Point to point (peers are global ranks, as in c10d). Messages between
+  // two ranks arrive in order; a receive names the tag and size of the next
+  // message from that peer. Sends and receives progress concurrently on the
+  // group's p2p thread, so exchanging large messages never deadlocks.
+  std::shared_ptr<Work> ISend(Tensor tensor, int dst, uint64_t tag = 0);
+  std::shared_ptr<Work> IRecv(Tensor tensor, int src, uint64_t tag = 0);
+  absl::Status Send(Tensor tensor, int dst, uint64_t tag = 0) {
+    return ISend(tensor, dst, tag)->Wait();
+  }
+  absl::Status Recv(Tensor tensor, int src, uint64_t tag = 0) {
+    return IRecv(tensor, src, tag)->Wait();
+  }
+  struct P2PRequest {
+    bool send = true;
+    Tensor tensor;
+    int peer = -1;  // global rank
+    uint64_t tag = 0;
+  };
+  std::vector<std::shared_ptr<Work>> BatchISendIRecv(const std::vector<P2PRequest>& requests);
+
  private:
   friend class World;
   friend class Work;
@@ -188,6 +210,7 @@ class ProcessGroup {
   absl::Duration timeout_ = absl::Minutes(30);
   std::unique_ptr<GroupSegment> segment_;
   std::unique_ptr<ShmCommunicator> comm_;
+  std::unique_ptr<P2PEngine> p2p_;
   absl::Status comm_status_;  // why collectives are unavailable
 
   // The executor: one thread running this group's collectives in order.
@@ -197,6 +220,15 @@ class ProcessGroup {
   bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
+
+  // Point to point: queued ops, progressed together by p2p_thread_.
+  void RunP2P();
+  std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
+  absl::Mutex p2p_mu_;
+  std::deque<std::pair<std::unique_ptr<P2POp>, std::shared_ptr<Work>>> p2p_new_
+      ABSL_GUARDED_BY(p2p_mu_);
+  bool p2p_stopping_ ABSL_GUARDED_BY(p2p_mu_) = false;
+  std::thread p2p_thread_;
 };
 
 class World {

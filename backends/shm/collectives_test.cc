@@ -1,0 +1,259 @@
+// Rank-per-thread tests of ShmCommunicator: every collective at world sizes
+// 1-4 with odd sizes and a tiny slot (so large buffers take many rounds),
+// every dtype x reduce op through all_reduce, desync, timeout and abort.
+#include "backends/shm/collectives.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <catch2/catch.hpp>
+#include <functional>
+#include <numeric>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+namespace {
+
+std::string UniqueName() {
+  static std::atomic<int> n{0};
+  return absl::StrCat("/muster-test.", ::getpid(), ".", n++);
+}
+
+// Runs `body(comm)` on `world` threads sharing one segment.
+void RunRanks(int world, uint64_t slot_bytes, const std::function<void(ShmCommunicator&)>& body) {
+  std::string name = UniqueName();
+  auto owner = GroupSegment::Create(name, world, slot_bytes);
+  REQUIRE(owner.ok());
+  std::vector<std::unique_ptr<GroupSegment>> maps;
+  std::vector<std::unique_ptr<ShmCommunicator>> comms;
+  std::vector<int> globals(world);
+  std::iota(globals.begin(), globals.end(), 10);  // global ranks 10, 11, ...
+  for (int r = 0; r < world; ++r) {
+    auto seg = GroupSegment::Open(name, world);
+    REQUIRE(seg.ok());
+    comms.push_back(std::make_unique<ShmCommunicator>(seg->get(), r, "g", globals));
+    maps.push_back(std::move(*seg));
+  }
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back([&, r] { body(*comms[r]); });
+  for (auto& t : threads) t.join();
+  GroupSegment::Unlink(name);
+}
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(20); }
+
+// Sizes that exercise one element, partial rounds and many rounds with a
+// 4 KiB slot.
+const size_t kCounts[] = {0, 1, 7, 1000, 3001};
+
+TEST_CASE("all_reduce, broadcast and reduce at world 1-4 with multi-round buffers") {
+  for (int world = 1; world <= 4; ++world) {
+    for (size_t count : kCounts) {
+      INFO("world " << world << " count " << count);
+      std::atomic<int> failures{0};
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        int r = c.rank();
+        std::vector<int32_t> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i * 3 + r);
+        if (!c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon()).ok())
+          ++failures;
+        for (size_t i = 0; i < count; ++i) {
+          int32_t want = static_cast<int32_t>(world * i * 3 + world * (world - 1) / 2);
+          if (v[i] != want) ++failures;
+        }
+        std::vector<double> b(count, r == world - 1 ? 2.5 : -1.0);
+        if (!c.Broadcast(b.data(), count, DType::kFloat64, world - 1, Soon()).ok()) ++failures;
+        for (double x : b) failures += x != 2.5;
+        std::vector<int64_t> m(count, r + 1);
+        if (!c.Reduce(m.data(), count, DType::kInt64, ReduceOp::kMax, 1, 0, Soon()).ok())
+          ++failures;
+        for (int64_t x : m) failures += x != (r == 0 ? world : r + 1);
+      });
+      CHECK(failures == 0);
+    }
+  }
+}
+
+TEST_CASE("all_gather, gather, scatter, reduce_scatter and all_to_all move every element") {
+  for (int world = 1; world <= 4; ++world) {
+    for (size_t count : kCounts) {
+      INFO("world " << world << " count " << count);
+      std::atomic<int> failures{0};
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        int r = c.rank(), n = c.size();
+        auto value = [](int rank, size_t i) { return static_cast<float>(rank * 100000 + i); };
+        std::vector<float> in(count), all(count * n, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+        failures += !c.AllGather(in.data(), all.data(), count, DType::kFloat32, Soon()).ok();
+        for (int j = 0; j < n; ++j) {
+          for (size_t i = 0; i < count; ++i) failures += all[j * count + i] != value(j, i);
+        }
+        std::vector<float> gathered(count * n, -1);
+        failures +=
+            !c.Gather(in.data(), gathered.data(), count, DType::kFloat32, n - 1, Soon()).ok();
+        if (r == n - 1) failures += gathered != all;
+        std::vector<float> piece(count, -1);
+        failures += !c.Scatter(all.data(), piece.data(), count, DType::kFloat32, 0, Soon()).ok();
+        failures += piece != in;  // rank 0 scatters everyone's original input back
+        // reduce_scatter: block i of every rank's input summed into rank i.
+        std::vector<int32_t> blocks(count * n), mine(count, -1);
+        for (int j = 0; j < n; ++j) {
+          for (size_t i = 0; i < count; ++i)
+            blocks[j * count + i] = static_cast<int32_t>(j * 7 + i + r);
+        }
+        failures += !c.ReduceScatter(blocks.data(), mine.data(), count, DType::kInt32,
+                                     ReduceOp::kSum, 1, Soon())
+                         .ok();
+        for (size_t i = 0; i < count; ++i) {
+          failures += mine[i] != static_cast<int32_t>(n * (r * 7 + i) + n * (n - 1) / 2);
+        }
+        // all_to_all with uneven splits: rank r sends r+j+count%3 elements to j.
+        std::vector<size_t> send(n), recv(n);
+        for (int j = 0; j < n; ++j) {
+          send[j] = r + j + count % 3;
+          recv[j] = j + r + count % 3;
+        }
+        std::vector<int16_t> out_data;  // unused type guard
+        std::vector<uint8_t> src, dst;
+        for (int j = 0; j < n; ++j) {
+          for (size_t i = 0; i < send[j]; ++i) src.push_back(static_cast<uint8_t>(r * 16 + j + i));
+        }
+        size_t total = 0;
+        for (size_t x : recv) total += x;
+        dst.assign(total, 0xEE);
+        failures += !c.AllToAll(src.data(), send, dst.data(), recv, DType::kUInt8, Soon()).ok();
+        size_t off = 0;
+        for (int j = 0; j < n; ++j) {
+          for (size_t i = 0; i < recv[j]; ++i)
+            failures += dst[off + i] != static_cast<uint8_t>(j * 16 + r + i);
+          off += recv[j];
+        }
+        failures += !c.Barrier(Soon()).ok();
+      });
+      CHECK(failures == 0);
+    }
+  }
+}
+
+TEST_CASE("every dtype x reduce op goes through all_reduce identically on all ranks") {
+  for (int d = 0; d < kNumDTypes; ++d) {
+    for (int o = 0; o < kNumReduceOps; ++o) {
+      DType dtype = static_cast<DType>(d);
+      ReduceOp op = static_cast<ReduceOp>(o);
+      bool supported = CheckReduce(dtype, op).ok();
+      INFO(DTypeName(dtype) << " " << ReduceOpName(op));
+      const int world = 3;
+      const size_t count = 37;
+      size_t bytes = count * DTypeSize(dtype);
+      std::vector<std::string> inputs(world), outputs(world);
+      for (int r = 0; r < world; ++r) {
+        inputs[r].resize(bytes);
+        for (size_t i = 0; i < bytes; ++i) {
+          // Small values, valid for every type (bools 0/1, no float NaNs).
+          uint8_t v = static_cast<uint8_t>((i * 7 + r * 3) % 5);
+          inputs[r][i] = dtype == DType::kBool ? (v & 1) : v;
+        }
+        if (DTypeSize(dtype) >= 2 && dtype != DType::kBool) {
+          // Keep 16-bit floats finite: clear the top byte of each element.
+          for (size_t i = DTypeSize(dtype) - 1; i < bytes; i += DTypeSize(dtype)) inputs[r][i] = 0;
+        }
+      }
+      std::atomic<int> errors{0};
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        std::string buf = inputs[c.rank()];
+        absl::Status s = c.AllReduce(buf.data(), count, dtype, op, 0.5, Soon());
+        if (s.ok() != supported) ++errors;
+        if (!supported && s.code() != absl::StatusCode::kInvalidArgument) ++errors;
+        outputs[c.rank()] = buf;
+      });
+      CHECK(errors == 0);
+      if (!supported) continue;
+      std::string want = inputs[0];
+      ReduceInit(want.data(), inputs[0].data(), count, dtype, op, 0.5);
+      for (int r = 1; r < world; ++r)
+        ReduceInto(want.data(), inputs[r].data(), count, dtype, op, 0.5);
+      ReduceFinish(want.data(), count, dtype, op, world);
+      for (int r = 0; r < world; ++r) CHECK(outputs[r] == want);
+    }
+  }
+}
+
+TEST_CASE("mismatched collectives fail on every rank naming both ranks and signatures") {
+  std::vector<std::string> messages(2);
+  RunRanks(2, 4096, [&](ShmCommunicator& c) {
+    std::vector<float> v(16, 1);
+    absl::Status s = c.rank() == 0
+                         ? c.AllReduce(v.data(), 16, DType::kFloat32, ReduceOp::kSum, 1, Soon())
+                         : c.Broadcast(v.data(), 16, DType::kFloat32, 0, Soon());
+    CHECK(s.code() == absl::StatusCode::kFailedPrecondition);
+    messages[c.rank()] = std::string(s.message());
+    // The group stays usable afterwards.
+    CHECK(c.Barrier(Soon()).ok());
+  });
+  CHECK(messages[0] ==
+        "collectives on group 'g' do not match: rank 10 called all_reduce #1(float32, count 16, "
+        "SUM) but rank 11 called broadcast #1(float32, count 16, root 0)");
+  CHECK(messages[1].find("rank 11 called broadcast #1") != std::string::npos);
+}
+
+TEST_CASE("a rank that never joins fails the others with DEADLINE_EXCEEDED naming it") {
+  std::string message;
+  RunRanks(3, 4096, [&](ShmCommunicator& c) {
+    if (c.rank() == 2) return;  // never calls
+    std::vector<int32_t> v(4, 1);
+    absl::Time start = absl::Now();
+    absl::Status s = c.AllReduce(v.data(), 4, DType::kInt32, ReduceOp::kSum, 1,
+                                 absl::Now() + absl::Milliseconds(300));
+    CHECK((s.code() == absl::StatusCode::kDeadlineExceeded ||
+           s.code() == absl::StatusCode::kAborted));
+    CHECK(absl::Now() - start < absl::Seconds(5));
+    if (c.rank() == 0 && s.code() == absl::StatusCode::kDeadlineExceeded) {
+      message = std::string(s.message());
+    }
+    // The group is now aborted: later collectives fail at once.
+    CHECK(c.Barrier(Soon()).code() == absl::StatusCode::kAborted);
+  });
+  if (!message.empty()) {
+    CHECK(message ==
+          "all_reduce #1(int32, count 4, SUM) on group 'g' timed out waiting for ranks "
+          "12 to arrive");
+  }
+}
+
+TEST_CASE("an abort from outside wakes sleeping ranks with the reason") {
+  std::string name = UniqueName();
+  auto seg = GroupSegment::Create(name, 2, 4096);
+  REQUIRE(seg.ok());
+  ShmCommunicator c(seg->get(), 0, "g", {0, 1});
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    (*seg)->Abort("rank 1 (host n1, pid 42) failed: its process exited");
+  });
+  absl::Time start = absl::Now();
+  absl::Status s = c.Barrier(Soon());
+  aborter.join();
+  CHECK(s.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(s.message()) ==
+        "barrier #1 on group 'g' aborted: rank 1 (host n1, pid 42) failed: its process exited");
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  GroupSegment::Unlink(name);
+}
+
+TEST_CASE("bad roots and dtype/op pairs are rejected before any data moves") {
+  std::string name = UniqueName();
+  auto seg = GroupSegment::Create(name, 1, 4096);
+  REQUIRE(seg.ok());
+  ShmCommunicator c(seg->get(), 0, "g", {0});
+  float x = 1;
+  CHECK(c.Broadcast(&x, 1, DType::kFloat32, 3, Soon()).message() ==
+        "root 3 is outside group 'g' of size 1");
+  CHECK(c.AllReduce(&x, 1, DType::kFloat32, ReduceOp::kBxor, 1, Soon()).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK(c.sequence() == 0);
+  GroupSegment::Unlink(name);
+}
+
+}  // namespace
+}  // namespace muster
