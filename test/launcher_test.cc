@@ -31,8 +31,9 @@ RunResult Launch(std::vector<std::string> args, const std::map<std::string, std:
   return *r;
 }
 
-TEST_CASE("muster-run starts an embedded musterd, gives each rank its environment, prefixes "
-          "output, and stops the daemon") {
+TEST_CASE(
+    "muster-run starts an embedded musterd, gives each rank its environment, prefixes "
+    "output, and stops the daemon") {
   TempDir dir;
   auto r = Launch({"--nproc-per-node", "2", "--job-id", "envjob", "--", "/bin/sh", "-c",
                    "echo RANK=$RANK LOCAL_RANK=$LOCAL_RANK WORLD_SIZE=$WORLD_SIZE "
@@ -136,8 +137,8 @@ TEST_CASE("muster-run uses a running musterd and never reuses a generation there
                      RunfilePath("test/muster-test-rank"), "init;barrier world"},
                     env);
     INFO(r.out << r.err);
-    CHECK(absl::StrContains(r.err, "using musterd 0.1.0 (pid " +
-                                       std::to_string((*daemon)->pid()) + ")"));
+    CHECK(absl::StrContains(r.err,
+                            "using musterd 0.1.0 (pid " + std::to_string((*daemon)->pid()) + ")"));
     CHECK(absl::StrContains(r.out, "[rank 1] rank 1: barrier world ok"));
   }
   auto jobs = Run({RunfilePath("tools/musterctl"), (*daemon)->SocketFlag(), "jobs"});
@@ -158,9 +159,9 @@ TEST_CASE("an unmodified PyTorch gloo script runs under muster-run with 4 ranks"
     return;
   }
   TempDir dir;
-  auto r = Launch({"--nproc-per-node", "4", "--", "/usr/bin/python3",
-                   RunfilePath("examples/torch_gloo.py")},
-                  IsolatedEnv(dir), absl::Seconds(120));
+  auto r = Launch(
+      {"--nproc-per-node", "4", "--", "/usr/bin/python3", RunfilePath("examples/torch_gloo.py")},
+      IsolatedEnv(dir), absl::Seconds(120));
   INFO(r.out << r.err);
   CHECK(r.exit.code == 0);
   for (int rank = 0; rank < 4; ++rank) {

@@ -55,6 +55,10 @@ class Job {
       r.exit = *exit;
       r.out = r.process->Stdout();
       all += r.out;
+      if (!(r.exit.exited && r.exit.code == 0)) {
+        all += absl::StrCat("[process ", r.process->pid(), " ", r.exit.Describe(),
+                            "; stderr: ", r.process->Stderr(), "]\n");
+      }
     }
     return all;
   }
@@ -371,7 +375,7 @@ TEST_CASE(
     job.Start(r,
               "init;allreduce world 100000;bcast world 1001 3;gatherobj world;a2a world;"
               "subgroups 2;allreduce group_1 33;allreduce group_2 33;cbarrier world;"
-              "sleep 1200");
+              "ring world 3000000;ring world 1;sleep 1200");
   }
   absl::SleepFor(absl::Milliseconds(900));
   std::string group = Ctl(*daemon, {"group", "world", "--job", "coll", "--json"});

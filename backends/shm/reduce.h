@@ -71,8 +71,7 @@ absl::Status CheckReduce(DType dtype, ReduceOp op);
 //   ReduceInit(acc, c_0); ReduceInto(acc, c_1); ...; ReduceFinish(acc, n)
 // which leaves the result in `acc`. `acc` may alias c_0 for ReduceInit.
 // Callers must have checked CheckReduce(dtype, op).
-void ReduceInit(void* acc, const void* first, size_t count, DType dtype, ReduceOp op,
-                double scale);
+void ReduceInit(void* acc, const void* first, size_t count, DType dtype, ReduceOp op, double scale);
 void ReduceInto(void* acc, const void* in, size_t count, DType dtype, ReduceOp op, double scale);
 void ReduceFinish(void* acc, size_t count, DType dtype, ReduceOp op, int contributions);
 
