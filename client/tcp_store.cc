@@ -114,12 +114,29 @@ class TcpStore::Connection {
     return absl::OkStatus();
   }
 
+  // Reads through a small buffer, so a reply's status byte and payload
+  // usually cost one recv() together.
   absl::Status ReadExact(char* out, size_t size, absl::Time deadline) {
     size_t done = 0;
     while (done < size) {
-      ssize_t n = ::recv(fd_, out + done, size - done, MSG_DONTWAIT);
-      if (n > 0) {
+      if (buffered_begin_ < buffered_end_) {
+        size_t n = std::min(size - done, buffered_end_ - buffered_begin_);
+        std::memcpy(out + done, buffer_ + buffered_begin_, n);
+        buffered_begin_ += n;
         done += n;
+        continue;
+      }
+      // Large remainders go straight to the caller's memory.
+      bool direct = size - done >= sizeof(buffer_);
+      ssize_t n = direct ? ::recv(fd_, out + done, size - done, MSG_DONTWAIT)
+                         : ::recv(fd_, buffer_, sizeof(buffer_), MSG_DONTWAIT);
+      if (n > 0) {
+        if (direct) {
+          done += n;
+        } else {
+          buffered_begin_ = 0;
+          buffered_end_ = n;
+        }
         continue;
       }
       if (n == 0) {
@@ -173,6 +190,9 @@ class TcpStore::Connection {
  private:
   int fd_;
   std::string peer_;
+  char buffer_[4096];
+  size_t buffered_begin_ = 0;
+  size_t buffered_end_ = 0;
 };
 
 TcpStore::TcpStore(const TcpStoreOptions& options) : options_(options) {

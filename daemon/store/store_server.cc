@@ -390,14 +390,17 @@ class StoreServer::Impl : public StoreServer::Loop {
       if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR)) Close(c.id);
       return;
     }
+    // Read into the loop's scratch buffer and append only what arrived: no
+    // zero-filling, and an idle connection keeps no buffer. A short read
+    // means the socket is drained (epoll is level-triggered and reports any
+    // later data), which saves the read that would return EAGAIN.
     size_t total = 0;
     while (total < kMaxReadPerEvent) {
-      size_t old = c.in.size();
-      c.in.resize(old + kReadChunk);
-      ssize_t n = ::read(c.fd, c.in.data() + old, kReadChunk);
-      c.in.resize(old + (n > 0 ? n : 0));
+      ssize_t n = ::read(c.fd, read_buffer_, sizeof(read_buffer_));
       if (n > 0) {
+        c.in.append(read_buffer_, n);
         total += n;
+        if (static_cast<size_t>(n) < sizeof(read_buffer_)) break;
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -450,7 +453,11 @@ class StoreServer::Impl : public StoreServer::Loop {
       c.in.erase(0, c.in_off);
       c.in_off = 0;
     }
-    if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20)) c.in.shrink_to_fit();
+    if (c.in.empty() && c.in.capacity() > 4096) {
+      std::string().swap(c.in);  // idle connections hold no buffer
+    } else if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20)) {
+      c.in.shrink_to_fit();
+    }
   }
 
   void MarkDirty(Connection& c) { dirty_.push_back(c.id); }
@@ -494,7 +501,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     c.out.clear();
     c.out_off = 0;
-    if (c.out.capacity() > (4 << 20)) c.out.shrink_to_fit();
+    if (c.out.capacity() > 4096) std::string().swap(c.out);
     if (c.closing) {
       Close(c.id);
       return;
@@ -719,6 +726,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::flat_hash_map<TimerId, absl::Time> timer_deadlines_;
   TimerId next_timer_id_ = 1;
   std::vector<std::function<void()>> after_flush_;
+  char read_buffer_[kReadChunk];
   bool listener_paused_ = false;
   absl::Time listener_resume_;
   absl::Time warn_window_start_;

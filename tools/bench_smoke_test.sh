@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Smoke test of `muster-bench store --quick --no-torch`: every workload runs
+# briefly against a musterd the benchmark starts itself; the run must exit 0
+# and print every row, as a table and as JSON lines.
+set -uo pipefail
+bench="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/muster-bench"
+[[ -x "$bench" ]] || bench="tools/muster-bench"
+fail=0
+errfile="${TEST_TMPDIR:-/tmp}/muster-bench-smoke.stderr"
+check() {  # check NAME OUTPUT REGEX
+  if ! grep -Eq -- "$3" <<<"$2"; then
+    echo "FAIL: $1: no line matching /$3/"
+    fail=1
+  fi
+}
+
+out="$("$bench" store --quick --no-torch 2>"$errfile")"
+rc=$?
+echo "$out"
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL: muster-bench store --quick --no-torch exited $rc; stderr:"
+  cat "$errfile"
+  fail=1
+fi
+for op in set get add compare_set check wait delete_key num_keys; do
+  check "latency $op" "$out" "^$op +[0-9.]+ +[0-9.]+ +[0-9.]+ \| +- +- +- \|"
+done
+check "throughput 1" "$out" "^1 +[0-9]+ "
+check "throughput 8" "$out" "^8 +[0-9]+ "
+check "barrier 64" "$out" "^64 +[0-9.]+ \[[0-9.]+\.\.[0-9.]+\] [0-9.]+ [0-9]+/[0-9]+ \|"
+check "connections" "$out" "^musterd +256 +0 "
+check "targets" "$out" "^n/a +4096 connections"
+check "done" "$out" "^done in .* ok$"
+check "progress" "$(cat "$errfile")" "^muster-bench: latency get on musterd "
+
+json="$("$bench" store --quick --no-torch --json --ops get --clients 2 --barrier 4 \
+          --connections 16 2>/dev/null)"
+rc=$?
+echo "$json"
+[[ $rc -eq 0 ]] || { echo "FAIL: --json run exited $rc"; fail=1; }
+check "json meta" "$json" '^\{"type":"meta",'
+check "json latency" "$json" '^\{"type":"latency","op":"get","musterd":\{"p50_us":'
+check "json throughput" "$json" '^\{"type":"throughput","clients":2,'
+check "json barrier" "$json" '^\{"type":"barrier","n":4,'
+check "json connections" "$json" '^\{"type":"connections","n":16,.*"connect_errors":0,"add_errors":0'
+check "json done" "$json" '^\{"type":"done",.*"ok":true'
+
+if [[ $fail -ne 0 ]]; then exit 1; fi
+echo "PASS"
