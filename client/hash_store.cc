@@ -6,14 +6,19 @@
 
 namespace muster {
 
-absl::Status HashStore::AwaitKeys(const std::vector<std::string>& keys, absl::Duration timeout) {
-  auto all_present = [this, &keys]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+absl::Status HashStore::AwaitKeys(std::unique_lock<std::mutex>& lock,
+                                  const std::vector<std::string>& keys, absl::Duration timeout) {
+  auto all_present = [this, &keys] {
     for (const std::string& k : keys) {
       if (map_.find(k) == map_.end()) return false;
     }
     return true;
   };
-  if (mu_.AwaitWithTimeout(absl::Condition(&all_present), timeout)) return absl::OkStatus();
+  bool ready =
+      timeout == absl::InfiniteDuration()
+          ? (changed_.wait(lock, all_present), true)
+          : changed_.wait_until(lock, absl::ToChronoTime(absl::Now() + timeout), all_present);
+  if (ready) return absl::OkStatus();
   std::vector<std::string> missing;
   for (const std::string& k : keys) {
     if (map_.find(k) == map_.end()) missing.push_back(wire::PrintableKey(k));
@@ -24,21 +29,22 @@ absl::Status HashStore::AwaitKeys(const std::vector<std::string>& keys, absl::Du
 }
 
 absl::Status HashStore::Set(absl::string_view key, absl::string_view value) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   map_[std::string(key)] = std::string(value);
+  changed_.notify_all();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> HashStore::Get(absl::string_view key, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   std::string k(key);
-  absl::Status ready = AwaitKeys({k}, timeout);
+  absl::Status ready = AwaitKeys(lock, {k}, timeout);
   if (!ready.ok()) return ready;
   return map_.find(k)->second;
 }
 
 absl::StatusOr<int64_t> HashStore::Add(absl::string_view key, int64_t delta) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = map_.find(key);
   int64_t value = delta;
   if (it != map_.end()) {
@@ -50,28 +56,32 @@ absl::StatusOr<int64_t> HashStore::Add(absl::string_view key, int64_t delta) {
     value = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(delta));
   }
   map_[std::string(key)] = absl::StrCat(value);
+  changed_.notify_all();
   return value;
 }
 
 absl::StatusOr<std::string> HashStore::CompareSet(absl::string_view key, absl::string_view expected,
                                                   absl::string_view desired) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = map_.find(key);
   std::string reply;
   std::optional<std::string> store = wire::CompareSetResult(
       it == map_.end() ? std::nullopt : std::optional<std::string>(it->second), expected, desired,
       &reply);
-  if (store.has_value()) map_[std::string(key)] = *store;
+  if (store.has_value()) {
+    map_[std::string(key)] = *store;
+    changed_.notify_all();
+  }
   return reply;
 }
 
 absl::Status HashStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  return AwaitKeys(keys, timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  return AwaitKeys(lock, keys, timeout);
 }
 
 absl::StatusOr<bool> HashStore::Check(const std::vector<std::string>& keys) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (const std::string& k : keys) {
     if (map_.find(k) == map_.end()) return false;
   }
@@ -79,7 +89,7 @@ absl::StatusOr<bool> HashStore::Check(const std::vector<std::string>& keys) {
 }
 
 absl::StatusOr<bool> HashStore::DeleteKey(absl::string_view key) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   auto it = map_.find(key);
   if (it == map_.end()) return false;
   map_.erase(it);
@@ -87,20 +97,21 @@ absl::StatusOr<bool> HashStore::DeleteKey(absl::string_view key) {
 }
 
 absl::StatusOr<int64_t> HashStore::NumKeys() {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   return static_cast<int64_t>(map_.size());
 }
 
 absl::Status HashStore::Append(absl::string_view key, absl::string_view value) {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   map_[std::string(key)].append(value.data(), value.size());
+  changed_.notify_all();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> HashStore::MultiGet(const std::vector<std::string>& keys,
                                                              absl::Duration timeout) {
-  absl::MutexLock lock(&mu_);
-  absl::Status ready = AwaitKeys(keys, timeout);
+  std::unique_lock<std::mutex> lock(mu_);
+  absl::Status ready = AwaitKeys(lock, keys, timeout);
   if (!ready.ok()) return ready;
   std::vector<std::string> values;
   for (const std::string& k : keys) values.push_back(map_.find(k)->second);
@@ -113,13 +124,14 @@ absl::Status HashStore::MultiSet(const std::vector<std::string>& keys,
     return absl::InvalidArgumentError(
         absl::StrCat("MultiSet: ", keys.size(), " keys but ", values.size(), " values"));
   }
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   for (size_t i = 0; i < keys.size(); ++i) map_[keys[i]] = values[i];
+  changed_.notify_all();
   return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> HashStore::ListKeys() {
-  absl::MutexLock lock(&mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   std::vector<std::string> keys;
   for (const auto& [k, v] : map_) keys.push_back(k);
   return keys;

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
@@ -133,11 +134,8 @@ class StoreServer::Impl : public StoreServer::Loop {
 
   void Stop() {
     {
-      absl::MutexLock lock(&tasks_mu_);
-      if (stop_requested_) {
-        // fall through to join below if needed
-      }
-      stop_requested_ = true;
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      stop_requested_.store(true);
     }
     uint64_t one = 1;
     if (wake_fd_ >= 0) (void)!::write(wake_fd_, &one, sizeof(one));
@@ -146,8 +144,8 @@ class StoreServer::Impl : public StoreServer::Loop {
 
   bool Post(std::function<void(Loop&)> task) {
     {
-      absl::MutexLock lock(&tasks_mu_);
-      if (stop_requested_) return false;
+      std::lock_guard<std::mutex> lock(tasks_mu_);
+      if (stop_requested_.load()) return false;
       tasks_.push_back(std::move(task));
     }
     uint64_t one = 1;
@@ -241,10 +239,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   void Run() {
     std::vector<epoll_event> events(256);
     while (true) {
-      {
-        absl::MutexLock lock(&tasks_mu_);
-        if (stop_requested_) break;
-      }
+      if (stop_requested_.load()) break;
       int timeout_ms = -1;
       if (!timers_.empty()) {
         absl::Duration d = timers_.begin()->first.first - absl::Now();
@@ -295,7 +290,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   void RunTasks() {
     std::vector<std::function<void(Loop&)>> tasks;
     {
-      absl::MutexLock lock(&tasks_mu_);
+      std::lock_guard<std::mutex> lock(tasks_mu_);
       tasks.swap(tasks_);
     }
     for (auto& task : tasks) task(*this);
@@ -712,9 +707,11 @@ class StoreServer::Impl : public StoreServer::Loop {
   int wake_fd_ = -1;
   std::thread thread_;
 
-  absl::Mutex tasks_mu_;
-  std::vector<std::function<void(Loop&)>> tasks_ ABSL_GUARDED_BY(tasks_mu_);
-  bool stop_requested_ ABSL_GUARDED_BY(tasks_mu_) = false;
+  // std::mutex rather than absl::Mutex: Debian's Abseil is not built for
+  // ThreadSanitizer, which then could not see this hand-off.
+  std::mutex tasks_mu_;
+  std::vector<std::function<void(Loop&)>> tasks_;  // guarded by tasks_mu_
+  std::atomic<bool> stop_requested_{false};
 
   // Loop-thread state.
   bool stopping_ = false;

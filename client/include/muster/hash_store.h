@@ -1,15 +1,17 @@
 // HashStore: an in-memory Store for tests and single-process use. Blocking
-// calls wait on a condition; every operation is atomic.
+// calls wait on a condition variable; every operation is atomic.
 //
-// Thread-safe.
+// Thread-safe. (std::mutex rather than absl::Mutex so that ThreadSanitizer,
+// which cannot see into Debian's uninstrumented Abseil, understands it.)
 #ifndef MUSTER_CLIENT_INCLUDE_MUSTER_HASH_STORE_H_
 #define MUSTER_CLIENT_INCLUDE_MUSTER_HASH_STORE_H_
 
+#include <condition_variable>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
-#include "absl/synchronization/mutex.h"
 #include "muster/store.h"
 
 namespace muster {
@@ -37,12 +39,14 @@ class HashStore : public Store {
   using Store::Wait;
 
  private:
-  // Waits until every key exists; DeadlineExceeded names the missing ones.
-  absl::Status AwaitKeys(const std::vector<std::string>& keys, absl::Duration timeout)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits (holding `lock` on mu_) until every key exists; DeadlineExceeded
+  // names the missing ones.
+  absl::Status AwaitKeys(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
+                         absl::Duration timeout);
 
-  absl::Mutex mu_;
-  std::map<std::string, std::string, std::less<>> map_ ABSL_GUARDED_BY(mu_);
+  std::mutex mu_;
+  std::condition_variable changed_;                      // notified on every write
+  std::map<std::string, std::string, std::less<>> map_;  // guarded by mu_
 };
 
 }  // namespace muster
