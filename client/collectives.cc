@@ -354,6 +354,14 @@ std::shared_ptr<Work> ProcessGroup::CollectiveBarrier() {
   return Submit([](ShmCommunicator& c, absl::Time d) { return c.Barrier(d); });
 }
 
+absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("monitored_barrier needs a positive timeout");
+  }
+  absl::Time deadline = absl::Now() + timeout;
+  return Submit([deadline](ShmCommunicator& c, absl::Time) { return c.Barrier(deadline); })->Wait();
+}
+
 std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
   if (blob == nullptr) return Failed(absl::InvalidArgumentError("broadcast_object: null blob"));
   return Submit([blob, root](ShmCommunicator& c, absl::Time d) {

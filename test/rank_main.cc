@@ -292,6 +292,11 @@ int main(int argc, char** argv) {
         if (in[i] != static_cast<uint8_t>(prev + i)) st = absl::InternalError("wrong p2p data");
       }
       report(step, st, "");
+    } else if (cmd == "mbarrier") {
+      // mbarrier GROUP TIMEOUT_MS
+      auto g = groups.at(words[1]);
+      report(step, g->MonitoredBarrier(absl::Milliseconds(std::stoi(words[2]))),
+             absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
     } else if (cmd == "cbarrier") {
       auto g = groups.at(words[1]);
       report(step, g->CollectiveBarrier()->Wait(),

@@ -449,6 +449,18 @@ TEST_CASE(
                             "count 8, SUM) on group 'world' timed out waiting for ranks 2 "
                             "to arrive"));
   }
+  {
+    Job job(*daemon, "monitored", 4);
+    job.Start(0, "init;mbarrier world 800");
+    job.Start(1, "init;mbarrier world 800");
+    job.Start(2, "init;sleep 3000");
+    job.Start(3, "init;sleep 3000");
+    std::string out = job.WaitAll();
+    INFO(out);
+    CHECK(absl::StrContains(out,
+                            "mbarrier world 800 error DEADLINE_EXCEEDED: barrier #1 on group "
+                            "'world' timed out waiting for ranks 2, 3 to arrive"));
+  }
   CHECK(daemon->process().Running());
 }
 

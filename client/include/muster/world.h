@@ -163,6 +163,10 @@ class ProcessGroup {
                                        std::vector<size_t> input_splits = {});
   // A barrier through shared memory (fast; node-local groups).
   std::shared_ptr<Work> CollectiveBarrier();
+  // c10d's monitored_barrier: a barrier that gives up after `timeout`
+  // with DEADLINE_EXCEEDED naming every member that did not arrive (the
+  // group is then aborted, as for any collective that timed out).
+  absl::Status MonitoredBarrier(absl::Duration timeout);
   // Byte blobs of different sizes per rank ("object" collectives).
   std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
   std::shared_ptr<Work> AllGatherBytes(const std::string& blob, std::vector<std::string>* out);
