@@ -184,6 +184,23 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
   return status;
 }
 
+template <typename Write, typename Read>
+absl::Status ShmCommunicator::Chunked(const OpSignature& signature, size_t count, size_t chunk,
+                                      absl::Time deadline, Write write, Read read) {
+  size_t off = 0;
+  bool first = true;
+  do {  // at least one round, so zero-length collectives still synchronize
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &signature : nullptr, deadline, [&](char* slot) { write(slot, off, len); },
+        [&] { return read(off, len); });
+    if (!s.ok()) return s;
+    first = false;
+    off += len;
+  } while (off < count);
+  return absl::OkStatus();
+}
+
 absl::Status ShmCommunicator::CheckRoot(int root) const {
   if (root < 0 || root >= size_) {
     return absl::InvalidArgumentError(
@@ -203,27 +220,17 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
   OpSignature sig = Begin(CollectiveKind::kAllReduce, dtype, count, -1, op);
   size_t es = DTypeSize(dtype);
-  size_t chunk = segment_->slot_bytes() / es;
   char* bytes = static_cast<char*>(data);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
-        [&] {
-          char* acc = bytes + off * es;
-          ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
-          ReduceFinish(acc, len, dtype, op, size_);
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, segment_->slot_bytes() / es, deadline,
+      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
+      [&](size_t off, size_t len) {
+        char* acc = bytes + off * es;
+        ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+        for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+        ReduceFinish(acc, len, dtype, op, size_);
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,
@@ -231,26 +238,16 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   if (absl::Status s = CheckRoot(root); !s.ok()) return s;
   OpSignature sig = Begin(CollectiveKind::kBroadcast, dtype, count, root, ReduceOp::kSum);
   size_t es = DTypeSize(dtype);
-  size_t chunk = segment_->slot_bytes() / es;
   char* bytes = static_cast<char*>(data);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) {
-          if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
-        },
-        [&] {
-          if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, segment_->slot_bytes() / es, deadline,
+      [&](char* slot, size_t off, size_t len) {
+        if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
+      },
+      [&](size_t off, size_t len) {
+        if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -259,58 +256,35 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
   if (absl::Status s = CheckRoot(root); !s.ok()) return s;
   OpSignature sig = Begin(CollectiveKind::kReduce, dtype, count, root, op);
   size_t es = DTypeSize(dtype);
-  size_t chunk = segment_->slot_bytes() / es;
   char* bytes = static_cast<char*>(data);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
-        [&] {
-          if (rank_ == root) {
-            char* acc = bytes + off * es;
-            ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-            for (int j = 1; j < size_; ++j) {
-              ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
-            }
-            ReduceFinish(acc, len, dtype, op, size_);
-          }
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, segment_->slot_bytes() / es, deadline,
+      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
+      [&](size_t off, size_t len) {
+        if (rank_ != root) return absl::OkStatus();
+        char* acc = bytes + off * es;
+        ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+        for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+        ReduceFinish(acc, len, dtype, op, size_);
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
                                         absl::Time deadline) {
   OpSignature sig = Begin(CollectiveKind::kAllGather, dtype, count, -1, ReduceOp::kSum);
   size_t es = DTypeSize(dtype);
-  size_t chunk = segment_->slot_bytes() / es;
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) { std::memcpy(slot, src + off * es, len * es); },
-        [&] {
-          for (int j = 0; j < size_; ++j) {
-            std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
-          }
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, segment_->slot_bytes() / es, deadline,
+      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
+      [&](size_t off, size_t len) {
+        for (int j = 0; j < size_; ++j) {
+          std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+        }
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
@@ -318,29 +292,17 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
   if (absl::Status s = CheckRoot(root); !s.ok()) return s;
   OpSignature sig = Begin(CollectiveKind::kGather, dtype, count, root, ReduceOp::kSum);
   size_t es = DTypeSize(dtype);
-  size_t chunk = segment_->slot_bytes() / es;
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) { std::memcpy(slot, src + off * es, len * es); },
-        [&] {
-          if (rank_ == root) {
-            for (int j = 0; j < size_; ++j) {
-              std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
-            }
-          }
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, segment_->slot_bytes() / es, deadline,
+      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
+      [&](size_t off, size_t len) {
+        for (int j = 0; rank_ == root && j < size_; ++j) {
+          std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+        }
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
@@ -351,27 +313,17 @@ absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, D
   size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) {
-          if (rank_ != root) return;
-          for (int j = 0; j < size_; ++j) {
-            std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
-          }
-        },
-        [&] {
-          std::memcpy(dst + off * es, segment_->slot(root) + rank_ * chunk * es, len * es);
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, chunk, deadline,
+      [&](char* slot, size_t off, size_t len) {
+        for (int j = 0; rank_ == root && j < size_; ++j) {
+          std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
+        }
+      },
+      [&](size_t off, size_t len) {
+        std::memcpy(dst + off * es, segment_->slot(root) + rank_ * chunk * es, len * es);
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t count, DType dtype,
@@ -382,32 +334,23 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
-  size_t off = 0;
-  bool first = true;
-  do {
-    size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) {
-          for (int j = 0; j < size_; ++j) {
-            std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
-          }
-        },
-        [&] {
-          char* acc = dst + off * es;
-          size_t region = rank_ * chunk * es;
-          ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) {
-            ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
-          }
-          ReduceFinish(acc, len, dtype, op, size_);
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
-    first = false;
-    off += len;
-  } while (off < count);
-  return Finish(absl::OkStatus());
+  return Finish(Chunked(
+      sig, count, chunk, deadline,
+      [&](char* slot, size_t off, size_t len) {
+        for (int j = 0; j < size_; ++j) {
+          std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
+        }
+      },
+      [&](size_t off, size_t len) {
+        char* acc = dst + off * es;
+        size_t region = rank_ * chunk * es;
+        ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
+        for (int j = 1; j < size_; ++j) {
+          ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
+        }
+        ReduceFinish(acc, len, dtype, op, size_);
+        return absl::OkStatus();
+      }));
 }
 
 absl::Status ShmCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,

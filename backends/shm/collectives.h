@@ -94,6 +94,11 @@ class ShmCommunicator {
   absl::Status Finish(absl::Status status);
   template <typename Write, typename Read>
   absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read);
+  // Runs rounds over [0, count) in pieces of at most `chunk` elements;
+  // write(slot, offset, length) and read(offset, length) handle one piece.
+  template <typename Write, typename Read>
+  absl::Status Chunked(const OpSignature& signature, size_t count, size_t chunk,
+                       absl::Time deadline, Write write, Read read);
   // Waits until rank j's `field` >= target for every j.
   absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                        absl::Time deadline, const char* what);
