@@ -249,6 +249,12 @@ absl::Status TcpStore::SendAndReadStatus(const std::string& request, absl::Time 
   return Fail(absl::Status(static_cast<absl::StatusCode>(*code), *message));
 }
 
+absl::Status TcpStore::SendRequest(const std::string& request, absl::Time deadline) {
+  if (native()) return SendAndReadStatus(request, deadline);
+  absl::Status sent = conn_->Send(request, deadline);
+  return sent.ok() ? sent : Fail(sent);
+}
+
 absl::Status TcpStore::CheckSizes(const std::vector<std::string>& keys,
                                   const std::vector<std::string>& values) const {
   if (keys.size() > max_keys_per_request_) {
@@ -386,11 +392,7 @@ absl::StatusOr<int64_t> TcpStore::Add(absl::string_view key, int64_t delta) {
   std::string req = Command(native() ? Dialect::kNative : Dialect::kTorch113, Op::kAdd);
   wire::PutBytes(&req, key);
   wire::PutI64(&req, delta);
-  if (native()) {
-    RETURN_IF_ERROR(SendAndReadStatus(req, deadline));
-  } else if (absl::Status s = conn_->Send(req, deadline); !s.ok()) {
-    return Fail(s);
-  }
+  RETURN_IF_ERROR(SendRequest(req, deadline));
   auto v = conn_->ReadI64(deadline);
   if (!v.ok()) {
     return Fail(native() ? v.status()
@@ -411,11 +413,7 @@ absl::StatusOr<std::string> TcpStore::CompareSet(absl::string_view key, absl::st
   wire::PutBytes(&req, key);
   wire::PutBytes(&req, expected);
   wire::PutBytes(&req, desired);
-  if (native()) {
-    RETURN_IF_ERROR(SendAndReadStatus(req, deadline));
-  } else if (absl::Status s = conn_->Send(req, deadline); !s.ok()) {
-    return Fail(s);
-  }
+  RETURN_IF_ERROR(SendRequest(req, deadline));
   auto v = conn_->ReadBytes(deadline);
   if (!v.ok()) return Fail(v.status());
   return *v;
@@ -428,11 +426,7 @@ absl::StatusOr<bool> TcpStore::Check(const std::vector<std::string>& keys) {
   absl::Time deadline = DeadlineAfter(timeout());
   std::string req = Command(native() ? Dialect::kNative : Dialect::kTorch113, Op::kCheck);
   wire::PutKeyList(&req, keys);
-  if (native()) {
-    RETURN_IF_ERROR(SendAndReadStatus(req, deadline));
-  } else if (absl::Status s = conn_->Send(req, deadline); !s.ok()) {
-    return Fail(s);
-  }
+  RETURN_IF_ERROR(SendRequest(req, deadline));
   auto v = conn_->ReadU8(deadline);
   if (!v.ok()) return Fail(v.status());
   return *v == wire::kCheckReady;
@@ -445,11 +439,7 @@ absl::StatusOr<bool> TcpStore::DeleteKey(absl::string_view key) {
   absl::Time deadline = DeadlineAfter(timeout());
   std::string req = Command(native() ? Dialect::kNative : Dialect::kTorch113, Op::kDeleteKey);
   wire::PutBytes(&req, key);
-  if (native()) {
-    RETURN_IF_ERROR(SendAndReadStatus(req, deadline));
-  } else if (absl::Status s = conn_->Send(req, deadline); !s.ok()) {
-    return Fail(s);
-  }
+  RETURN_IF_ERROR(SendRequest(req, deadline));
   auto v = conn_->ReadI64(deadline);
   if (!v.ok()) return Fail(v.status());
   return *v == 1;
@@ -460,11 +450,7 @@ absl::StatusOr<int64_t> TcpStore::NumKeys() {
   RETURN_IF_ERROR(EnsureConnected());
   absl::Time deadline = DeadlineAfter(timeout());
   std::string req = Command(native() ? Dialect::kNative : Dialect::kTorch113, Op::kNumKeys);
-  if (native()) {
-    RETURN_IF_ERROR(SendAndReadStatus(req, deadline));
-  } else if (absl::Status s = conn_->Send(req, deadline); !s.ok()) {
-    return Fail(s);
-  }
+  RETURN_IF_ERROR(SendRequest(req, deadline));
   auto v = conn_->ReadI64(deadline);
   if (!v.ok()) return Fail(v.status());
   return *v;

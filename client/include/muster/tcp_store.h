@@ -78,6 +78,10 @@ class TcpStore : public Store {
   // statuses and drop the connection).
   absl::Status SendAndReadStatus(const std::string& request, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sends a request that has a reply: native requests also read the reply's
+  // status byte; torch requests just go out.
+  absl::Status SendRequest(const std::string& request, absl::Time deadline)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status WaitKeys(const std::vector<std::string>& keys, absl::Duration timeout,
                         std::vector<std::string>* values) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool native() const { return options_.protocol == TcpStoreOptions::Protocol::kNative; }
