@@ -88,8 +88,8 @@ ProcessGroup::~ProcessGroup() {
   for (auto& [op, work] : p2p_new_) {
     work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
   }
-  for (auto& [op, work] : queue_) {
-    work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+  for (Queued& q : queue_) {
+    q.work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
   }
 }
 
@@ -108,7 +108,8 @@ std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
     return work;
   }
   work->group_ = this;
-  queue_.emplace_back(std::move(op), work);
+  queue_.push_back(Queued{std::move(op), work, absl::Now()});
+  if (executor_sleeping_) kick_ = true;
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
 }
@@ -116,28 +117,48 @@ std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
 bool ProcessGroup::RunHead() {
   if (running_ || queue_.empty()) return false;
   running_ = true;
-  std::pair<Op, std::shared_ptr<Work>> item = std::move(queue_.front());
+  Queued item = std::move(queue_.front());
   queue_.pop_front();
   exec_mu_.Unlock();
   absl::Status status = comm_status_;
-  if (status.ok()) status = item.first(*comm_, absl::Now() + timeout_);
-  item.second->Complete(std::move(status));
+  if (status.ok()) status = item.op(*comm_, absl::Now() + timeout_);
+  item.work->Complete(std::move(status));
   exec_mu_.Lock();
   running_ = false;
   return true;
 }
 
 void ProcessGroup::RunExecutor() {
-  // Runs collectives nobody waits for (asynchronous use), in order.
+  // Runs collectives nobody waits for (asynchronous use), in order. It does
+  // not wake on every Submit: a caller that waits runs its own collective
+  // (RunUntil), so the executor polls every millisecond and takes only
+  // collectives that have been queued that long; after 100 ms without work
+  // it sleeps until Submit kicks it. Waking it on every Submit cost a
+  // context switch per collective on a 2-core machine.
+  constexpr absl::Duration kPoll = absl::Milliseconds(1);
   absl::MutexLock lock(&exec_mu_);
+  absl::Time idle_since = absl::Now();
   while (true) {
-    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
-      return stopping_ || (!running_ && !queue_.empty());
-    };
-    exec_mu_.Await(absl::Condition(&ready));
-    if (stopping_ && queue_.empty()) return;
-    if (stopping_ && !running_) return;
-    RunHead();
+    if (stopping_) {
+      if (!running_) return;
+      exec_mu_.Await(absl::Condition(
+          +[](bool* running) { return !*running; }, &running_));
+      return;
+    }
+    if (queue_.empty() && absl::Now() - idle_since > absl::Milliseconds(100)) {
+      executor_sleeping_ = true;
+      auto kicked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) { return stopping_ || kick_; };
+      exec_mu_.Await(absl::Condition(&kicked));
+      executor_sleeping_ = false;
+      kick_ = false;
+      idle_since = absl::Now();
+      continue;
+    }
+    exec_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kPoll);
+    if (stopping_) continue;
+    if (queue_.empty()) continue;
+    idle_since = absl::Now();
+    if (!running_ && absl::Now() - queue_.front().submitted >= kPoll) RunHead();
   }
 }
 

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "backends/shm/segment.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/version.h"
@@ -57,6 +58,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                        : absl::StrCat(" (durable in ", store_options.state_dir, ")"));
   }
 
+  if (int stale = GroupSegment::RemoveStale(); stale > 0) {
+    MLOG(INFO) << "removed " << stale << " shared-memory segment(s) left by dead daemons";
+  }
   RegistryOptions registry_options;
   registry_options.hostname = Hostname();
   registry_options.store_token = options.store.token;

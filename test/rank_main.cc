@@ -292,6 +292,26 @@ int main(int argc, char** argv) {
         if (in[i] != static_cast<uint8_t>(prev + i)) st = absl::InternalError("wrong p2p data");
       }
       report(step, st, "");
+    } else if (cmd == "async") {
+      // async GROUP N: submit N all_reduces, never call Wait; poll until the
+      // executor completed them all.
+      auto g = groups.at(words[1]);
+      int n = std::stoi(words[2]);
+      std::vector<std::vector<int32_t>> bufs(n, std::vector<int32_t>(16, 1));
+      std::vector<std::shared_ptr<muster::Work>> works;
+      for (auto& b : bufs)
+        works.push_back(g->AllReduce({b.data(), b.size(), muster::DType::kInt32}));
+      absl::Time deadline = absl::Now() + absl::Seconds(10);
+      absl::Status st;
+      for (auto& w : works) {
+        while (!w->IsCompleted() && absl::Now() < deadline) absl::SleepFor(absl::Milliseconds(1));
+        st = w->IsCompleted() ? w->status() : absl::DeadlineExceededError("never completed");
+        if (!st.ok()) break;
+      }
+      for (auto& b : bufs) {
+        if (st.ok() && b[0] != g->size()) st = absl::InternalError("wrong async result");
+      }
+      report(step, st, "");
     } else if (cmd == "mbarrier") {
       // mbarrier GROUP TIMEOUT_MS
       auto g = groups.at(words[1]);

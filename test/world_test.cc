@@ -375,9 +375,9 @@ TEST_CASE(
     job.Start(r,
               "init;allreduce world 100000;bcast world 1001 3;gatherobj world;a2a world;"
               "subgroups 2;allreduce group_1 33;allreduce group_2 33;cbarrier world;"
-              "ring world 3000000;ring world 1;sleep 1200");
+              "ring world 3000000;ring world 1;async world 5;sleep 3000");
   }
-  absl::SleepFor(absl::Milliseconds(900));
+  absl::SleepFor(absl::Milliseconds(2500));  // every rank is in its final sleep
   std::string group = Ctl(*daemon, {"group", "world", "--job", "coll", "--json"});
   std::string table = Ctl(*daemon, {"group", "world", "--job", "coll"});
   std::string out = job.WaitAll();
@@ -392,10 +392,11 @@ TEST_CASE(
     CHECK(absl::StrContains(out, p + "cbarrier world ok"));
     CHECK(absl::StrContains(out, p + "ring world 3000000 ok"));
     CHECK(absl::StrContains(out, p + "ring world 1 ok"));
+    CHECK(absl::StrContains(out, p + "async world 5 ok"));
   }
-  // world ran: all_reduce, broadcast, 2 all_gathers (sizes, data), 2 rounds
-  // of all_to_all metadata+data count as one collective, the barrier: 6.
-  CHECK(absl::StrContains(group, "\"last_submitted_seq\":6,\"last_completed_seq\":6"));
+  // world ran: all_reduce, broadcast, 2 all_gathers (sizes, data), one
+  // all_to_all, the barrier, 5 async all_reduces: 11 (p2p has no sequence).
+  CHECK(absl::StrContains(group, "\"last_submitted_seq\":11,\"last_completed_seq\":11"));
   CHECK(absl::StrContains(table, "SUBMITTED"));
 }
 
@@ -448,6 +449,17 @@ TEST_CASE(
                             "allreduce world 8 error DEADLINE_EXCEEDED: all_reduce #1(int32, "
                             "count 8, SUM) on group 'world' timed out waiting for ranks 2 "
                             "to arrive"));
+  }
+  {
+    // A segment left by a daemon that died (pid 1 never runs musterd, and a
+    // pid far beyond pid_max never runs anything): the next daemon removes
+    // the dead one's.
+    FILE* f = std::fopen("/dev/shm/muster.999999999.7", "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+    auto next = StartDaemon();
+    CHECK_FALSE(FileExists("/dev/shm/muster.999999999.7"));
+    CHECK(absl::StrContains(next->process().Stderr(), "removed 1 shared-memory segment(s)"));
   }
   {
     Job job(*daemon, "monitored", 4);

@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Smoke test of `muster-bench store --quick --no-torch`: every workload runs
 # briefly against a musterd the benchmark starts itself; the run must exit 0
-# and print every row, as a table and as JSON lines.
+# and print every row, as a table and as JSON lines. Then
+# `muster-run --nproc-per-node 2 -- muster-bench collectives --quick --verify`:
+# every op at every quick size must run and check correct on both ranks.
 set -uo pipefail
 bench="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/muster-bench"
 [[ -x "$bench" ]] || bench="tools/muster-bench"
+run="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/muster-run"
+[[ -x "$run" ]] || run="tools/muster-run"
 fail=0
 errfile="${TEST_TMPDIR:-/tmp}/muster-bench-smoke.stderr"
 check() {  # check NAME OUTPUT REGEX
@@ -44,6 +48,37 @@ check "json throughput" "$json" '^\{"type":"throughput","clients":2,'
 check "json barrier" "$json" '^\{"type":"barrier","n":4,'
 check "json connections" "$json" '^\{"type":"connections","n":16,.*"connect_errors":0,"add_errors":0'
 check "json done" "$json" '^\{"type":"done",.*"ok":true'
+
+# Collectives: 2 ranks under muster-run with its own embedded musterd (the
+# socket in MUSTER_SOCKET answers nothing, so muster-run starts one).
+nodaemon="${TEST_TMPDIR:-/tmp}/no-daemon-$$.sock"
+coll="$(MUSTER_SOCKET="$nodaemon" timeout 60 "$run" --nproc-per-node 2 -- \
+          "$bench" collectives --quick --verify 2>"$errfile")"
+rc=$?
+echo "$coll"
+if [[ $rc -ne 0 ]]; then
+  echo "FAIL: muster-run -- muster-bench collectives --quick --verify exited $rc; stderr:"
+  cat "$errfile"
+  fail=1
+fi
+for op in all_reduce broadcast all_gather reduce_scatter; do
+  for size in "4 B|8 B" "4 KiB" "256 KiB" "5242884 B|5 MiB"; do
+    check "collectives $op $size" "$coll" \
+      "^\[rank 0\] $op +($size) +10 +2( +[0-9.]+){6} +[0-9.]+/[0-9.]+ +ok$"
+  done
+done
+check "collectives barrier" "$coll" "^\[rank 0\] barrier +- +10 +2( +[0-9.]+){4} +- +- +[0-9.]+/[0-9.]+ +ok$"
+
+cjson="$(MUSTER_SOCKET="$nodaemon" timeout 60 "$run" --nproc-per-node 2 -- \
+           "$bench" collectives --json --verify --op all_reduce,barrier --bytes 4K --iters 5 \
+           2>"$errfile")"
+rc=$?
+echo "$cjson"
+[[ $rc -eq 0 ]] || { echo "FAIL: collectives --json run exited $rc"; cat "$errfile"; fail=1; }
+check "collectives json all_reduce" "$cjson" \
+  '^\[rank 0\] \{"system":"muster","op":"all_reduce","bytes":4096,"world":2,"dtype":"float32","iters":5,.*"p50_us":[0-9.e+-]+,.*"busbw_gbps":[0-9.e+-]+,"verified":true'
+check "collectives json barrier" "$cjson" \
+  '^\[rank 0\] \{"system":"muster","op":"barrier","bytes":0,"world":2,.*"busbw_gbps":null,"verified":true'
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "PASS"

@@ -1,6 +1,7 @@
 // muster-bench: benchmarks of muster against the peer it replaces.
-// `muster-bench --help` lists every flag; today the only benchmark is
-// `muster-bench store` (see tools/bench_store.h).
+// `muster-bench --help` lists every flag. Benchmarks: `muster-bench store`
+// (see tools/bench_store.h) and `muster-bench collectives`, run under
+// muster-run (see tools/bench_collectives.h).
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
+#include "tools/bench_collectives.h"
 #include "tools/bench_store.h"
 
 namespace {
@@ -46,11 +48,22 @@ int main(int argc, char** argv) {
   std::string musterd;
   std::string python = defaults.python_path;
   double start_timeout = defaults.server_start_timeout_seconds;
+  // collectives
+  bench::CollectivesBenchOptions cdefaults;
+  std::string coll_ops = absl::StrJoin(bench::AllCollectiveOps(), ",");
+  std::string coll_bytes = "4,4K,256K,4M";
+  std::string coll_iters = "100";
+  int64_t coll_warmup = cdefaults.warmup;
+  int64_t coll_root = cdefaults.root;
+  std::string coll_dtype = cdefaults.dtype;
+  std::string coll_pin = cdefaults.pin;
+  bool verify = false;
 
   muster::FlagSet flags(
       "muster-bench",
       "muster-bench: benchmarks muster against the system it replaces.\n"
       "Usage: muster-bench store [flags]\n"
+      "       muster-run --nproc-per-node N -- muster-bench collectives [flags]\n"
       "\n"
       "store: runs the same workloads with the same C++ client (muster::TcpStore)\n"
       "against musterd's store (native protocol) and a PyTorch 1.13 TCPStore master\n"
@@ -61,7 +74,21 @@ int main(int argc, char** argv) {
       "JSON lines with --json) with both systems and their ratio (> 1: musterd is\n"
       "better), then whether the issue's targets are met. Progress goes to stderr.\n"
       "Exit status: 0 when every step ran and musterd had no errors, 1 otherwise,\n"
-      "2 for bad usage.");
+      "2 for bad usage.\n"
+      "\n"
+      "collectives: every rank of a job started by muster-run runs it. Each joins with\n"
+      "muster::World::Init and, for every --op and --bytes size, runs --warmup untimed\n"
+      "and --iters timed iterations of the op on the world group (submit, Wait(); no\n"
+      "barrier between iterations). Per iteration the slowest rank's time counts\n"
+      "(all_reduce MAX of every rank's times); rank 0 prints p50/p99/min/mean and the\n"
+      "bus bandwidth as nccl-tests defines it (all_reduce algbw*2(n-1)/n, all_gather and\n"
+      "reduce_scatter algbw*(n-1)/n, broadcast algbw; algbw = bytes / p50). --bytes is\n"
+      "the whole buffer of all_reduce/broadcast, the gathered output of all_gather and\n"
+      "the input of reduce_scatter. Exit status: 0, 1 if a collective failed or\n"
+      "--verify found a wrong element, 2 for bad usage.\n"
+      "\n"
+      "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --pin\n"
+      "--json --quick. The others are store's.");
   flags.AddString("ops", &ops,
                   "Latency workload: comma-separated ops, each timed from one client.\n"
                   "Known: set, get, add, compare_set, check, wait, delete_key, num_keys.\n"
@@ -91,7 +118,9 @@ int main(int argc, char** argv) {
   flags.AddBool("no-torch", &no_torch, "Benchmark musterd alone (no PyTorch master).");
   flags.AddBool("quick", &quick,
                 "Smoke mode: every workload briefly at small sizes, musterd only (implies\n"
-                "--no-torch). Size flags left at their defaults get small values.");
+                "--no-torch). Size flags left at their defaults get small values.\n"
+                "collectives: every op at 4,4K,256K,5M+4 bytes (5M+4 spans several shared-\n"
+                "memory slots), 10 iterations, 2 warm-up, unless those flags are given.");
   flags.AddString("musterd", &musterd,
                   "The musterd binary. Empty: bazel-bin/daemon/musterd next to this binary\n"
                   "(or in its runfiles).");
@@ -100,18 +129,80 @@ int main(int argc, char** argv) {
                   "the TCPStore master.");
   flags.AddDouble("start-timeout-seconds", &start_timeout,
                   "How long each server may take to become ready.");
+  flags.AddString("op", &coll_ops,
+                  "collectives: comma-separated ops: all_reduce (SUM), broadcast (from --root),\n"
+                  "all_gather (AllGatherIntoTensor), reduce_scatter (ReduceScatterTensor, SUM),\n"
+                  "barrier (CollectiveBarrier; runs once, sizes do not apply).");
+  flags.AddString("bytes", &coll_bytes,
+                  "collectives: comma-separated sizes in bytes; K, M, G (or KiB, MiB, GiB) are\n"
+                  "powers of 1024, e.g. 4,4K,256K,4M,64M. Rounded down to whole elements (at\n"
+                  "least one per rank); the size actually used is reported.");
+  flags.AddString("iters", &coll_iters,
+                  "collectives: timed iterations: one count for every size, or one per --bytes\n"
+                  "size (e.g. 1000,1000,200,50,10). barrier uses the largest.");
+  flags.AddInt("warmup", &coll_warmup,
+               "collectives: untimed iterations before each size; -1: max(2, iters/10).");
+  flags.AddString("dtype", &coll_dtype,
+                  "collectives: element type: float32, float64, float16, bfloat16, int8, uint8,\n"
+                  "int32, int64.");
+  flags.AddInt("root", &coll_root, "collectives: broadcast's root rank.");
+  flags.AddBool("verify", &verify,
+                "collectives: fill deterministic inputs and check the result on every rank,\n"
+                "once before and once after each timed loop (verified: true/false; else null).");
+  flags.AddString("pin", &coll_pin,
+                  "collectives: none (the scheduler places the ranks) or rank (rank r runs on\n"
+                  "allowed CPU local_rank mod #CPUs, all its threads included).");
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
 
   if (positional.empty()) {
     std::fprintf(stderr,
-                 "muster-bench: name a benchmark: muster-bench store [flags] (see --help)\n");
+                 "muster-bench: name a benchmark: muster-bench store|collectives [flags] (see "
+                 "--help)\n");
     return 2;
   }
-  if (positional[0] != "store" || positional.size() > 1) {
-    std::fprintf(stderr, "muster-bench: unknown benchmark '%s' (known: store; see --help)\n",
-                 positional.size() > 1 && positional[0] == "store" ? positional[1].c_str()
-                                                                   : positional[0].c_str());
+  if ((positional[0] != "store" && positional[0] != "collectives") || positional.size() > 1) {
+    std::fprintf(
+        stderr, "muster-bench: unknown benchmark '%s' (known: store, collectives; see --help)\n",
+        positional.size() > 1 && (positional[0] == "store" || positional[0] == "collectives")
+            ? positional[1].c_str()
+            : positional[0].c_str());
     return 2;
+  }
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const std::string command_line = absl::StrCat("muster-bench ", absl::StrJoin(args, " "));
+
+  if (positional[0] == "collectives") {
+    bench::CollectivesBenchOptions c;
+    if (quick) {
+      if (coll_bytes == "4,4K,256K,4M") coll_bytes = "4,4K,256K,5242884";
+      if (coll_iters == "100") coll_iters = "10";
+      if (coll_warmup == cdefaults.warmup) coll_warmup = 2;
+    }
+    c.ops = std::vector<std::string>(absl::StrSplit(coll_ops, ',', absl::SkipWhitespace()));
+    if (c.ops.empty()) {
+      std::fprintf(stderr, "muster-bench: --op names no op\n");
+      return 2;
+    }
+    if (!bench::ParseByteSizes(coll_bytes, &c.bytes)) {
+      std::fprintf(stderr, "muster-bench: --bytes wants positive sizes like 4,4K,256K,4M\n");
+      return 2;
+    }
+    if (!ParseIntList(coll_iters, &c.iters) || c.iters.empty()) {
+      std::fprintf(stderr, "muster-bench: --iters wants positive integers like 100 or 1000,50\n");
+      return 2;
+    }
+    if (coll_warmup < -1) {
+      std::fprintf(stderr, "muster-bench: --warmup must be >= 0 (or -1: automatic)\n");
+      return 2;
+    }
+    c.warmup = coll_warmup;
+    c.dtype = coll_dtype;
+    c.root = static_cast<int>(coll_root);
+    c.verify = verify;
+    c.json = json;
+    c.pin = coll_pin;
+    c.command_line = command_line;
+    return bench::RunCollectivesBench(c);
   }
 
   if (quick) {
@@ -168,7 +259,6 @@ int main(int argc, char** argv) {
   o.python_path = python;
   o.server_start_timeout_seconds = start_timeout;
   o.musterd_path = bench::FindMusterd(musterd, argv[0]);
-  std::vector<std::string> args(argv + 1, argv + argc);
-  o.command_line = absl::StrCat("muster-bench ", absl::StrJoin(args, " "));
+  o.command_line = command_line;
   return bench::RunStoreBench(o);
 }

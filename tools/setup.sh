@@ -2,7 +2,10 @@
 # Installs everything muster needs from Debian's apt repositories and checks
 # the CUDA tree. Idempotent: a second run installs nothing and only reports.
 #
-# Usage: tools/setup.sh [--check]   (--check: report only, install nothing)
+# Usage: tools/setup.sh [--check] [--bench]
+#   --check: report only, install nothing
+#   --bench: also the benchmarks' peers that tools/bench_collectives.sh runs
+#            (Open MPI: openmpi-bin, libopenmpi-dev)
 set -euo pipefail
 
 PACKAGES=(
@@ -13,8 +16,17 @@ PACKAGES=(
   iproute2 systemd python3-torch
 )
 
+# Only with --bench: the peers of the collectives benchmark.
+BENCH_PACKAGES=(openmpi-bin libopenmpi-dev)
+
 check_only=0
-[[ "${1:-}" == "--check" ]] && check_only=1
+for arg in "$@"; do
+  case "$arg" in
+    --check) check_only=1 ;;
+    --bench) PACKAGES+=("${BENCH_PACKAGES[@]}") ;;
+    *) echo "setup: ignoring unknown argument $arg (usage: tools/setup.sh [--check] [--bench])" >&2 ;;
+  esac
+done
 
 missing=()
 for p in "${PACKAGES[@]}"; do

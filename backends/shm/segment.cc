@@ -1,7 +1,9 @@
 #include "backends/shm/segment.h"
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -10,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 
@@ -125,6 +128,25 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
 }
 
 void GroupSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
+
+int GroupSegment::RemoveStale() {
+  int removed = 0;
+  DIR* dir = ::opendir("/dev/shm");
+  if (dir == nullptr) return 0;
+  while (dirent* e = ::readdir(dir)) {
+    std::string name = e->d_name;
+    if (name.rfind("muster.", 0) != 0) continue;
+    size_t dot = name.find('.', 7);
+    if (dot == std::string::npos) continue;
+    char* end = nullptr;
+    long pid = std::strtol(name.c_str() + 7, &end, 10);
+    if (end != name.c_str() + dot || pid <= 0) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;
+    if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  ::closedir(dir);
+  return removed;
+}
 
 MailboxHeader& GroupSegment::mailbox(int from, int to) {
   uint64_t stride = sizeof(MailboxHeader) + header_->mailbox_bytes;

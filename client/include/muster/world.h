@@ -219,9 +219,18 @@ class ProcessGroup {
 
   // The executor: one thread running this group's collectives in order.
   absl::Mutex exec_mu_;
-  std::deque<std::pair<Op, std::shared_ptr<Work>>> queue_ ABSL_GUARDED_BY(exec_mu_);
+  struct Queued {
+    Op op;
+    std::shared_ptr<Work> work;
+    absl::Time submitted;
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
   bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
   bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
+  // The executor polls lazily (a waiting caller runs its own collective);
+  // after a while without work it sleeps until Submit kicks it.
+  bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  bool kick_ ABSL_GUARDED_BY(exec_mu_) = false;
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
 

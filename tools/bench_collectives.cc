@@ -1,0 +1,550 @@
+#include "tools/bench_collectives.h"
+
+#include <sched.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "backends/shm/reduce.h"
+#include "common/json.h"
+#include "muster/world.h"
+
+namespace muster::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+enum class Op { kAllReduce, kBroadcast, kAllGather, kReduceScatter, kBarrier };
+
+bool ParseOp(const std::string& name, Op* op) {
+  static const std::pair<const char*, Op> kOps[] = {
+      {"all_reduce", Op::kAllReduce}, {"broadcast", Op::kBroadcast},
+      {"all_gather", Op::kAllGather}, {"reduce_scatter", Op::kReduceScatter},
+      {"barrier", Op::kBarrier},
+  };
+  for (const auto& [n, o] : kOps) {
+    if (name == n) {
+      *op = o;
+      return true;
+    }
+  }
+  return false;
+}
+
+// nccl-tests' bus bandwidth factor.
+double BusFactor(Op op, int n) {
+  switch (op) {
+    case Op::kAllReduce:
+      return 2.0 * (n - 1) / n;
+    case Op::kAllGather:
+    case Op::kReduceScatter:
+      return static_cast<double>(n - 1) / n;
+    case Op::kBroadcast:
+      return 1.0;
+    case Op::kBarrier:
+      return 0;
+  }
+  return 0;
+}
+
+// A page-aligned buffer (large collectives stream through it).
+class Buffer {
+ public:
+  explicit Buffer(size_t bytes) : bytes_(bytes) {
+    size_t rounded = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+    data_ = static_cast<char*>(std::aligned_alloc(4096, rounded));
+    if (data_ != nullptr) std::memset(data_, 0, rounded);  // fault the pages in now
+  }
+  ~Buffer() { std::free(data_); }
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  char* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  char* data_ = nullptr;
+  size_t bytes_;
+};
+
+// Deterministic inputs: small positive integers, exact in every dtype and
+// summed exactly (no overflow for the group sizes a node runs).
+int64_t InputValue(int rank, size_t index) {
+  return static_cast<int64_t>((index + 3 * rank) % 7) + 1;
+}
+
+void StoreValue(DType t, void* p, size_t i, int64_t v) {
+  switch (t) {
+    case DType::kFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToHalf(static_cast<float>(v));
+      return;
+    case DType::kBFloat16:
+      static_cast<uint16_t*>(p)[i] = FloatToBFloat16(static_cast<float>(v));
+      return;
+    case DType::kFloat32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kFloat64:
+      static_cast<double*>(p)[i] = static_cast<double>(v);
+      return;
+    case DType::kInt8:
+      static_cast<int8_t*>(p)[i] = static_cast<int8_t>(v);
+      return;
+    case DType::kUInt8:
+      static_cast<uint8_t*>(p)[i] = static_cast<uint8_t>(v);
+      return;
+    case DType::kInt32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kInt64:
+      static_cast<int64_t*>(p)[i] = v;
+      return;
+    default:
+      return;
+  }
+}
+
+double LoadValue(DType t, const void* p, size_t i) {
+  switch (t) {
+    case DType::kFloat16:
+      return HalfToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kBFloat16:
+      return BFloat16ToFloat(static_cast<const uint16_t*>(p)[i]);
+    case DType::kFloat32:
+      return static_cast<const float*>(p)[i];
+    case DType::kFloat64:
+      return static_cast<const double*>(p)[i];
+    case DType::kInt8:
+      return static_cast<const int8_t*>(p)[i];
+    case DType::kUInt8:
+      return static_cast<const uint8_t*>(p)[i];
+    case DType::kInt32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kInt64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    default:
+      return 0;
+  }
+}
+
+// `v` as it reads back after a round trip through dtype `t` (integer types
+// wrap as the reduction kernels do).
+double AsDType(DType t, int64_t v) {
+  alignas(16) char scratch[16];
+  StoreValue(t, scratch, 0, v);
+  return LoadValue(t, scratch, 0);
+}
+
+// One op at one size on this rank: buffers, inputs, the call, the check.
+class Case {
+ public:
+  Case(ProcessGroup& group, Op op, int64_t requested_bytes, DType dtype, int root)
+      : group_(group), op_(op), dtype_(dtype), root_(root), n_(group.size()), rank_(group.rank()) {
+    size_t es = DTypeSize(dtype);
+    size_t req = static_cast<size_t>(requested_bytes);
+    switch (op) {
+      case Op::kAllReduce:
+      case Op::kBroadcast:
+        count_ = std::max<size_t>(1, req / es);
+        total_bytes_ = count_ * es;
+        in_ = std::make_unique<Buffer>(total_bytes_);
+        break;
+      case Op::kAllGather:
+        count_ = std::max<size_t>(1, req / (es * n_));  // per rank
+        total_bytes_ = count_ * es * n_;
+        in_ = std::make_unique<Buffer>(count_ * es);
+        out_ = std::make_unique<Buffer>(total_bytes_);
+        break;
+      case Op::kReduceScatter:
+        count_ = std::max<size_t>(1, req / (es * n_));  // per rank
+        total_bytes_ = count_ * es * n_;
+        in_ = std::make_unique<Buffer>(total_bytes_);
+        out_ = std::make_unique<Buffer>(count_ * es);
+        break;
+      case Op::kBarrier:
+        count_ = 0;
+        total_bytes_ = 0;
+        break;
+    }
+  }
+
+  bool allocated() const {
+    return (in_ == nullptr || in_->data() != nullptr) &&
+           (out_ == nullptr || out_->data() != nullptr);
+  }
+  size_t total_bytes() const { return total_bytes_; }
+
+  absl::Status Run() {
+    std::shared_ptr<Work> work;
+    switch (op_) {
+      case Op::kAllReduce:
+        work = group_.AllReduce({in_->data(), count_, dtype_}, ReduceOp::kSum);
+        break;
+      case Op::kBroadcast:
+        work = group_.Broadcast({in_->data(), count_, dtype_}, root_);
+        break;
+      case Op::kAllGather:
+        work = group_.AllGatherIntoTensor({out_->data(), count_ * n_, dtype_},
+                                          {in_->data(), count_, dtype_});
+        break;
+      case Op::kReduceScatter:
+        work = group_.ReduceScatterTensor({out_->data(), count_, dtype_},
+                                          {in_->data(), count_ * n_, dtype_}, ReduceOp::kSum);
+        break;
+      case Op::kBarrier:
+        work = group_.CollectiveBarrier();
+        break;
+    }
+    return work->Wait();
+  }
+
+  void FillInputs() {
+    switch (op_) {
+      case Op::kAllReduce:
+        for (size_t i = 0; i < count_; ++i)
+          StoreValue(dtype_, in_->data(), i, InputValue(rank_, i));
+        break;
+      case Op::kBroadcast:
+        for (size_t i = 0; i < count_; ++i) {
+          StoreValue(dtype_, in_->data(), i, rank_ == root_ ? InputValue(rank_, i) : 0);
+        }
+        break;
+      case Op::kAllGather:
+        for (size_t i = 0; i < count_; ++i)
+          StoreValue(dtype_, in_->data(), i, InputValue(rank_, i));
+        std::memset(out_->data(), 0, out_->bytes());
+        break;
+      case Op::kReduceScatter:
+        for (size_t i = 0; i < count_ * n_; ++i) {
+          StoreValue(dtype_, in_->data(), i, InputValue(rank_, i));
+        }
+        std::memset(out_->data(), 0, out_->bytes());
+        break;
+      case Op::kBarrier:
+        break;
+    }
+  }
+
+  // Number of wrong elements; the first is described in *first.
+  int64_t Check(std::string* first) const {
+    int64_t wrong = 0;
+    auto expect = [&](const void* buf, size_t i, int64_t want) {
+      double got = LoadValue(dtype_, buf, i);
+      double w = AsDType(dtype_, want);
+      if (got != w) {
+        if (wrong == 0) {
+          *first =
+              absl::StrFormat("element %d is %g, expected %g", static_cast<int64_t>(i), got, w);
+        }
+        ++wrong;
+      }
+    };
+    switch (op_) {
+      case Op::kAllReduce:
+        for (size_t i = 0; i < count_; ++i) {
+          int64_t sum = 0;
+          for (int r = 0; r < n_; ++r) sum += InputValue(r, i);
+          expect(in_->data(), i, sum);
+        }
+        break;
+      case Op::kBroadcast:
+        for (size_t i = 0; i < count_; ++i) expect(in_->data(), i, InputValue(root_, i));
+        break;
+      case Op::kAllGather:
+        for (int r = 0; r < n_; ++r) {
+          for (size_t i = 0; i < count_; ++i) {
+            expect(out_->data(), r * count_ + i, InputValue(r, i));
+          }
+        }
+        break;
+      case Op::kReduceScatter:
+        for (size_t i = 0; i < count_; ++i) {
+          int64_t sum = 0;
+          for (int r = 0; r < n_; ++r) sum += InputValue(r, rank_ * count_ + i);
+          expect(out_->data(), i, sum);
+        }
+        break;
+      case Op::kBarrier:
+        break;
+    }
+    return wrong;
+  }
+
+ private:
+  ProcessGroup& group_;
+  Op op_;
+  DType dtype_;
+  int root_;
+  int n_;
+  int rank_;
+  size_t count_ = 0;  // elements of the tensor argument (per rank for gather/scatter)
+  size_t total_bytes_ = 0;
+  std::unique_ptr<Buffer> in_, out_;
+};
+
+double Percentile(const std::vector<double>& sorted, double q) {
+  if (sorted.empty()) return 0;
+  size_t i = static_cast<size_t>(q * (sorted.size() - 1) + 0.5);
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+std::string SizeText(int64_t bytes) {
+  if (bytes >= (1 << 20) && bytes % (1 << 20) == 0) return absl::StrCat(bytes >> 20, " MiB");
+  if (bytes >= (1 << 10) && bytes % (1 << 10) == 0) return absl::StrCat(bytes >> 10, " KiB");
+  return absl::StrCat(bytes, " B");
+}
+
+std::string JsonNumber(double v) {
+  JsonWriter w;
+  w.Double(v);
+  return w.str();
+}
+
+}  // namespace
+
+const std::vector<std::string>& AllCollectiveOps() {
+  static const auto* ops = new std::vector<std::string>{"all_reduce", "broadcast", "all_gather",
+                                                        "reduce_scatter", "barrier"};
+  return *ops;
+}
+
+bool ParseByteSizes(const std::string& text, std::vector<int64_t>* out) {
+  out->clear();
+  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
+    std::string p = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(part));
+    int64_t mult = 1;
+    if (absl::EndsWith(p, "IB")) p.resize(p.size() - 2);  // 4KiB
+    if (absl::EndsWith(p, "B")) p.resize(p.size() - 1);   // 4KB, 4B
+    if (!p.empty()) {
+      char s = p.back();
+      if (s == 'K') mult = int64_t{1} << 10;
+      if (s == 'M') mult = int64_t{1} << 20;
+      if (s == 'G') mult = int64_t{1} << 30;
+      if (mult != 1) p.pop_back();
+    }
+    int64_t v = 0;
+    if (!absl::SimpleAtoi(p, &v) || v <= 0 || v > (int64_t{1} << 40) / mult) return false;
+    out->push_back(v * mult);
+  }
+  return !out->empty();
+}
+
+int RunCollectivesBench(const CollectivesBenchOptions& o) {
+  // Options (identical on every rank: every rank must run the same calls).
+  std::vector<Op> ops;
+  for (const std::string& name : o.ops) {
+    Op op;
+    if (!ParseOp(name, &op)) {
+      std::fprintf(stderr, "muster-bench: --op: unknown op '%s'\n", name.c_str());
+      return 2;
+    }
+    ops.push_back(op);
+  }
+  auto dtype = ParseDType(o.dtype.c_str());
+  if (!dtype.ok() || *dtype == DType::kBool || *dtype == DType::kComplex64 ||
+      *dtype == DType::kComplex128) {
+    std::fprintf(stderr,
+                 "muster-bench: --dtype: '%s' is not one of float32, float64, float16, bfloat16, "
+                 "int8, uint8, int32, int64\n",
+                 o.dtype.c_str());
+    return 2;
+  }
+  if (o.iters.size() != 1 && o.iters.size() != o.bytes.size()) {
+    std::fprintf(stderr, "muster-bench: --iters: give one count, or one per --bytes size\n");
+    return 2;
+  }
+  if (o.pin != "none" && o.pin != "rank") {
+    std::fprintf(stderr, "muster-bench: --pin must be none or rank\n");
+    return 2;
+  }
+
+  auto options = InitOptionsFromEnv({});
+  if (!options.ok()) {
+    std::fprintf(stderr,
+                 "muster-bench: %s\n(run it under the launcher: muster-run --nproc-per-node N -- "
+                 "muster-bench collectives ...)\n",
+                 std::string(options.status().message()).c_str());
+    return 2;
+  }
+  if (o.pin == "rank") {
+    // Before Init, so that every thread of this rank inherits it.
+    cpu_set_t allowed;
+    CPU_ZERO(&allowed);
+    ::sched_getaffinity(0, sizeof(allowed), &allowed);
+    std::vector<int> cpus;
+    for (int c = 0; c < CPU_SETSIZE; ++c) {
+      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
+    }
+    if (!cpus.empty()) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[options->local_rank % cpus.size()], &one);
+      ::sched_setaffinity(0, sizeof(one), &one);
+    }
+  }
+  auto world = World::Init(*options);
+  if (!world.ok()) {
+    std::fprintf(stderr, "muster-bench: joining the job: %s\n", world.status().ToString().c_str());
+    return 1;
+  }
+  ProcessGroup& group = (*world)->world_group();
+  const int n = group.size();
+  const int rank = group.rank();
+  if (o.root < 0 || o.root >= n) {
+    std::fprintf(stderr, "muster-bench: --root %d is outside the world of %d\n", o.root, n);
+    return 2;
+  }
+  const bool leader = rank == 0;
+  auto fail = [&](const std::string& what, const absl::Status& s) {
+    std::fprintf(stderr, "muster-bench: rank %d: %s: %s\n", rank, what.c_str(),
+                 s.ToString().c_str());
+    return 1;
+  };
+
+  if (leader && !o.json) {
+    std::printf("muster-bench collectives: world %d, dtype %s, %s\n", n, DTypeName(*dtype),
+                o.command_line.c_str());
+    std::printf(
+        "time per iteration: the slowest rank's, median (p50) / p99 / min / mean over the timed "
+        "iterations; GB/s = 1e9 bytes/s;\ncsw/it: context switches per iteration, voluntary / "
+        "involuntary, all ranks' threads together\n");
+    std::printf("%-15s %10s %7s %7s %10s %10s %10s %10s %9s %9s %11s %s\n", "op", "bytes", "iters",
+                "warmup", "p50 us", "p99 us", "min us", "mean us", "algbw", "busbw", "csw/it",
+                "verified");
+    std::fflush(stdout);
+  }
+
+  int exit_code = 0;
+  for (size_t oi = 0; oi < ops.size(); ++oi) {
+    const Op op = ops[oi];
+    // barrier has no size: it runs once, with the first size's iterations.
+    size_t sizes = op == Op::kBarrier ? 1 : o.bytes.size();
+    for (size_t si = 0; si < sizes; ++si) {
+      int64_t iters = o.iters.size() == 1 ? o.iters[0] : o.iters[si];
+      if (op == Op::kBarrier) iters = *std::max_element(o.iters.begin(), o.iters.end());
+      int64_t warmup = o.warmup >= 0 ? o.warmup : std::max<int64_t>(2, iters / 10);
+      Case c(group, op, o.bytes[si], *dtype, o.root);
+      if (!c.allocated()) {
+        std::fprintf(stderr, "muster-bench: rank %d: cannot allocate %s\n", rank,
+                     SizeText(o.bytes[si]).c_str());
+        return 1;
+      }
+      const std::string label =
+          absl::StrCat(o.ops[oi], " of ", SizeText(static_cast<int64_t>(c.total_bytes())));
+
+      // Verification: every rank checks its own result; the counts of wrong
+      // elements are summed over ranks (one extra all_reduce, not timed).
+      int64_t wrong = 0;
+      auto verify = [&](const char* when) -> absl::Status {
+        c.FillInputs();
+        if (absl::Status s = c.Run(); !s.ok()) return s;
+        std::string first;
+        int64_t mine = c.Check(&first);
+        if (mine > 0) {
+          std::fprintf(stderr, "muster-bench: rank %d: %s (%s): %d wrong elements; %s\n", rank,
+                       label.c_str(), when, static_cast<int>(mine), first.c_str());
+        }
+        int64_t total = mine;
+        if (absl::Status s = group.AllReduce({&total, 1, DType::kInt64}, ReduceOp::kSum)->Wait();
+            !s.ok()) {
+          return s;
+        }
+        wrong += total;
+        return absl::OkStatus();
+      };
+      if (o.verify) {
+        if (absl::Status s = verify("before the timed loop"); !s.ok()) {
+          return fail(label + " (verification)", s);
+        }
+      }
+      c.FillInputs();
+      for (int64_t i = 0; i < warmup; ++i) {
+        if (absl::Status s = c.Run(); !s.ok()) return fail(label + " (warm-up)", s);
+      }
+      std::vector<double> times(static_cast<size_t>(iters));
+      rusage before, after;
+      ::getrusage(RUSAGE_SELF, &before);
+      for (int64_t i = 0; i < iters; ++i) {
+        Clock::time_point t0 = Clock::now();
+        absl::Status s = c.Run();
+        Clock::time_point t1 = Clock::now();
+        if (!s.ok()) return fail(label, s);
+        times[i] = std::chrono::duration<double, std::micro>(t1 - t0).count();
+      }
+      ::getrusage(RUSAGE_SELF, &after);
+      // Context switches of this process's threads (voluntary: it slept,
+      // e.g. on a futex; involuntary: preempted), summed over the ranks.
+      int64_t switches[2] = {after.ru_nvcsw - before.ru_nvcsw, after.ru_nivcsw - before.ru_nivcsw};
+      if (absl::Status s = group.AllReduce({switches, 2, DType::kInt64}, ReduceOp::kSum)->Wait();
+          !s.ok()) {
+        return fail(label + " (collecting context switches)", s);
+      }
+      // Per iteration, the slowest rank's time.
+      if (absl::Status s =
+              group.AllReduce({times.data(), times.size(), DType::kFloat64}, ReduceOp::kMax)
+                  ->Wait();
+          !s.ok()) {
+        return fail(label + " (collecting times)", s);
+      }
+      if (o.verify) {
+        if (absl::Status s = verify("after the timed loop"); !s.ok()) {
+          return fail(label + " (verification)", s);
+        }
+        if (wrong > 0) exit_code = 1;
+      }
+      if (!leader) continue;
+
+      double mean = 0;
+      for (double t : times) mean += t;
+      mean /= std::max<size_t>(1, times.size());
+      std::vector<double> sorted = times;
+      std::sort(sorted.begin(), sorted.end());
+      double p50 = Percentile(sorted, 0.5), p99 = Percentile(sorted, 0.99);
+      double min = sorted.empty() ? 0 : sorted.front();
+      const int64_t bytes = static_cast<int64_t>(c.total_bytes());
+      double algbw = op == Op::kBarrier || p50 <= 0 ? 0 : bytes / (p50 * 1e-6) / 1e9;
+      double busbw = algbw * BusFactor(op, n);
+      if (o.json) {
+        std::string verified = o.verify ? (wrong == 0 ? "true" : "false") : "null";
+        std::string bw_alg = op == Op::kBarrier ? "null" : JsonNumber(algbw);
+        std::string bw_bus = op == Op::kBarrier ? "null" : JsonNumber(busbw);
+        std::printf(
+            "{\"system\":\"muster\",\"op\":%s,\"bytes\":%lld,\"world\":%d,\"dtype\":%s,"
+            "\"iters\":%d,\"warmup\":%d,\"p50_us\":%s,\"p99_us\":%s,\"min_us\":%s,"
+            "\"mean_us\":%s,\"algbw_gbps\":%s,\"busbw_gbps\":%s,\"verified\":%s,"
+            "\"vol_csw_per_iter\":%s,\"invol_csw_per_iter\":%s}\n",
+            JsonQuote(o.ops[oi]).c_str(), static_cast<long long>(bytes), n,
+            JsonQuote(DTypeName(*dtype)).c_str(), static_cast<int>(iters), static_cast<int>(warmup),
+            JsonNumber(p50).c_str(), JsonNumber(p99).c_str(), JsonNumber(min).c_str(),
+            JsonNumber(mean).c_str(), bw_alg.c_str(), bw_bus.c_str(), verified.c_str(),
+            JsonNumber(static_cast<double>(switches[0]) / iters).c_str(),
+            JsonNumber(static_cast<double>(switches[1]) / iters).c_str());
+      } else {
+        std::string verified =
+            o.verify ? (wrong == 0 ? "ok" : absl::StrCat("WRONG (", wrong, ")")) : "-";
+        std::string bw_alg = op == Op::kBarrier ? "-" : absl::StrFormat("%.3f", algbw);
+        std::string bw_bus = op == Op::kBarrier ? "-" : absl::StrFormat("%.3f", busbw);
+        std::printf("%-15s %10s %7d %7d %10.2f %10.2f %10.2f %10.2f %9s %9s %5.2f/%-5.2f %s\n",
+                    o.ops[oi].c_str(), op == Op::kBarrier ? "-" : SizeText(bytes).c_str(),
+                    static_cast<int>(iters), static_cast<int>(warmup), p50, p99, min, mean,
+                    bw_alg.c_str(), bw_bus.c_str(), static_cast<double>(switches[0]) / iters,
+                    static_cast<double>(switches[1]) / iters, verified.c_str());
+      }
+      std::fflush(stdout);
+    }
+  }
+  return exit_code;
+}
+
+}  // namespace muster::bench

@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# CPU collectives, side by side on this machine: muster (muster-bench
+# collectives under muster-run), torch.distributed gloo (Debian's
+# python3-torch 1.13, tools/bench_torch_collectives.py) and Open MPI over its
+# shared-memory transport (tools/bench_mpi_collectives.c, built here with
+# mpicc -O2 into a temporary directory). Same ops, sizes, dtype, iterations,
+# timing and JSON fields for all three; each runs with its own defaults
+# (Open MPI's process binding included, see docs/benchmarks.md).
+#
+# Usage: tools/bench_collectives.sh [--worlds "2 4"] [--repeats R] [--max-load L]
+#                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
+#        tools/bench_collectives.sh --report DIR [--no-doc]
+#   --worlds      world sizes (default "2 4")
+#   --repeats     full passes, the three systems taking turns within each pass;
+#                 the table shows the median over the passes (default 3)
+#   --max-load    first wait (up to 10 min) until the 1-minute load average is
+#                 below L (default: do not wait)
+#   --no-build    use the -c opt binaries already in bazel-out/k8-opt
+#   --no-doc      print the table only; leave docs/benchmarks.md alone
+#   --keep DIR    keep the raw JSON lines (results.jsonl) and the run's details
+#                 (meta.env) in DIR
+#   --report DIR  run nothing: make the table again from a --keep directory
+#   --quick       a short run (small sizes, few iterations, one pass, no doc)
+#
+# Needs: Bazel (muster-bench, muster-run), /usr/bin/python3 with torch, and
+# Open MPI (mpicc, mpirun: `tools/setup.sh --bench` installs them).
+# The table and the targets go to stdout and, unless --no-doc, into the
+# section "## CPU collectives: muster vs torch gloo vs Open MPI" of
+# docs/benchmarks.md (between its generated-block markers; text around them
+# is kept). Progress goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmdline="tools/bench_collectives.sh${*:+ $*}"
+
+worlds="2 4"
+repeats=3
+max_load=""
+build=1
+doc=1
+keep=""
+report=""
+quick=0
+while (($#)); do
+  case "$1" in
+    --worlds) worlds="$2"; shift 2 ;;
+    --repeats) repeats="$2"; shift 2 ;;
+    --max-load) max_load="$2"; shift 2 ;;
+    --no-build) build=0; shift ;;
+    --no-doc) doc=0; shift ;;
+    --keep) keep="$2"; shift 2 ;;
+    --quick) quick=1; doc=0; repeats=1; shift ;;
+    --report) report="$2"; build=0; shift 2 ;;
+    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
+  esac
+done
+
+OPS=all_reduce,broadcast,all_gather,reduce_scatter,barrier
+DTYPE=float32
+SIZES=4,4096,262144,4194304,67108864
+ITERS=1000,1000,200,50,10
+if ((quick)); then
+  SIZES=4,4096,262144
+  ITERS=200,200,50
+fi
+PY=/usr/bin/python3
+OPT=bazel-out/k8-opt/bin/tools
+say() { echo "bench_collectives: $*" >&2; }
+
+if [[ -n $report ]]; then
+  [[ -f $report/results.jsonl && -f $report/meta.env ]] ||
+    { say "$report has no results.jsonl and meta.env (made by --keep)"; exit 2; }
+  # shellcheck disable=SC1091
+  source "$report/meta.env"
+  REPORT_RESULTS="$report/results.jsonl"
+  failed=0
+else
+  command -v mpicc >/dev/null && command -v mpirun >/dev/null || {
+    say "Open MPI is missing (mpicc, mpirun): run tools/setup.sh --bench"
+    exit 1
+  }
+  "$PY" -c 'import torch.distributed' 2>/dev/null || {
+    say "$PY cannot import torch.distributed (Debian's python3-torch)"
+    exit 1
+  }
+
+  if ((build)); then
+    say "building muster-bench and muster-run (-c opt)"
+    bazel build -c opt //tools:muster-bench //tools:muster-run >&2
+  fi
+  for b in muster-bench muster-run; do
+    [[ -x $OPT/$b ]] || { say "$OPT/$b is missing (build with -c opt)"; exit 1; }
+  done
+  [[ -x bazel-out/k8-opt/bin/daemon/musterd ]] || { say "musterd (-c opt) is missing"; exit 1; }
+
+  tmp="$(mktemp -d /tmp/bench-collectives-XXXXXX)"
+  trap 'rm -rf "$tmp"' EXIT
+  say "compiling tools/bench_mpi_collectives.c (mpicc -O2)"
+  mpicc -O2 -o "$tmp/bench_mpi_collectives" tools/bench_mpi_collectives.c
+
+  if [[ -n $max_load ]]; then
+    for ((i = 0; i < 120; i++)); do
+      load1="$(cut -d' ' -f1 /proc/loadavg)"
+      awk -v l="$load1" -v m="$max_load" 'BEGIN { exit !(l < m) }' && break
+      ((i % 12 == 0)) && say "waiting for the 1-minute load ($load1) to drop below $max_load"
+      sleep 5
+    done
+  fi
+
+  load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
+  date_start="$(date -u '+%Y-%m-%d %H:%M')"
+  t_start=$SECONDS
+  results="$tmp/results.jsonl"
+  : >"$results"
+  # Every line gets "pass" (the repeat) so that the report can take medians.
+  tag() { sed -n "s/^\(\[rank 0\] \)\{0,1\}\({.*}\)\$/\2/p" | sed "s/^{/{\"pass\":$1,/" >>"$results"; }
+  common=(--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)
+  failed=0
+  for ((pass = 1; pass <= repeats; pass++)); do
+    for w in $worlds; do
+      say "pass $pass/$repeats, world $w: muster"
+      # A socket nobody serves: muster-run starts an embedded musterd.
+      if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+          "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/muster.err" | tag "$pass"; then
+        say "muster failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
+      fi
+      say "pass $pass/$repeats, world $w: torch gloo"
+      if ! "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
+          2>"$tmp/gloo.err" | tag "$pass"; then
+        say "torch gloo failed (world $w):"; tail -20 "$tmp/gloo.err" >&2; failed=1
+      fi
+      say "pass $pass/$repeats, world $w: Open MPI"
+      if ! mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
+          "$tmp/bench_mpi_collectives" "${common[@]}" 2>"$tmp/mpi.err" | tag "$pass"; then
+        say "Open MPI failed (world $w):"; tail -20 "$tmp/mpi.err" >&2; failed=1
+      fi
+    done
+  done
+  load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+  elapsed=$((SECONDS - t_start))
+
+  cpu_model="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  mem_gib="$(awk '/MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
+  rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  git diff --quiet HEAD 2>/dev/null || rev="$rev plus the working tree"
+  ompi="$(mpirun --version 2>/dev/null | head -1)"
+  torch_v="$("$PY" -c 'import torch; print(torch.__version__)')"
+  torch_pkg="$(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?')"
+
+  REPORT_RESULTS="$results"
+  REPORT_CMD="$cmdline"
+  REPORT_DATE="$date_start"
+  REPORT_LOAD_START="$load_start"
+  REPORT_LOAD_END="$load_end"
+  REPORT_ELAPSED="$elapsed"
+  REPORT_MACHINE="$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname -sr)"
+  REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
+  REPORT_SETUP="sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
+  if [[ -n $keep ]]; then
+    mkdir -p "$keep"
+    cp "$results" "$keep/results.jsonl"
+    declare -p REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
+      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP >"$keep/meta.env"
+  fi
+fi
+export REPORT_RESULTS REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
+  REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP
+REPORT_DOC=$doc "$PY" - <<'EOF'
+import json, os, statistics
+
+env = os.environ
+rows = [json.loads(l) for l in open(env["REPORT_RESULTS"]) if l.strip()]
+OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"]
+
+# (system, world, op, bytes) -> list of rows over passes
+runs = {}
+for r in rows:
+    runs.setdefault((r["system"], r["world"], r["op"], r["bytes"]), []).append(r)
+keys = sorted({(r["world"], OPS.index(r["op"]), r["bytes"]) for r in rows})
+
+
+def med(system, world, op, nbytes):
+    """Median p50 over the passes, busbw from it, and the p50 range."""
+    rs = runs.get((system, world, op, nbytes), [])
+    if not rs:
+        return None
+    if any(r.get("unsupported") for r in rs):
+        return {"unsupported": rs[0]["unsupported"]}
+    p50s = [r["p50_us"] for r in rs]
+    p = statistics.median(p50s)
+    bus = None
+    if rs[0]["busbw_gbps"] is not None and p > 0:
+        bus = rs[0]["busbw_gbps"] * rs[0]["p50_us"] / p  # same bytes and factor
+    ok = all(r["verified"] is True for r in rs)
+    return {"p50": p, "lo": min(p50s), "hi": max(p50s), "bus": bus, "verified": ok,
+            "passes": len(rs), "vcsw": statistics.median(r.get("vol_csw_per_iter", 0) for r in rs)}
+
+
+def size_text(b):
+    if b == 0:
+        return "-"
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return "%d %s" % (b >> shift, unit)
+    return "%d B" % b
+
+
+def f_us(m):
+    if m is None:
+        return "n/a"
+    if "unsupported" in m:
+        return "unsupported"
+    v = m["p50"]
+    return ("%.2f" if v < 10 else "%.1f" if v < 1000 else "%.0f") % v
+
+
+def f_bw(m):
+    if m is None or "unsupported" in m or m["bus"] is None:
+        return "-"
+    return "%.3f" % m["bus"] if m["bus"] < 1 else "%.2f" % m["bus"]
+
+
+def ratio(a, b, key):
+    if a is None or b is None or "unsupported" in a or "unsupported" in b:
+        return "-"
+    x, y = a[key], b[key]
+    if x is None or y is None or y == 0:
+        return "-"
+    v = x / y
+    return ("%.2fx" if v >= 0.1 else "%.2gx") % v
+
+
+lines = []
+out = lines.append
+out("| world | op | bytes | muster p50 µs | gloo p50 µs | MPI p50 µs | muster busbw | gloo busbw "
+    "| MPI busbw | busbw muster/gloo | busbw muster/MPI | p50 muster/gloo | p50 muster/MPI |")
+out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+unverified = []
+for world, oi, nbytes in keys:
+    op = OPS[oi]
+    m, g, p = (med(s, world, op, nbytes) for s in ("muster", "gloo", "mpi"))
+    for s, x in (("muster", m), ("gloo", g), ("MPI", p)):
+        if x is not None and "unsupported" not in x and not x["verified"]:
+            unverified.append("%s %s %s world %d" % (s, op, size_text(nbytes), world))
+    out("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+        world, op, size_text(nbytes), f_us(m), f_us(g), f_us(p), f_bw(m), f_bw(g), f_bw(p),
+        ratio(m, g, "bus"), ratio(m, p, "bus"), ratio(m, g, "p50"), ratio(m, p, "p50")))
+table = "\n".join(lines)
+
+# The issue's targets.
+targets = ["| target | world | status | figure |", "|---|---:|---|---|"]
+met_all = True
+for world in sorted({k[0] for k in keys}):
+    for nbytes in (4 << 20, 64 << 20):
+        m, g, p = (med(s, world, "all_reduce", nbytes) for s in ("muster", "gloo", "mpi"))
+        for peer, x, goal in (("gloo", g, 4.0), ("MPI", p, 1.0)):
+            name = "all_reduce busbw %s >= %gx %s" % (size_text(nbytes), goal, peer)
+            if m is None or x is None or "unsupported" in x or not m.get("bus") or not x.get("bus"):
+                targets.append("| %s | %d | not measured | |" % (name, world))
+                continue
+            r = m["bus"] / x["bus"]
+            met = r >= goal
+            met_all &= met
+            targets.append("| %s | %d | %s | %.2f vs %.2f GB/s = %.2fx (muster p50 %s..%s µs over %d passes) |" % (
+                name, world, "**met**" if met else "**missed**", m["bus"], x["bus"], r,
+                f_us({"p50": m["lo"]}), f_us({"p50": m["hi"]}), m["passes"]))
+for op, nbytes, label in (("all_reduce", 4, "4-byte all_reduce p50 <= 20 µs"),
+                          ("barrier", 0, "barrier p50 <= 20 µs")):
+    m, p = med("muster", 2, op, nbytes), med("mpi", 2, op, nbytes)
+    if m is None:
+        targets.append("| %s | 2 | not measured | |" % label)
+        continue
+    met = m["p50"] <= 20
+    met_all &= met
+    targets.append("| %s | 2 | %s | muster %s µs (%s..%s over %d passes); Open MPI %s µs |" % (
+        label, "**met**" if met else "**missed**", f_us(m), f_us({"p50": m["lo"]}),
+        f_us({"p50": m["hi"]}), m["passes"], f_us(p)))
+targets_text = "\n".join(targets)
+
+block = []
+block.append("Command: `%s` (%s s). Date: %s UTC. Load average (1/5/15 min) at the start: %s; "
+             "at the end: %s." % (env["REPORT_CMD"], env["REPORT_ELAPSED"], env["REPORT_DATE"],
+                                  env["REPORT_LOAD_START"], env["REPORT_LOAD_END"]))
+block.append("")
+block.append("- Machine: %s." % env["REPORT_MACHINE"])
+block.append("- Versions: %s." % env["REPORT_VERSIONS"])
+block.append("- Run: %s. p50 is the median over the timed iterations of the slowest rank's "
+             "time; each cell is the median of that p50 over the passes, busbw (GB/s, 1e9 B/s, "
+             "nccl-tests' definition) is computed from it. busbw ratio > 1: muster is faster; "
+             "p50 ratio < 1: muster is faster." % env["REPORT_SETUP"])
+if unverified:
+    block.append("- **Wrong results** (--verify): " + "; ".join(unverified) + ".")
+else:
+    block.append("- --verify: every result of every system checked correct on every rank "
+                 "(gloo reduce_scatter: not run, gloo has none).")
+block.append("")
+block.append(table)
+block.append("")
+block.append(targets_text)
+text = "\n".join(block)
+print(text)
+
+if env.get("REPORT_DOC") == "1":
+    path = "docs/benchmarks.md"
+    title = "## CPU collectives: muster vs torch gloo vs Open MPI"
+    begin = "<!-- tools/bench_collectives.sh: generated block, begin -->"
+    end = "<!-- tools/bench_collectives.sh: generated block, end -->"
+    doc = open(path).read()
+    generated = begin + "\n\n" + text + "\n\n" + end
+    if begin in doc and end in doc:
+        doc = doc[:doc.index(begin)] + generated + doc[doc.index(end) + len(end):]
+    else:
+        if title not in doc:
+            doc = doc.rstrip("\n") + "\n\n" + title + "\n\n"
+        doc = doc.rstrip("\n") + "\n\n" + generated + "\n"
+    open(path, "w").write(doc)
+    print("\n(written into %s, section \"%s\")" % (path, title[3:]))
+EOF
+
+if ((build)); then
+  # -c opt moved the shared bazel-bin link; point it back to the default build.
+  bazel build //tools:muster-bench >/dev/null 2>&1 || say "note: bazel build //tools:muster-bench (fastbuild) failed"
+fi
+exit $failed
