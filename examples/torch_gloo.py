@@ -22,9 +22,11 @@ def main():
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
     init_method = os.environ.get("INIT_METHOD", "env://")
+    start_wall = time.time()
     start = time.perf_counter()
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world)
     init_ms = (time.perf_counter() - start) * 1000
+    end_wall = time.time()
 
     t = torch.tensor([rank + 1.0])
     dist.all_reduce(t)
@@ -43,7 +45,8 @@ def main():
         assert e.item() == (world + 1) // 2
     dist.barrier()
     print(f"rank {rank}/{world}: all_reduce={t.item():g} broadcast={b.item()} "
-          f"init_ms={init_ms:.1f}", flush=True)
+          f"init_ms={init_ms:.1f} init_start={start_wall:.6f} init_end={end_wall:.6f}",
+          flush=True)
     dist.destroy_process_group()
     return 0
 
