@@ -221,16 +221,68 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   OpSignature sig = Begin(CollectiveKind::kAllReduce, dtype, count, -1, op);
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
-  return Finish(Chunked(
-      sig, count, segment_->slot_bytes() / es, deadline,
-      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
-      [&](size_t off, size_t len) {
-        char* acc = bytes + off * es;
-        ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-        for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
-        ReduceFinish(acc, len, dtype, op, size_);
-        return absl::OkStatus();
-      }));
+  if (size_ == 1 || count * es <= segment_->slot_bytes() / 2) {
+    // Small: one round; every rank reduces the whole chunk from all slots.
+    return Finish(Chunked(
+        sig, count, segment_->slot_bytes() / es, deadline,
+        [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
+        [&](size_t off, size_t len) {
+          char* acc = bytes + off * es;
+          ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+          }
+          ReduceFinish(acc, len, dtype, op, size_);
+          return absl::OkStatus();
+        }));
+  }
+  // Large: reduce-scatter then all-gather per chunk. Each slot is split in
+  // an input half and an output half; rank r reduces segment r of the chunk
+  // from every input half into its output half (1/n of the work), then
+  // everyone copies all segments out. Two rounds per chunk instead of one,
+  // but each rank moves ~3 chunk sizes instead of n+2.
+  size_t half = segment_->slot_bytes() / 2;
+  size_t chunk = half / es;
+  auto segment = [this](size_t len, int r, size_t* seg_off) {
+    size_t seg = len / size_;
+    *seg_off = seg * r;
+    return r == size_ - 1 ? len - seg * r : seg;
+  };
+  size_t off = 0;
+  bool first = true;
+  while (off < count) {
+    size_t len = std::min(chunk, count - off);
+    absl::Status s = Round(
+        first ? &sig : nullptr, deadline,
+        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
+        [&] {
+          size_t seg_off;
+          size_t seg_len = segment(len, rank_, &seg_off);
+          char* acc = segment_->slot(rank_) + half + seg_off * es;
+          ReduceInit(acc, segment_->slot(0) + seg_off * es, seg_len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            ReduceInto(acc, segment_->slot(j) + seg_off * es, seg_len, dtype, op, scale);
+          }
+          ReduceFinish(acc, seg_len, dtype, op, size_);
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    s = Round(
+        nullptr, deadline, [](char*) {},
+        [&] {
+          for (int j = 0; j < size_; ++j) {
+            size_t seg_off;
+            size_t seg_len = segment(len, j, &seg_off);
+            std::memcpy(bytes + (off + seg_off) * es, segment_->slot(j) + half + seg_off * es,
+                        seg_len * es);
+          }
+          return absl::OkStatus();
+        });
+    if (!s.ok()) return Finish(s);
+    first = false;
+    off += len;
+  }
+  return Finish(absl::OkStatus());
 }
 
 absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,

@@ -145,37 +145,41 @@ TEST_CASE("every dtype x reduce op goes through all_reduce identically on all ra
       bool supported = CheckReduce(dtype, op).ok();
       INFO(DTypeName(dtype) << " " << ReduceOpName(op));
       const int world = 3;
-      const size_t count = 37;
-      size_t bytes = count * DTypeSize(dtype);
-      std::vector<std::string> inputs(world), outputs(world);
-      for (int r = 0; r < world; ++r) {
-        inputs[r].resize(bytes);
-        for (size_t i = 0; i < bytes; ++i) {
-          // Small values, valid for every type (bools 0/1, no float NaNs).
-          uint8_t v = static_cast<uint8_t>((i * 7 + r * 3) % 5);
-          inputs[r][i] = dtype == DType::kBool ? (v & 1) : v;
+      // 37 elements take the one-round path; 1500 (over half a 4 KiB slot
+      // for all but 1-byte types) the reduce-scatter + all-gather path.
+      for (const size_t count : {size_t{37}, size_t{1500}}) {
+        size_t bytes = count * DTypeSize(dtype);
+        std::vector<std::string> inputs(world), outputs(world);
+        for (int r = 0; r < world; ++r) {
+          inputs[r].resize(bytes);
+          for (size_t i = 0; i < bytes; ++i) {
+            // Small values, valid for every type (bools 0/1, no float NaNs).
+            uint8_t v = static_cast<uint8_t>((i * 7 + r * 3) % 5);
+            inputs[r][i] = dtype == DType::kBool ? (v & 1) : v;
+          }
+          if (DTypeSize(dtype) >= 2 && dtype != DType::kBool) {
+            // Keep 16-bit floats finite: clear the top byte of each element.
+            for (size_t i = DTypeSize(dtype) - 1; i < bytes; i += DTypeSize(dtype))
+              inputs[r][i] = 0;
+          }
         }
-        if (DTypeSize(dtype) >= 2 && dtype != DType::kBool) {
-          // Keep 16-bit floats finite: clear the top byte of each element.
-          for (size_t i = DTypeSize(dtype) - 1; i < bytes; i += DTypeSize(dtype)) inputs[r][i] = 0;
-        }
+        std::atomic<int> errors{0};
+        RunRanks(world, 4096, [&](ShmCommunicator& c) {
+          std::string buf = inputs[c.rank()];
+          absl::Status s = c.AllReduce(buf.data(), count, dtype, op, 0.5, Soon());
+          if (s.ok() != supported) ++errors;
+          if (!supported && s.code() != absl::StatusCode::kInvalidArgument) ++errors;
+          outputs[c.rank()] = buf;
+        });
+        CHECK(errors == 0);
+        if (!supported) continue;
+        std::string want = inputs[0];
+        ReduceInit(want.data(), inputs[0].data(), count, dtype, op, 0.5);
+        for (int r = 1; r < world; ++r)
+          ReduceInto(want.data(), inputs[r].data(), count, dtype, op, 0.5);
+        ReduceFinish(want.data(), count, dtype, op, world);
+        for (int r = 0; r < world; ++r) CHECK(outputs[r] == want);
       }
-      std::atomic<int> errors{0};
-      RunRanks(world, 4096, [&](ShmCommunicator& c) {
-        std::string buf = inputs[c.rank()];
-        absl::Status s = c.AllReduce(buf.data(), count, dtype, op, 0.5, Soon());
-        if (s.ok() != supported) ++errors;
-        if (!supported && s.code() != absl::StatusCode::kInvalidArgument) ++errors;
-        outputs[c.rank()] = buf;
-      });
-      CHECK(errors == 0);
-      if (!supported) continue;
-      std::string want = inputs[0];
-      ReduceInit(want.data(), inputs[0].data(), count, dtype, op, 0.5);
-      for (int r = 1; r < world; ++r)
-        ReduceInto(want.data(), inputs[r].data(), count, dtype, op, 0.5);
-      ReduceFinish(want.data(), count, dtype, op, world);
-      for (int r = 0; r < world; ++r) CHECK(outputs[r] == want);
     }
   }
 }
