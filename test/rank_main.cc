@@ -97,6 +97,21 @@ int main(int argc, char** argv) {
       if (!w.ok()) return 3;
       world = std::move(*w);
       groups["world"] = std::shared_ptr<muster::ProcessGroup>(&world->world_group(), [](auto*) {});
+    } else if (cmd == "xinit") {
+      // xinit RANK WORLD MASTER_PORT SOCKET JOB: explicit options, no env.
+      muster::InitOptions options;
+      options.rank = std::stoi(words[1]);
+      options.world_size = std::stoi(words[2]);
+      options.master_addr = "127.0.0.1";
+      options.master_port = std::stoi(words[3]);
+      options.socket = words[4];
+      options.job_id = words[5];
+      me = words[1];
+      auto w = muster::World::Init(options);
+      report(step, w.status(), w.ok() ? describe((*w)->world_group()) : "");
+      if (!w.ok()) return 3;
+      world = std::move(*w);
+      groups["world"] = std::shared_ptr<muster::ProcessGroup>(&world->world_group(), [](auto*) {});
     } else if (cmd == "cinit") {
       // The c10d-style process-wide API.
       absl::Status s = muster::InitProcessGroup();

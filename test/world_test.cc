@@ -160,6 +160,29 @@ TEST_CASE(
   CHECK(absl::StrContains(status, "\"jobs\":1"));
 }
 
+TEST_CASE("ranks join from explicit options, with no environment variables") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "unused", 2);
+  // Empty values count as unset: every setting comes from InitOptions.
+  std::map<std::string, std::string> no_env = {{"RANK", ""},          {"WORLD_SIZE", ""},
+                                               {"MASTER_ADDR", ""},   {"MASTER_PORT", ""},
+                                               {"MUSTER_SOCKET", ""}, {"MUSTER_JOB_ID", ""}};
+  for (int r = 0; r < 2; ++r) {
+    job.Start(r,
+              absl::StrCat("xinit ", r, " 2 ", daemon->store_port(), " ", daemon->socket_path(),
+                           " explicit;barrier world;allreduce world 5"),
+              no_env);
+  }
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out, "rank 0: xinit 0 2 "));
+  CHECK(absl::StrContains(out, "explicit ok name=world rank=0 size=2 ranks=0,1"));
+  CHECK(absl::StrContains(out, "explicit ok name=world rank=1 size=2 ranks=0,1"));
+  CHECK(absl::StrContains(out, "rank 1: allreduce world 5 ok"));
+  std::string jobs = Ctl(*daemon, {"jobs"});
+  CHECK(absl::StrContains(jobs, "explicit"));
+}
+
 TEST_CASE("a rank killed with SIGKILL fails the others' barrier within 2 s, naming it") {
   auto daemon = StartDaemon();
   Job job(*daemon, "crashy", 4);
