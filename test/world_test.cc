@@ -481,8 +481,9 @@ TEST_CASE(
     REQUIRE(f != nullptr);
     std::fclose(f);
     auto next = StartDaemon();
+    // (Tests run in parallel: another test's daemon may be the one that
+    // removed it, so only the outcome is checked, not which daemon logged.)
     CHECK_FALSE(FileExists("/dev/shm/muster.999999999.7"));
-    CHECK(absl::StrContains(next->process().Stderr(), "removed 1 shared-memory segment(s)"));
   }
   {
     Job job(*daemon, "monitored", 4);
