@@ -6,6 +6,7 @@
 #include <list>
 
 #include "absl/strings/str_cat.h"
+#include "backends/communicator.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
 #include "muster/world.h"
@@ -177,7 +178,7 @@ void ProcessGroup::RunUntil(Work* work, absl::Time deadline) {
 
 std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
   if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
-  return Submit([t, op, scale](ShmCommunicator& c, absl::Time d) {
+  return Submit([t, op, scale](Communicator& c, absl::Time d) {
     return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
   });
 }
@@ -186,7 +187,7 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
   for (const Tensor& t : tensors) {
     if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
   }
-  return Submit([tensors, op](ShmCommunicator& c, absl::Time d) {
+  return Submit([tensors, op](Communicator& c, absl::Time d) {
     for (const Tensor& t : tensors) {
       if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
     }
@@ -196,14 +197,14 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
   if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
-  return Submit([t, root](ShmCommunicator& c, absl::Time d) {
+  return Submit([t, root](Communicator& c, absl::Time d) {
     return c.Broadcast(t.data, t.count, t.dtype, root, d);
   });
 }
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
   if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
-  return Submit([t, root, op](ShmCommunicator& c, absl::Time d) {
+  return Submit([t, root, op](Communicator& c, absl::Time d) {
     return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
   });
 }
@@ -216,7 +217,7 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
         "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
-  return Submit([in, out](ShmCommunicator& c, absl::Time d) {
+  return Submit([in, out](Communicator& c, absl::Time d) {
     return c.AllGather(in.data, out.data, in.count, in.dtype, d);
   });
 }
@@ -226,7 +227,7 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
     return Failed(s);
   }
-  return Submit([in, outs](ShmCommunicator& c, absl::Time d) {
+  return Submit([in, outs](Communicator& c, absl::Time d) {
     std::string flat(in.bytes() * outs.size(), '\0');
     absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
     if (!s.ok()) return s;
@@ -245,7 +246,7 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
     }
   }
   bool is_root = rank_ == root;
-  return Submit([in, outs, root, is_root](ShmCommunicator& c, absl::Time d) {
+  return Submit([in, outs, root, is_root](Communicator& c, absl::Time d) {
     std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
     absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
     if (!s.ok() || !is_root) return s;
@@ -264,7 +265,7 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       return Failed(s);
     }
   }
-  return Submit([out, ins, root, is_root](ShmCommunicator& c, absl::Time d) {
+  return Submit([out, ins, root, is_root](Communicator& c, absl::Time d) {
     std::string flat;
     if (is_root) {
       flat.resize(out.bytes() * ins.size());
@@ -284,7 +285,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
         absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
-  return Submit([in, out, op](ShmCommunicator& c, absl::Time d) {
+  return Submit([in, out, op](Communicator& c, absl::Time d) {
     return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
   });
 }
@@ -295,7 +296,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
   if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
     return Failed(s);
   }
-  return Submit([out, ins, op](ShmCommunicator& c, absl::Time d) {
+  return Submit([out, ins, op](Communicator& c, absl::Time d) {
     std::string flat(out.bytes() * ins.size(), '\0');
     for (size_t i = 0; i < ins.size(); ++i) {
       std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
@@ -332,7 +333,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
   };
   if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
   if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
-  return Submit([in, out, in_splits, out_splits](ShmCommunicator& c, absl::Time d) {
+  return Submit([in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
     return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
   });
 }
@@ -353,7 +354,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
     send[i] = ins[i].count;
     recv[i] = outs[i].count;
   }
-  return Submit([outs, ins, send, recv](ShmCommunicator& c, absl::Time d) {
+  return Submit([outs, ins, send, recv](Communicator& c, absl::Time d) {
     size_t es = DTypeSize(ins[0].dtype);
     std::string in_flat, out_flat;
     for (const Tensor& t : ins) in_flat.append(static_cast<const char*>(t.data), t.bytes());
@@ -372,7 +373,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
 }
 
 std::shared_ptr<Work> ProcessGroup::CollectiveBarrier() {
-  return Submit([](ShmCommunicator& c, absl::Time d) { return c.Barrier(d); });
+  return Submit([](Communicator& c, absl::Time d) { return c.Barrier(d); });
 }
 
 absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
@@ -380,12 +381,12 @@ absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
     return absl::InvalidArgumentError("monitored_barrier needs a positive timeout");
   }
   absl::Time deadline = absl::Now() + timeout;
-  return Submit([deadline](ShmCommunicator& c, absl::Time) { return c.Barrier(deadline); })->Wait();
+  return Submit([deadline](Communicator& c, absl::Time) { return c.Barrier(deadline); })->Wait();
 }
 
 std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
   if (blob == nullptr) return Failed(absl::InvalidArgumentError("broadcast_object: null blob"));
-  return Submit([blob, root](ShmCommunicator& c, absl::Time d) {
+  return Submit([blob, root](Communicator& c, absl::Time d) {
     int64_t size = static_cast<int64_t>(blob->size());
     absl::Status s = c.Broadcast(&size, 1, DType::kInt64, root, d);
     if (!s.ok()) return s;
@@ -398,7 +399,7 @@ std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
                                                    std::vector<std::string>* out) {
   if (out == nullptr) return Failed(absl::InvalidArgumentError("all_gather_object: null output"));
   std::string mine = blob;
-  return Submit([mine, out](ShmCommunicator& c, absl::Time d) {
+  return Submit([mine, out](Communicator& c, absl::Time d) {
     int64_t size = static_cast<int64_t>(mine.size());
     std::vector<int64_t> sizes(c.size());
     absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
@@ -419,6 +420,10 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
   const char* what = send ? "send" : "recv";
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
   if (!comm_status_.ok()) return Failed(comm_status_);
+  if (p2p_ == nullptr) {
+    return Failed(absl::UnimplementedError(
+        absl::StrCat("point-to-point on group '", name_, "' needs all its members on one node")));
+  }
   auto group_rank = GroupRank(peer);
   if (!group_rank.ok()) return Failed(group_rank.status());
   auto op = std::make_unique<P2POp>();

@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
+#include "backends/gloo/gloo_communicator.h"
 #include "backends/shm/collectives.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
@@ -199,6 +200,27 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
   return world;
 }
 
+absl::Status World::ConnectGloo(ProcessGroup& group, absl::Duration timeout) {
+  auto address = LocalAddressToward(options_.master_addr, options_.master_port);
+  if (!address.ok()) return Annotate(address.status(), "finding this rank's address");
+  TcpStoreOptions o;
+  o.host = options_.master_addr;
+  o.port = options_.master_port;
+  o.token = options_.store_token;
+  o.timeout = timeout;
+  auto tcp = TcpStore::Connect(o);
+  if (!tcp.ok()) return tcp.status();
+  auto store = std::make_shared<PrefixStore>(
+      absl::StrCat("muster-gloo/", options_.job_id, "/", options_.generation, "/", group.name_),
+      std::shared_ptr<Store>(std::move(*tcp)));
+  auto comm = GlooCommunicator::Connect(store, group.rank_, group.size(), *address, timeout);
+  if (!comm.ok()) {
+    return Annotate(comm.status(), absl::StrCat("group '", group.name_, "'"));
+  }
+  group.comm_ = std::move(*comm);
+  return absl::OkStatus();
+}
+
 std::string World::NextGroupName() {
   absl::MutexLock lock(&mu_);
   return absl::StrCat("group_", ++group_counter_);
@@ -242,8 +264,9 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
     group->comm_status_ = absl::InvalidArgumentError(
         absl::StrCat("rank ", options_.rank, " is not a member of group '", name, "'"));
   } else if (resp.group().shm_name().empty()) {
-    group->comm_status_ = absl::UnimplementedError(absl::StrCat(
-        "collectives on group '", name, "' are not available: ", resp.group().shm_error()));
+    // No shared memory (the group spans nodes): Gloo over TCP, rendezvous
+    // through the job's store under this group's name and generation.
+    group->comm_status_ = ConnectGloo(*group, absl::Milliseconds(resp.group().timeout_millis()));
   } else {
     auto segment = GroupSegment::Open(resp.group().shm_name(), group->size());
     if (!segment.ok()) {

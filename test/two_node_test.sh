@@ -30,7 +30,7 @@ start_rank() {  # rank namespace socket script
   pids+=($!)
   eval "rank_pid_$1=$!"
 }
-SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world"
+SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world;allreduce world 100000;bcast world 1000 3;gatherobj world;a2a world;cbarrier world"
 start_rank 0 "$NA" "$WORK/a.sock" "$SCRIPT;barrier world 20000"
 start_rank 1 "$NA" "$WORK/a.sock" "$SCRIPT;barrier cross 20000;barrier world 20000"
 start_rank 2 "$NB" "$WORK/b.sock" "$SCRIPT;barrier cross 20000;sleep 2500;crash"
@@ -54,6 +54,12 @@ for r in 0 1 2 3; do
   grep -q "rank $r: init ok name=world rank=$r size=4" "$WORK/rank$r.out" || fail "rank $r init"
   grep -q "rank $r: barrier world ok" "$WORK/rank$r.out" || fail "rank $r barrier"
 done
+for r in 0 1 2 3; do
+  for step in "allreduce world 100000 ok" "bcast world 1000 3 ok" "gatherobj world ok a,bb,ccc,dddd" \
+      "a2a world ok" "cbarrier world ok"; do
+    grep -q "rank $r: $step" "$WORK/rank$r.out" || fail "rank $r: $step (collectives across nodes, Gloo)"
+  done
+done
 grep -q "rank 2: subgroups 2 ok count=2 mine: name=group_2 rank=0 size=2 ranks=2,3" \
   "$WORK/rank2.out" || fail "rank 2 subgroup"
 grep -q "rank 1: barrier cross 20000 ok" "$WORK/rank1.out" || fail "cross barrier on A"
@@ -65,4 +71,4 @@ for r in 0 1; do
   ms=$(echo "$line" | sed -E 's/.*elapsed_ms=([0-9]+).*/\1/')
   (( ms < 4500 )) || fail "rank $r noticed the failure after $ms ms (2.5 s sleep + 2 s allowed)"
 done
-echo "PASS: two nodes, 4 ranks, cross-node groups, fan-in ($peers store connection(s) from B), failure seen on A"
+echo "PASS: two nodes, 4 ranks, cross-node groups and collectives (Gloo), fan-in ($peers store connection(s) from B), failure seen on A"

@@ -30,6 +30,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
+#include "backends/communicator.h"
 #include "backends/shm/reduce.h"
 #include "backends/shm/segment.h"
 
@@ -50,42 +51,45 @@ const char* CollectiveName(CollectiveKind kind);
 // "all_reduce(float32, count 1024, SUM)" for messages.
 std::string DescribeSignature(const OpSignature& s);
 
-class ShmCommunicator {
+class ShmCommunicator : public Communicator {
  public:
   // `rank` is this process's group rank; `global_ranks[i]` the global rank
   // of group rank i (for messages). `segment` must outlive the object.
   ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
                   std::vector<int> global_ranks);
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
 
-  absl::Status Barrier(absl::Time deadline);
+  absl::Status Barrier(absl::Time deadline) override;
   // In place: `data` holds the input and receives the result.
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
-                         absl::Time deadline);
-  absl::Status Broadcast(void* data, size_t count, DType dtype, int root, absl::Time deadline);
+                         absl::Time deadline) override;
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
+                         absl::Time deadline) override;
   // In place at the root; other ranks' `data` is unchanged.
   absl::Status Reduce(void* data, size_t count, DType dtype, ReduceOp op, double scale, int root,
-                      absl::Time deadline);
+                      absl::Time deadline) override;
   // `out` holds size()*count elements, rank i's input at offset i*count.
-  absl::Status AllGather(const void* in, void* out, size_t count, DType dtype, absl::Time deadline);
+  absl::Status AllGather(const void* in, void* out, size_t count, DType dtype,
+                         absl::Time deadline) override;
   // `out` (size()*count elements) is used at the root only.
   absl::Status Gather(const void* in, void* out, size_t count, DType dtype, int root,
-                      absl::Time deadline);
+                      absl::Time deadline) override;
   // `in` (size()*count elements) is read at the root only.
   absl::Status Scatter(const void* in, void* out, size_t count, DType dtype, int root,
-                       absl::Time deadline);
+                       absl::Time deadline) override;
   // `in` holds size()*count elements; block i is reduced into rank i's `out`.
   absl::Status ReduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
-                             double scale, absl::Time deadline);
+                             double scale, absl::Time deadline) override;
   // Sends send_counts[j] elements (consecutive in `in`) to rank j and
   // receives recv_counts[j] elements from rank j (consecutive in `out`).
   // Every pair must agree, else INVALID_ARGUMENT on every rank.
   absl::Status AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
-                        const std::vector<size_t>& recv_counts, DType dtype, absl::Time deadline);
+                        const std::vector<size_t>& recv_counts, DType dtype,
+                        absl::Time deadline) override;
 
  private:
   // Starts collective `sig` (assigns its sequence number); returns its

@@ -68,8 +68,8 @@ struct GroupOptions {
 
 class World;
 class ProcessGroup;
+class Communicator;
 class GroupSegment;
-class ShmCommunicator;
 class P2PEngine;
 struct P2POp;
 
@@ -133,8 +133,8 @@ class ProcessGroup {
   // timeout. Errors: INVALID_ARGUMENT (bad buffers, root, dtype/op),
   // FAILED_PRECONDITION (ranks called different collectives: desync),
   // ABORTED (a member died, the group was aborted), DEADLINE_EXCEEDED
-  // (naming the members that did not join), UNIMPLEMENTED (groups spanning
-  // nodes, for now).
+  // (naming the members that did not join). Groups spanning nodes run them
+  // over Gloo (TCP) instead, without desync detection.
   std::shared_ptr<Work> AllReduce(Tensor tensor, ReduceOp op = ReduceOp::kSum,
                                   double premul_scale = 1.0);
   std::shared_ptr<Work> AllReduceCoalesced(std::vector<Tensor> tensors,
@@ -194,7 +194,7 @@ class ProcessGroup {
  private:
   friend class World;
   friend class Work;
-  using Op = std::function<absl::Status(ShmCommunicator&, absl::Time deadline)>;
+  using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
   std::shared_ptr<Work> Submit(Op op);
   std::shared_ptr<Work> Failed(absl::Status status);
   void RunExecutor();
@@ -213,7 +213,8 @@ class ProcessGroup {
   int64_t barrier_sequence_ = 0;  // guarded by world_->mu_
   absl::Duration timeout_ = absl::Minutes(30);
   std::unique_ptr<GroupSegment> segment_;
-  std::unique_ptr<ShmCommunicator> comm_;
+  // Shared memory for node-local groups, Gloo for groups spanning nodes.
+  std::unique_ptr<Communicator> comm_;
   std::unique_ptr<P2PEngine> p2p_;
   absl::Status comm_status_;  // why collectives are unavailable
 
@@ -290,6 +291,9 @@ class World {
                                                             const GroupOptions& options,
                                                             const std::string& name);
   std::string NextGroupName();
+  // Gives a group spanning nodes its Gloo communicator (blocks until every
+  // member connected).
+  absl::Status ConnectGloo(ProcessGroup& group, absl::Duration timeout);
 
   InitOptions options_;
   std::unique_ptr<Session> session_;

@@ -1,0 +1,77 @@
+// GlooCommunicator: collectives for a process group whose members span
+// nodes, over Debian's Gloo (TCP transport). Every member connects a full
+// mesh of TCP pairs, rendezvousing through the job's store (StoreAdapter
+// turns a muster::Store into Gloo's store interface). Each rank runs its
+// part itself, as c10d's gloo backend does; reductions use muster's kernels,
+// so every dtype and reduce op behaves as on shared memory.
+//
+// Gloo reports failures by throwing; every method catches and returns a
+// Status (DEADLINE_EXCEEDED for timeouts, ABORTED otherwise).
+//
+// Thread-compatible: one thread drives it (the group's executor).
+#ifndef MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
+#define MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "backends/communicator.h"
+#include "muster/store.h"
+
+namespace gloo {
+class Context;
+}
+
+namespace muster {
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects the mesh. All members call it; it returns once every pair is
+  // connected or fails after `timeout`. `address` is this rank's IP as the
+  // other members can reach it; `store` is namespaced to this group.
+  static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(std::shared_ptr<Store> store,
+                                                                   int rank, int size,
+                                                                   const std::string& address,
+                                                                   absl::Duration timeout);
+  ~GlooCommunicator() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  absl::Status Barrier(absl::Time deadline) override;
+  absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
+                         absl::Time deadline) override;
+  absl::Status Broadcast(void* data, size_t count, DType dtype, int root,
+                         absl::Time deadline) override;
+  absl::Status Reduce(void* data, size_t count, DType dtype, ReduceOp op, double scale, int root,
+                      absl::Time deadline) override;
+  absl::Status AllGather(const void* in, void* out, size_t count, DType dtype,
+                         absl::Time deadline) override;
+  absl::Status Gather(const void* in, void* out, size_t count, DType dtype, int root,
+                      absl::Time deadline) override;
+  absl::Status Scatter(const void* in, void* out, size_t count, DType dtype, int root,
+                       absl::Time deadline) override;
+  absl::Status ReduceScatter(const void* in, void* out, size_t count, DType dtype, ReduceOp op,
+                             double scale, absl::Time deadline) override;
+  absl::Status AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
+                        const std::vector<size_t>& recv_counts, DType dtype,
+                        absl::Time deadline) override;
+
+ private:
+  GlooCommunicator(int rank, int size) : rank_(rank), size_(size) {}
+  uint32_t NextTag() { return tag_++; }
+
+  int rank_;
+  int size_;
+  uint32_t tag_ = 1;
+  std::shared_ptr<gloo::Context> context_;
+};
+
+// The local IPv4/IPv6 address this host uses to reach `host` (what the
+// other members of a job can connect back to), e.g. for MASTER_ADDR.
+absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port);
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
