@@ -8,6 +8,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "backends/shm/collectives.h"
 #include "common/status_macros.h"
 #include "gloo/allgather.h"
 #include "gloo/allreduce.h"
@@ -159,7 +160,39 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
 
 GlooCommunicator::~GlooCommunicator() = default;
 
-absl::Status GlooCommunicator::Barrier(absl::Time deadline) {
+absl::Status GlooCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root,
+                                              ReduceOp op, absl::Time deadline) {
+  OpSignature mine;
+  mine.sequence = ++sequence_;
+  mine.kind = kind;
+  mine.dtype = static_cast<uint32_t>(dtype);
+  mine.count = count;
+  mine.root = root;
+  mine.reduce_op = static_cast<uint32_t>(op);
+  std::vector<OpSignature> all(size_);
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(reinterpret_cast<uint8_t*>(&mine), sizeof(mine));
+    opts.setOutput(reinterpret_cast<uint8_t*>(all.data()), sizeof(mine) * size_);
+    opts.setTag(NextTag());
+    opts.setTimeout(Left(deadline));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    return FromGloo(e, "exchanging collective signatures");
+  }
+  for (int j = 0; j < size_; ++j) {
+    const OpSignature& other = all[j];
+    if (other.sequence != mine.sequence || other.kind != mine.kind || other.dtype != mine.dtype ||
+        other.count != mine.count || other.root != mine.root || other.reduce_op != mine.reduce_op) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "collectives do not match across nodes: group rank ", rank_, " called ",
+          DescribeSignature(mine), " but group rank ", j, " called ", DescribeSignature(other)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::RawBarrier(absl::Time deadline) {
   try {
     gloo::BarrierOptions opts(context_);
     opts.setTag(NextTag());
@@ -171,10 +204,16 @@ absl::Status GlooCommunicator::Barrier(absl::Time deadline) {
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
-                                         double scale, absl::Time deadline) {
+absl::Status GlooCommunicator::Barrier(absl::Time deadline) {
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kBarrier), DType::kUInt8, 0,
+                                 -1, ReduceOp::kSum, deadline));
+  return RawBarrier(deadline);
+}
+
+absl::Status GlooCommunicator::RawAllReduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                            double scale, absl::Time deadline) {
   if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
-  if (count == 0) return Barrier(deadline);
+  if (count == 0) return RawBarrier(deadline);
   DType gdtype = GlooDType(dtype);
   size_t gcount = GlooCount(dtype, count);
   if (op == ReduceOp::kPremulSum) ReduceInit(data, data, gcount, gdtype, op, scale);
@@ -199,10 +238,21 @@ absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, 
   return absl::OkStatus();
 }
 
+absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
+                                         double scale, absl::Time deadline) {
+  if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllReduce), dtype, count,
+                                 -1, op, deadline));
+  return RawAllReduce(data, count, dtype, op, scale, deadline);
+}
+
 absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,
                                          absl::Time deadline) {
   if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: bad root");
-  if (count == 0) return Barrier(deadline);
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kBroadcast), dtype, count,
+                                 root, ReduceOp::kSum, deadline));
+  if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: bad root");
+  if (count == 0) return RawBarrier(deadline);
   try {
     gloo::BroadcastOptions opts(context_);
     WithType(GlooDType(dtype), [&](auto t) {
@@ -223,14 +273,18 @@ absl::Status GlooCommunicator::Reduce(void* data, size_t count, DType dtype, Red
                                       double scale, int root, absl::Time deadline) {
   if (root < 0 || root >= size_) return absl::InvalidArgumentError("reduce: bad root");
   std::string copy(static_cast<char*>(data), count * DTypeSize(dtype));
-  RETURN_IF_ERROR(AllReduce(copy.data(), count, dtype, op, scale, deadline));
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kReduce), dtype, count, root,
+                                 op, deadline));
+  RETURN_IF_ERROR(RawAllReduce(copy.data(), count, dtype, op, scale, deadline));
   if (rank_ == root) std::memcpy(data, copy.data(), copy.size());
   return absl::OkStatus();
 }
 
 absl::Status GlooCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
                                          absl::Time deadline) {
-  if (count == 0) return Barrier(deadline);
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllGather), dtype, count,
+                                 -1, ReduceOp::kSum, deadline));
+  if (count == 0) return RawBarrier(deadline);
   try {
     gloo::AllgatherOptions opts(context_);
     WithType(GlooDType(dtype), [&](auto t) {
@@ -251,7 +305,10 @@ absl::Status GlooCommunicator::AllGather(const void* in, void* out, size_t count
 absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, DType dtype,
                                       int root, absl::Time deadline) {
   if (root < 0 || root >= size_) return absl::InvalidArgumentError("gather: bad root");
-  if (count == 0) return Barrier(deadline);
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kGather), dtype, count, root,
+                                 ReduceOp::kSum, deadline));
+  if (root < 0 || root >= size_) return absl::InvalidArgumentError("gather: bad root");
+  if (count == 0) return RawBarrier(deadline);
   try {
     gloo::GatherOptions opts(context_);
     WithType(GlooDType(dtype), [&](auto t) {
@@ -273,7 +330,10 @@ absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, D
 absl::Status GlooCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
                                        int root, absl::Time deadline) {
   if (root < 0 || root >= size_) return absl::InvalidArgumentError("scatter: bad root");
-  if (count == 0) return Barrier(deadline);
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kScatter), dtype, count,
+                                 root, ReduceOp::kSum, deadline));
+  if (root < 0 || root >= size_) return absl::InvalidArgumentError("scatter: bad root");
+  if (count == 0) return RawBarrier(deadline);
   try {
     gloo::ScatterOptions opts(context_);
     WithType(GlooDType(dtype), [&](auto t) {
@@ -303,7 +363,9 @@ absl::Status GlooCommunicator::ReduceScatter(const void* in, void* out, size_t c
   // All-reduce everything, keep our block: simple, and correct for every op.
   size_t es = DTypeSize(dtype);
   std::string all(static_cast<const char*>(in), count * es * size_);
-  RETURN_IF_ERROR(AllReduce(all.data(), count * size_, dtype, op, scale, deadline));
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kReduceScatter), dtype,
+                                 count, -1, op, deadline));
+  RETURN_IF_ERROR(RawAllReduce(all.data(), count * size_, dtype, op, scale, deadline));
   std::memcpy(out, all.data() + rank_ * count * es, count * es);
   return absl::OkStatus();
 }
@@ -311,6 +373,8 @@ absl::Status GlooCommunicator::ReduceScatter(const void* in, void* out, size_t c
 absl::Status GlooCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,
                                         void* out, const std::vector<size_t>& recv_counts,
                                         DType dtype, absl::Time deadline) {
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllToAll), dtype, size_, -1,
+                                 ReduceOp::kSum, deadline));
   if (send_counts.size() != static_cast<size_t>(size_) ||
       recv_counts.size() != static_cast<size_t>(size_)) {
     return absl::InvalidArgumentError("all_to_all: one count per rank");

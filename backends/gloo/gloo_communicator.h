@@ -5,6 +5,12 @@
 // part itself, as c10d's gloo backend does; reductions use muster's kernels,
 // so every dtype and reduce op behaves as on shared memory.
 //
+// Before each collective the members exchange its signature (op, dtype,
+// count, root, reduce op, sequence number) in a small all_gather, so ranks
+// that called different collectives all fail with FAILED_PRECONDITION
+// naming both ranks and both calls instead of hanging or mixing data (one
+// extra small exchange per collective).
+//
 // Gloo reports failures by throwing; every method catches and returns a
 // Status (DEADLINE_EXCEEDED for timeouts, ABORTED otherwise).
 //
@@ -61,6 +67,15 @@ class GlooCommunicator : public Communicator {
  private:
   GlooCommunicator(int rank, int size) : rank_(rank), size_(size) {}
   uint32_t NextTag() { return tag_++; }
+  // Exchanges this collective's signature with every member; FAILED_PRECONDITION
+  // on a mismatch.
+  absl::Status CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root, ReduceOp op,
+                              absl::Time deadline);
+  uint64_t sequence_ = 0;
+  // The collectives without the signature exchange (used inside others).
+  absl::Status RawBarrier(absl::Time deadline);
+  absl::Status RawAllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
+                            absl::Time deadline);
 
   int rank_;
   int size_;

@@ -80,6 +80,35 @@ TEST_CASE("every collective over Gloo on three ranks gives the expected results"
   }
 }
 
+TEST_CASE("mismatched collectives across nodes fail on every rank, naming both calls") {
+  auto store = std::make_shared<HashStore>();
+  std::vector<absl::Status> result(2), after(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = GlooCommunicator::Connect(store, r, 2, "127.0.0.1", absl::Seconds(20));
+      if (!comm.ok()) {
+        result[r] = comm.status();
+        return;
+      }
+      absl::Time d = absl::Now() + absl::Seconds(20);
+      float v[4] = {1, 2, 3, 4};
+      result[r] = r == 0 ? (*comm)->AllReduce(v, 4, DType::kFloat32, ReduceOp::kSum, 1, d)
+                         : (*comm)->Broadcast(v, 4, DType::kFloat32, 0, d);
+      after[r] = (*comm)->Barrier(d);  // still usable
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO(result[r].ToString());
+    CHECK(result[r].code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(after[r].ok());
+  }
+  CHECK(std::string(result[0].message()) ==
+        "collectives do not match across nodes: group rank 0 called all_reduce #1(float32, count "
+        "4, SUM) but group rank 1 called broadcast #1(float32, count 4, root 0)");
+}
+
 TEST_CASE("a member that never connects makes Connect fail instead of hanging") {
   auto store = std::make_shared<HashStore>();
   absl::Time start = absl::Now();
