@@ -134,7 +134,7 @@ class ProcessGroup {
   // FAILED_PRECONDITION (ranks called different collectives: desync),
   // ABORTED (a member died, the group was aborted), DEADLINE_EXCEEDED
   // (naming the members that did not join). Groups spanning nodes run them
-  // over Gloo (TCP) instead, without desync detection.
+  // over Gloo (TCP) instead (point to point: node-local groups only).
   std::shared_ptr<Work> AllReduce(Tensor tensor, ReduceOp op = ReduceOp::kSum,
                                   double premul_scale = 1.0);
   std::shared_ptr<Work> AllReduceCoalesced(std::vector<Tensor> tensors,
