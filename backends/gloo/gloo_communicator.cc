@@ -192,6 +192,14 @@ absl::Status GlooCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64
   return absl::OkStatus();
 }
 
+absl::Status GlooCommunicator::CheckRoot(int root) const {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("root ", root, " is outside the group of size ", size_));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status GlooCommunicator::RawBarrier(absl::Time deadline) {
   try {
     gloo::BarrierOptions opts(context_);
@@ -248,10 +256,9 @@ absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, 
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,
                                          absl::Time deadline) {
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: bad root");
+  RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kBroadcast), dtype, count,
                                  root, ReduceOp::kSum, deadline));
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("broadcast: bad root");
   if (count == 0) return RawBarrier(deadline);
   try {
     gloo::BroadcastOptions opts(context_);
@@ -271,7 +278,7 @@ absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, 
 
 absl::Status GlooCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
                                       double scale, int root, absl::Time deadline) {
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("reduce: bad root");
+  RETURN_IF_ERROR(CheckRoot(root));
   std::string copy(static_cast<char*>(data), count * DTypeSize(dtype));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kReduce), dtype, count, root,
                                  op, deadline));
@@ -304,10 +311,9 @@ absl::Status GlooCommunicator::AllGather(const void* in, void* out, size_t count
 
 absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, DType dtype,
                                       int root, absl::Time deadline) {
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("gather: bad root");
+  RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kGather), dtype, count, root,
                                  ReduceOp::kSum, deadline));
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("gather: bad root");
   if (count == 0) return RawBarrier(deadline);
   try {
     gloo::GatherOptions opts(context_);
@@ -329,10 +335,9 @@ absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, D
 
 absl::Status GlooCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
                                        int root, absl::Time deadline) {
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("scatter: bad root");
+  RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kScatter), dtype, count,
                                  root, ReduceOp::kSum, deadline));
-  if (root < 0 || root >= size_) return absl::InvalidArgumentError("scatter: bad root");
   if (count == 0) return RawBarrier(deadline);
   try {
     gloo::ScatterOptions opts(context_);

@@ -67,6 +67,7 @@ class GlooCommunicator : public Communicator {
  private:
   GlooCommunicator(int rank, int size) : rank_(rank), size_(size) {}
   uint32_t NextTag() { return tag_++; }
+  absl::Status CheckRoot(int root) const;
   // Exchanges this collective's signature with every member; FAILED_PRECONDITION
   // on a mismatch.
   absl::Status CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root, ReduceOp op,

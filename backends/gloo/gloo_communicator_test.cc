@@ -109,6 +109,23 @@ TEST_CASE("mismatched collectives across nodes fail on every rank, naming both c
         "4, SUM) but group rank 1 called broadcast #1(float32, count 4, root 0)");
 }
 
+TEST_CASE("a bad root is refused before any data moves") {
+  auto store = std::make_shared<HashStore>();
+  auto comm = GlooCommunicator::Connect(store, 0, 1, "127.0.0.1", absl::Seconds(20));
+  REQUIRE(comm.ok());
+  double x = 1;
+  absl::Time d = absl::Now() + absl::Seconds(5);
+  CHECK((*comm)->Broadcast(&x, 1, DType::kFloat64, 1, d).message() ==
+        "root 1 is outside the group of size 1");
+  CHECK((*comm)->Gather(&x, &x, 1, DType::kFloat64, -1, d).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK((*comm)->Scatter(&x, &x, 1, DType::kFloat64, 5, d).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK((*comm)->Reduce(&x, 1, DType::kFloat64, ReduceOp::kSum, 1, 2, d).code() ==
+        absl::StatusCode::kInvalidArgument);
+  CHECK((*comm)->Barrier(d).ok());  // nothing was half-started
+}
+
 TEST_CASE("a member that never connects makes Connect fail instead of hanging") {
   auto store = std::make_shared<HashStore>();
   absl::Time start = absl::Now();
