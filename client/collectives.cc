@@ -2,6 +2,7 @@
 // and the list/bytes variants built on ShmCommunicator's contiguous ones.
 #include "backends/shm/collectives.h"
 
+#include <algorithm>
 #include <cstring>
 #include <list>
 
@@ -238,6 +239,42 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   });
 }
 
+std::shared_ptr<Work> ProcessGroup::AllGatherCoalesced(std::vector<std::vector<Tensor>> outs,
+                                                       std::vector<Tensor> ins) {
+  if (outs.size() != ins.size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "all_gather_coalesced: ", ins.size(), " inputs but ", outs.size(), " output lists")));
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (absl::Status s = CheckTensor(ins[i], "all_gather_coalesced"); !s.ok()) return Failed(s);
+    if (absl::Status s =
+            CheckList(outs[i], size(), ins[i].count, ins[i].dtype, "all_gather_coalesced");
+        !s.ok()) {
+      return Failed(absl::InvalidArgumentError(absl::StrCat("output list ", i, ": ", s.message())));
+    }
+    total += ins[i].bytes();
+  }
+  // One all_gather of every input packed as bytes; the signature's count
+  // (total bytes) catches ranks that pass different inputs.
+  return Submit([outs, ins, total](Communicator& c, absl::Time d) {
+    std::string packed;
+    packed.reserve(total);
+    for (const Tensor& t : ins) packed.append(static_cast<const char*>(t.data), t.bytes());
+    std::string flat(total * c.size(), '\0');
+    absl::Status s = c.AllGather(packed.data(), flat.data(), total, DType::kUInt8, d);
+    if (!s.ok()) return s;
+    for (int j = 0; j < c.size(); ++j) {
+      size_t off = j * total;
+      for (size_t i = 0; i < ins.size(); ++i) {
+        std::memcpy(outs[i][j].data, flat.data() + off, ins[i].bytes());
+        off += ins[i].bytes();
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
 std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, int root) {
   if (absl::Status s = CheckTensor(in, "gather"); !s.ok()) return Failed(s);
   if (rank_ == root) {
@@ -412,6 +449,73 @@ std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
     if (!s.ok()) return s;
     out->clear();
     for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::GatherBytes(const std::string& blob,
+                                                std::vector<std::string>* out, int root) {
+  if (root < 0 || root >= size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "gather_object: root ", root, " is outside group '", name_, "' of size ", size())));
+  }
+  bool is_root = rank_ == root;
+  if (is_root && out == nullptr) {
+    return Failed(absl::InvalidArgumentError("gather_object: null output at the root"));
+  }
+  std::string mine = blob;
+  return Submit([mine, out, root, is_root](Communicator& c, absl::Time d) {
+    // Every rank learns every size (so all agree on the padded length).
+    int64_t size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(c.size());
+    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string padded = mine;
+    padded.resize(largest);
+    std::string all(is_root ? largest * c.size() : 0, '\0');
+    s = c.Gather(padded.data(), all.data(), largest, DType::kUInt8, root, d);
+    if (!s.ok() || !is_root) return s;
+    out->clear();
+    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs, std::string* out,
+                                                 int root) {
+  if (out == nullptr) return Failed(absl::InvalidArgumentError("scatter_object: null output"));
+  if (root < 0 || root >= size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "scatter_object: root ", root, " is outside group '", name_, "' of size ", size())));
+  }
+  bool is_root = rank_ == root;
+  if (is_root && blobs.size() != static_cast<size_t>(size())) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("scatter_object: the root needs ", size(), " blobs, got ", blobs.size())));
+  }
+  if (!is_root) blobs.clear();
+  return Submit([blobs, out, root, is_root](Communicator& c, absl::Time d) {
+    // The root tells every rank every size, then scatters padded blobs.
+    std::vector<int64_t> sizes(c.size(), 0);
+    for (size_t i = 0; is_root && i < blobs.size(); ++i) {
+      sizes[i] = static_cast<int64_t>(blobs[i].size());
+    }
+    absl::Status s = c.Broadcast(sizes.data(), sizes.size(), DType::kInt64, root, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string flat;
+    if (is_root) {
+      flat.resize(largest * c.size());
+      for (size_t i = 0; i < blobs.size(); ++i) {
+        std::memcpy(flat.data() + i * largest, blobs[i].data(), blobs[i].size());
+      }
+    }
+    std::string mine(largest, '\0');
+    s = c.Scatter(flat.data(), mine.data(), largest, DType::kUInt8, root, d);
+    if (!s.ok()) return s;
+    mine.resize(sizes[c.rank()]);
+    *out = std::move(mine);
     return absl::OkStatus();
   });
 }

@@ -244,6 +244,60 @@ int main(int argc, char** argv) {
       absl::Status st =
           g->AllGatherBytes(std::string(world->rank() + 1, 'a' + world->rank()), &all)->Wait();
       report(step, st, absl::StrJoin(all, ","));
+    } else if (cmd == "gatherbytes" || cmd == "scatterbytes") {
+      // gatherbytes GROUP ROOT: gather_object of rank+1 letters (rank 1's
+      // blob is empty); the root prints them. scatterbytes GROUP ROOT: the
+      // root sends group rank i a blob of 2i+1 letters (i == 1: empty).
+      auto g = groups.at(words[1]);
+      int root = std::stoi(words[2]);
+      absl::Status st;
+      std::string detail;
+      if (cmd == "gatherbytes") {
+        std::vector<std::string> all;
+        int r = world->rank();
+        st = g->GatherBytes(r == 1 ? "" : std::string(r + 1, 'a' + r),
+                            g->rank() == root ? &all : nullptr, root)
+                 ->Wait();
+        detail = absl::StrCat("n=", all.size(), " [", absl::StrJoin(all, ","), "]");
+      } else {
+        std::vector<std::string> blobs;
+        for (int i = 0; g->rank() == root && i < g->size(); ++i) {
+          blobs.push_back(i == 1 ? "" : std::string(2 * i + 1, 'A' + i));
+        }
+        std::string mine = "unset";
+        st = g->ScatterBytes(blobs, &mine, root)->Wait();
+        detail = absl::StrCat("[", mine, "]");
+      }
+      report(step, st, detail);
+    } else if (cmd == "agcoal") {
+      // agcoal GROUP: all_gather_coalesced of an int32[3] = rank+1, a
+      // float64[5] = rank/2 and an empty uint8 tensor; checks every output.
+      auto g = groups.at(words[1]);
+      int n = g->size(), me = g->rank();
+      std::vector<int32_t> a(3, me + 1);
+      std::vector<double> b(5, me * 0.5);
+      std::vector<std::vector<int32_t>> aout(n, std::vector<int32_t>(3, -1));
+      std::vector<std::vector<double>> bout(n, std::vector<double>(5, -1));
+      std::vector<std::vector<muster::Tensor>> outs(3);
+      for (int j = 0; j < n; ++j) {
+        outs[0].push_back({aout[j].data(), 3, muster::DType::kInt32});
+        outs[1].push_back({bout[j].data(), 5, muster::DType::kFloat64});
+        outs[2].push_back({nullptr, 0, muster::DType::kUInt8});
+      }
+      absl::Status st = g->AllGatherCoalesced(outs, {{a.data(), 3, muster::DType::kInt32},
+                                                     {b.data(), 5, muster::DType::kFloat64},
+                                                     {nullptr, 0, muster::DType::kUInt8}})
+                            ->Wait();
+      for (int j = 0; j < n && st.ok(); ++j) {
+        for (int32_t x : aout[j]) {
+          if (x != j + 1) st = absl::InternalError("wrong all_gather_coalesced int32 result");
+        }
+        for (double x : bout[j]) {
+          if (x != j * 0.5) st = absl::InternalError("wrong all_gather_coalesced float64 result");
+        }
+      }
+      report(step, st, "");
+    } else if (cmd == "a2a") {
     } else if (cmd == "a2a") {
       // a2a GROUP: all_to_all_single with splits; receive (i+1) from each i.
       auto g = groups.at(words[1]);

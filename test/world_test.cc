@@ -423,6 +423,32 @@ TEST_CASE(
   CHECK(absl::StrContains(table, "SUBMITTED"));
 }
 
+TEST_CASE(
+    "all_gather_coalesced, gather_object and scatter_object move blobs of different sizes at "
+    "world 3") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "blobs", 3);
+  for (int r = 0; r < 3; ++r) {
+    job.Start(r,
+              "init;agcoal world;gatherbytes world 2;scatterbytes world 0;gatherbytes world 0;"
+              "scatterbytes world 2");
+  }
+  std::string out = job.WaitAll();
+  INFO(out);
+  for (int r = 0; r < 3; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": ");
+    CHECK(absl::StrContains(out, p + "agcoal world ok"));
+    // Only the root receives the gathered blobs (rank 1's is empty).
+    CHECK(absl::StrContains(out,
+                            p + "gatherbytes world 2 ok " + (r == 2 ? "n=3 [a,,ccc]" : "n=0 []")));
+    CHECK(absl::StrContains(out,
+                            p + "gatherbytes world 0 ok " + (r == 0 ? "n=3 [a,,ccc]" : "n=0 []")));
+    std::string want = r == 0 ? "[A]" : r == 1 ? "[]" : "[CCCCC]";
+    CHECK(absl::StrContains(out, p + "scatterbytes world 0 ok " + want));
+    CHECK(absl::StrContains(out, p + "scatterbytes world 2 ok " + want));
+  }
+}
+
 TEST_CASE("mismatched collectives across processes fail with both signatures") {
   auto daemon = StartDaemon();
   Job job(*daemon, "desync", 2);

@@ -145,6 +145,11 @@ class ProcessGroup {
   std::shared_ptr<Work> AllGather(std::vector<Tensor> outputs, Tensor input);
   // `output` holds size() * input.count elements.
   std::shared_ptr<Work> AllGatherIntoTensor(Tensor output, Tensor input);
+  // c10d's all_gather_coalesced: output_lists[i][j] receives rank j's
+  // inputs[i]; one collective for all the tensors (dtypes may differ).
+  // Every rank passes the same counts and dtypes.
+  std::shared_ptr<Work> AllGatherCoalesced(std::vector<std::vector<Tensor>> output_lists,
+                                           std::vector<Tensor> inputs);
   // `outputs` matter at the root only.
   std::shared_ptr<Work> Gather(std::vector<Tensor> outputs, Tensor input, int root);
   // `inputs` matter at the root only.
@@ -170,6 +175,13 @@ class ProcessGroup {
   // Byte blobs of different sizes per rank ("object" collectives).
   std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
   std::shared_ptr<Work> AllGatherBytes(const std::string& blob, std::vector<std::string>* out);
+  // gather_object: the root's `out` receives every rank's blob (in group
+  // rank order); `out` is unused elsewhere and may be null there.
+  std::shared_ptr<Work> GatherBytes(const std::string& blob, std::vector<std::string>* out,
+                                    int root);
+  // scatter_object_list: rank i's `out` receives the root's blobs[i];
+  // `blobs` (size() of them) matter at the root only.
+  std::shared_ptr<Work> ScatterBytes(std::vector<std::string> blobs, std::string* out, int root);
 
   // Point to point (peers are global ranks, as in c10d). Messages between
   // two ranks arrive in order; a receive names the tag and size of the next
