@@ -14,6 +14,10 @@
 // Gloo reports failures by throwing; every method catches and returns a
 // Status (DEADLINE_EXCEEDED for timeouts, ABORTED otherwise).
 //
+// Created with check_signatures=false (the leaders' mesh and the flat
+// fallback inside HierarchicalCommunicator, which checks signatures itself
+// across all members), collectives skip that exchange.
+//
 // Thread-compatible: one thread drives it (the group's executor).
 #ifndef MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
@@ -40,7 +44,8 @@ class GlooCommunicator : public Communicator {
   static absl::StatusOr<std::unique_ptr<GlooCommunicator>> Connect(std::shared_ptr<Store> store,
                                                                    int rank, int size,
                                                                    const std::string& address,
-                                                                   absl::Duration timeout);
+                                                                   absl::Duration timeout,
+                                                                   bool check_signatures = true);
   ~GlooCommunicator() override;
 
   int rank() const override { return rank_; }
@@ -63,6 +68,16 @@ class GlooCommunicator : public Communicator {
   absl::Status AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
                         const std::vector<size_t>& recv_counts, DType dtype,
                         absl::Time deadline) override;
+  // all_gatherv of bytes: rank i contributes bytes[i] bytes; `out` receives
+  // them concatenated in rank order. No signature exchange.
+  absl::Status AllGatherV(const void* in, void* out, const std::vector<size_t>& bytes,
+                          absl::Time deadline);
+  // Closes every connection: pending and later operations fail here and on
+  // the peers (their pairs see the connection end), so no member waits for
+  // a collective this one abandoned. The communicator is unusable afterwards.
+  void Close();
+  // The Gloo context (for point-to-point through GlooP2P over the same mesh).
+  const std::shared_ptr<gloo::Context>& context() const { return context_; }
 
  private:
   GlooCommunicator(int rank, int size) : rank_(rank), size_(size) {}
@@ -81,6 +96,7 @@ class GlooCommunicator : public Communicator {
   int rank_;
   int size_;
   uint32_t tag_ = 1;
+  bool check_signatures_ = true;
   std::shared_ptr<gloo::Context> context_;
 };
 

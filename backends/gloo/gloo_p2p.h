@@ -1,0 +1,100 @@
+// GlooP2P: point-to-point messages (c10d's send / recv / isend / irecv)
+// between the members of a group spanning nodes, over the TCP pairs of the
+// group's Gloo mesh (unbound buffers, no copy of the user's buffer).
+//
+// Semantics (those of c10d's gloo backend): a message is matched by
+// (peer, tag); messages from one rank to another with the same tag arrive
+// in the order they were sent; a receive must have the size of the message
+// it matches (else both sides fail). Tags are below 2^56. Operations are
+// posted to Gloo at once and progress on Gloo's own I/O thread, so two
+// ranks that send each other large messages before receiving never
+// deadlock. Each posted operation is waited for on a waiter thread of its
+// own (threads are reused; there are as many as operations outstanding at
+// once), so an operation's completion is reported as soon as it happens
+// whatever else is pending.
+//
+// Failures: a peer that dies or closes its connection fails the pending
+// operations with ABORTED; an operation still pending at its deadline fails
+// with DEADLINE_EXCEEDED, and Gloo then fails every other operation pending
+// on the mesh (its pairs are unusable after a timeout). The destructor
+// cancels pending operations (CANCELLED) and joins the waiter threads.
+//
+// Thread-safe: Post() may be called from any thread; `done` callbacks run
+// on waiter threads (or on the caller's thread if posting fails).
+#ifndef MUSTER_BACKENDS_GLOO_GLOO_P2P_H_
+#define MUSTER_BACKENDS_GLOO_GLOO_P2P_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+
+namespace gloo {
+class Context;
+namespace transport {
+class UnboundBuffer;
+}
+}  // namespace gloo
+
+namespace muster {
+
+class GlooP2P {
+ public:
+  using Done = std::function<void(absl::Status)>;
+  static constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;
+
+  // `context` is the group's full mesh (rank i = group rank i);
+  // `global_ranks[i]` names group rank i in messages.
+  GlooP2P(std::shared_ptr<gloo::Context> context, std::string group_name,
+          std::vector<int> global_ranks);
+  ~GlooP2P();
+  GlooP2P(const GlooP2P&) = delete;
+  GlooP2P& operator=(const GlooP2P&) = delete;
+
+  // INVALID_ARGUMENT for a peer outside the group, oneself, or a tag above
+  // kMaxTag.
+  absl::Status Validate(int peer, uint64_t tag) const;
+  // Posts a send (or receive) of `bytes` bytes at `data` to (from) group
+  // rank `peer`; `done` runs once with the result. `data` must stay valid
+  // until then.
+  void Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, absl::Time deadline,
+            Done done);
+
+ private:
+  struct Pending {
+    bool send = true;
+    int peer = -1;
+    uint64_t tag = 0;
+    size_t bytes = 0;
+    absl::Time deadline;
+    std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
+    Done done;
+  };
+  void Waiter();
+  absl::Status Wait(Pending& op);
+  std::string Describe(const Pending& op) const;
+
+  std::shared_ptr<gloo::Context> context_;
+  std::string group_name_;
+  std::vector<int> global_ranks_;
+
+  absl::Mutex mu_;
+  std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
+  // Operations a waiter is blocked on (aborted by the destructor).
+  std::list<std::shared_ptr<Pending>> waiting_ ABSL_GUARDED_BY(mu_);
+  int idle_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_GLOO_GLOO_P2P_H_

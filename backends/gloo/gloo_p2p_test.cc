@@ -1,0 +1,172 @@
+// Rank-per-thread tests of GlooP2P over loopback meshes: large exchanges in
+// both directions, per-tag ordering, tags matched out of order, empty
+// messages, validation, cancellation. Results are checked on the test's
+// thread.
+#include "backends/gloo/gloo_p2p.h"
+
+#include <catch2/catch.hpp>
+#include <future>
+#include <thread>
+
+#include "backends/gloo/gloo_communicator.h"
+#include "muster/hash_store.h"
+
+namespace muster {
+namespace {
+
+// Runs body(rank, p2p) on `world` threads over one mesh; returns each
+// rank's list of failures.
+template <typename F>
+std::vector<std::vector<std::string>> RunRanks(int world, F body) {
+  auto store = std::make_shared<HashStore>();
+  std::vector<std::vector<std::string>> failures(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm = GlooCommunicator::Connect(store, r, world, "127.0.0.1", absl::Seconds(20));
+      if (!comm.ok()) {
+        failures[r].push_back(comm.status().ToString());
+        return;
+      }
+      std::vector<int> global(world);
+      for (int i = 0; i < world; ++i) global[i] = 10 + i;
+      GlooP2P p2p((*comm)->context(), "g", global);
+      body(r, p2p, failures[r]);
+      // Everyone is done before the meshes go away.
+      if (!(*comm)->Barrier(absl::Now() + absl::Seconds(20)).ok()) failures[r].push_back("barrier");
+    });
+  }
+  for (auto& t : threads) t.join();
+  return failures;
+}
+
+// Posts and blocks until done.
+absl::Status Blocking(GlooP2P& p2p, bool send, int peer, uint64_t tag, void* data, size_t bytes) {
+  std::promise<absl::Status> result;
+  p2p.Post(send, peer, tag, data, bytes, absl::Now() + absl::Seconds(20),
+           [&](absl::Status s) { result.set_value(std::move(s)); });
+  return result.get_future().get();
+}
+
+struct Async {
+  std::promise<absl::Status> promise;
+  std::future<absl::Status> future = promise.get_future();
+  void Post(GlooP2P& p2p, bool send, int peer, uint64_t tag, void* data, size_t bytes) {
+    p2p.Post(send, peer, tag, data, bytes, absl::Now() + absl::Seconds(20),
+             [this](absl::Status s) { promise.set_value(std::move(s)); });
+  }
+  absl::Status Get() { return future.get(); }
+};
+
+TEST_CASE("two ranks exchanging 16 MiB each way, both sending first, do not deadlock") {
+  constexpr size_t kBytes = 16 << 20;
+  auto failures = RunRanks(2, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    std::vector<uint8_t> out(kBytes), in(kBytes, 0);
+    for (size_t i = 0; i < kBytes; ++i) out[i] = static_cast<uint8_t>(i * 7 + r);
+    Async send, recv;
+    send.Post(p2p, true, 1 - r, 3, out.data(), kBytes);
+    recv.Post(p2p, false, 1 - r, 3, in.data(), kBytes);
+    if (!send.Get().ok()) fail.push_back("send");
+    if (!recv.Get().ok()) fail.push_back("recv");
+    for (size_t i = 0; i < kBytes; ++i) {
+      if (in[i] != static_cast<uint8_t>(i * 7 + (1 - r))) {
+        fail.push_back("data");
+        break;
+      }
+    }
+  });
+  CHECK(failures[0] == std::vector<std::string>{});
+  CHECK(failures[1] == std::vector<std::string>{});
+}
+
+TEST_CASE("messages with one tag arrive in order; tags are matched independently") {
+  auto failures = RunRanks(3, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    if (r == 0) {
+      // Posted together (a send completes once its receive matched it).
+      int64_t values[4] = {1, 2, 3, 100};
+      Async sends[5];
+      for (int i = 0; i < 3; ++i) sends[i].Post(p2p, true, 2, 5, &values[i], sizeof(int64_t));
+      sends[3].Post(p2p, true, 2, 6, &values[3], sizeof(int64_t));
+      sends[4].Post(p2p, true, 2, 7, nullptr, 0);
+      for (auto& a : sends) {
+        if (absl::Status s = a.Get(); !s.ok()) fail.push_back(s.ToString());
+      }
+    } else if (r == 2) {
+      // Tag 6 first although it was sent last: matched by tag.
+      int64_t a = 0;
+      if (!Blocking(p2p, false, 0, 6, &a, sizeof(a)).ok() || a != 100) fail.push_back("tag 6");
+      for (int64_t want : {1, 2, 3}) {
+        int64_t v = 0;
+        if (!Blocking(p2p, false, 0, 5, &v, sizeof(v)).ok() || v != want) {
+          fail.push_back("order");
+        }
+      }
+      if (!Blocking(p2p, false, 0, 7, nullptr, 0).ok()) fail.push_back("recv empty");
+    }
+  });
+  for (auto& f : failures) CHECK(f == std::vector<std::string>{});
+}
+
+TEST_CASE("a completed operation is reported while an earlier one is still pending") {
+  auto failures = RunRanks(2, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    int32_t late = 0, x = 42;
+    if (r == 0) {
+      Async pending;  // completes only after rank 1 saw our send complete
+      pending.Post(p2p, false, 1, 1, &late, sizeof(late));
+      if (!Blocking(p2p, true, 1, 2, &x, sizeof(x)).ok()) fail.push_back("send");
+      int32_t go = 1;
+      if (!Blocking(p2p, true, 1, 3, &go, sizeof(go)).ok()) fail.push_back("go");
+      if (!pending.Get().ok() || late != 7) fail.push_back("late recv");
+    } else {
+      int32_t got = 0, go = 0, seven = 7;
+      if (!Blocking(p2p, false, 0, 2, &got, sizeof(got)).ok() || got != 42) fail.push_back("recv");
+      if (!Blocking(p2p, false, 0, 3, &go, sizeof(go)).ok()) fail.push_back("go");
+      if (!Blocking(p2p, true, 0, 1, &seven, sizeof(seven)).ok()) fail.push_back("send late");
+    }
+  });
+  CHECK(failures[0] == std::vector<std::string>{});
+  CHECK(failures[1] == std::vector<std::string>{});
+}
+
+TEST_CASE("bad peers and tags are refused; destroying cancels pending operations") {
+  auto store = std::make_shared<HashStore>();
+  auto comm = GlooCommunicator::Connect(store, 0, 1, "127.0.0.1", absl::Seconds(20));
+  REQUIRE(comm.ok());
+  GlooP2P p2p((*comm)->context(), "solo", {4});
+  CHECK(p2p.Validate(0, 1).message() == "point-to-point with oneself");
+  CHECK(p2p.Validate(1, 1).message() == "peer 1 is outside group 'solo'");
+  CHECK(p2p.Validate(-1, 1).code() == absl::StatusCode::kInvalidArgument);
+  CHECK(p2p.Validate(0, GlooP2P::kMaxTag + 1).code() == absl::StatusCode::kInvalidArgument);
+  int x = 0;
+  CHECK(Blocking(p2p, true, 3, 0, &x, sizeof(x)).code() == absl::StatusCode::kInvalidArgument);
+
+  // Two ranks: rank 1 posts a receive nobody sends and is destroyed.
+  auto store2 = std::make_shared<HashStore>();
+  absl::Status cancelled;
+  std::thread peer([&] {
+    auto c = GlooCommunicator::Connect(store2, 0, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) (void)(*c)->Barrier(absl::Now() + absl::Seconds(20));
+    if (c.ok()) (void)(*c)->Barrier(absl::Now() + absl::Seconds(20));
+  });
+  {
+    auto c = GlooCommunicator::Connect(store2, 1, 2, "127.0.0.1", absl::Seconds(20));
+    REQUIRE(c.ok());
+    (void)(*c)->Barrier(absl::Now() + absl::Seconds(20));
+    int y = 0;
+    std::promise<absl::Status> result;
+    {
+      GlooP2P two((*c)->context(), "pair", {0, 1});
+      two.Post(false, 0, 9, &y, sizeof(y), absl::Now() + absl::Seconds(60),
+               [&](absl::Status s) { result.set_value(s); });
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    cancelled = result.get_future().get();
+    (void)(*c)->Barrier(absl::Now() + absl::Seconds(20));
+  }
+  peer.join();
+  INFO(cancelled.ToString());
+  CHECK(cancelled.code() == absl::StatusCode::kCancelled);
+}
+
+}  // namespace
+}  // namespace muster
