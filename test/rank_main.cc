@@ -298,7 +298,6 @@ int main(int argc, char** argv) {
       }
       report(step, st, "");
     } else if (cmd == "a2a") {
-    } else if (cmd == "a2a") {
       // a2a GROUP: all_to_all_single with splits; receive (i+1) from each i.
       auto g = groups.at(words[1]);
       int n = g->size(), me = g->rank();
