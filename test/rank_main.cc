@@ -20,6 +20,8 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <fstream>
+#include <set>
 #include <map>
 #include <string>
 #include <vector>
@@ -30,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "backends/backend.h"
+#include "muster/shared_buffer.h"
 #include "muster/world.h"
 
 namespace {
@@ -297,6 +300,71 @@ int main(int argc, char** argv) {
         }
       }
       report(step, st, "");
+    } else if (cmd == "bigcoll") {
+      // bigcoll GROUP COUNT shared|plain: all_reduce (int64 SUM), broadcast
+      // from group rank 0, all_gather and reduce_scatter of COUNT elements
+      // per rank in AllocShared or ordinary buffers; checks every result and
+      // reports how many peers' shared allocations this process mapped.
+      auto g = groups.at(words[1]);
+      size_t count = std::stoul(words[2]);
+      bool shared = words[3] == "shared";
+      int n = g->size(), me = g->rank();
+      std::vector<muster::SharedBuffer> keep;
+      std::vector<std::vector<int64_t>> heap;
+      auto buffer = [&](size_t elements) -> int64_t* {
+        if (!shared) {
+          heap.emplace_back(elements);
+          return heap.back().data();
+        }
+        auto b = muster::AllocShared(elements * sizeof(int64_t));
+        if (!b.ok()) return nullptr;
+        keep.push_back(std::move(*b));
+        return keep.back().as<int64_t>();
+      };
+      int64_t* ar = buffer(count);
+      int64_t* bc = buffer(count);
+      int64_t* ag_in = buffer(count);
+      int64_t* rs_in = buffer(count * n);
+      absl::Status st = ar && bc && ag_in && rs_in ? absl::OkStatus()
+                                                   : absl::ResourceExhaustedError("AllocShared");
+      std::vector<int64_t> ag_out(count * n), rs_out(count);
+      for (size_t i = 0; st.ok() && i < count; ++i) {
+        ar[i] = (me + 1) * static_cast<int64_t>(i + 1);
+        bc[i] = me == 0 ? static_cast<int64_t>(i) * 3 : -1;
+        ag_in[i] = me * 1000000 + static_cast<int64_t>(i);
+        for (int j = 0; j < n; ++j) rs_in[j * count + i] = me + j + static_cast<int64_t>(i);
+      }
+      using muster::DType;
+      if (st.ok()) st = g->AllReduce({ar, count, DType::kInt64})->Wait();
+      if (st.ok()) st = g->Broadcast({bc, count, DType::kInt64}, 0)->Wait();
+      if (st.ok()) {
+        st = g->AllGatherIntoTensor({ag_out.data(), count * n, DType::kInt64},
+                                    {ag_in, count, DType::kInt64})
+                 ->Wait();
+      }
+      if (st.ok()) {
+        st = g->ReduceScatterTensor({rs_out.data(), count, DType::kInt64},
+                                    {rs_in, count * n, DType::kInt64})
+                 ->Wait();
+      }
+      for (size_t i = 0; st.ok() && i < count; ++i) {
+        int64_t k = static_cast<int64_t>(i);
+        bool right = ar[i] == n * (n + 1) / 2 * (k + 1) && bc[i] == 3 * k &&
+                     rs_out[i] == n * (me + k) + n * (n - 1) / 2;
+        for (int j = 0; j < n; ++j) right &= ag_out[j * count + i] == j * 1000000 + k;
+        if (!right) st = absl::InternalError(absl::StrCat("wrong result at element ", i));
+      }
+      // Peers' allocations show in /proc/self/maps as "/memfd:muster.<pid>".
+      std::set<std::string> peers;
+      std::ifstream maps("/proc/self/maps");
+      std::string line, self = absl::StrCat("memfd:muster.", ::getpid(), " ");
+      while (std::getline(maps, line)) {
+        size_t at = line.find("memfd:muster.");
+        if (at != std::string::npos && (line + " ").find(self) == std::string::npos) {
+          peers.insert(line.substr(at, line.find(' ', at) - at));
+        }
+      }
+      report(step, st, absl::StrCat("mapped_peers=", peers.size()));
     } else if (cmd == "a2a") {
       // a2a GROUP: all_to_all_single with splits; receive (i+1) from each i.
       auto g = groups.at(words[1]);

@@ -449,6 +449,33 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "collectives on AllocShared buffers read peers' memory in place; ordinary buffers over "
+    "CMA or the slots give the same results") {
+  auto daemon = StartDaemon();
+  // 300001 int64 (2.3 MB, odd) per rank: over every direct threshold.
+  struct Case {
+    const char* job;
+    const char* mode;
+    std::map<std::string, std::string> env;
+    int peers;  // peers' allocations mapped by each rank
+  };
+  for (const Case& c :
+       {Case{"zc", "shared", {}, 2}, Case{"cma", "plain", {{"MUSTER_SHM_CMA_MIN_BYTES", "1"}}, 0},
+        Case{"slots", "plain", {{"MUSTER_SHM_CMA_MIN_BYTES", "off"}}, 0}}) {
+    Job job(*daemon, c.job, 3);
+    for (int r = 0; r < 3; ++r) {
+      job.Start(r, absl::StrCat("init;bigcoll world 300001 ", c.mode), c.env);
+    }
+    std::string out = job.WaitAll();
+    INFO(c.job << "\n" << out);
+    for (int r = 0; r < 3; ++r) {
+      CHECK(absl::StrContains(out, absl::StrCat("rank ", r, ": bigcoll world 300001 ", c.mode,
+                                                " ok mapped_peers=", c.peers)));
+    }
+  }
+}
+
 TEST_CASE("mismatched collectives across processes fail with both signatures") {
   auto daemon = StartDaemon();
   Job job(*daemon, "desync", 2);

@@ -1,13 +1,19 @@
 #include "backends/shm/collectives.h"
 
 #include <immintrin.h>
+#include <sys/uio.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/status_macros.h"
 
 namespace muster {
 namespace {
@@ -27,6 +33,31 @@ bool HasReduce(CollectiveKind k) {
 bool HasRoot(CollectiveKind k) {
   return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
          k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
+}
+
+// Meta words of the direct paths (RankControl::meta).
+constexpr int kPathWord = GroupSegment::kMetaWords - 1;  // first rounds: 1 = direct
+enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
+constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4;
+constexpr int kReachedWord = 0;  // second round: 1 = reached every source
+
+// Work unit of the direct reductions: the accumulator stays in cache while
+// every rank's piece is combined into it.
+constexpr size_t kBlockBytes = 64 << 10;
+
+size_t EnvBytes(const char* name, size_t fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return fallback;
+  if (std::string(v) == "off") return SIZE_MAX;
+  uint64_t n = 0;
+  return absl::SimpleAtoi(v, &n) ? static_cast<size_t>(n) : fallback;
+}
+
+// Rank r's part of `count` elements split n ways: [*off, *off + return).
+size_t Part(size_t count, int n, int r, size_t* off) {
+  size_t part = count / n;
+  *off = part * r;
+  return r == n - 1 ? count - part * r : part;
 }
 
 }  // namespace
@@ -66,13 +97,21 @@ std::string DescribeSignature(const OpSignature& s) {
   return out + ")";
 }
 
+DirectOptions DirectOptions::FromEnv() {
+  DirectOptions o;
+  o.mapped_min_bytes = EnvBytes("MUSTER_SHM_MAPPED_MIN_BYTES", o.mapped_min_bytes);
+  o.cma_min_bytes = EnvBytes("MUSTER_SHM_CMA_MIN_BYTES", o.cma_min_bytes);
+  return o;
+}
+
 ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
                                  std::vector<int> global_ranks)
     : segment_(segment),
       rank_(rank),
       size_(segment->nranks()),
       group_name_(std::move(group_name)),
-      global_ranks_(std::move(global_ranks)) {
+      global_ranks_(std::move(global_ranks)),
+      direct_(DirectOptions::FromEnv()) {
   // Spinning only pays while every rank can have its own core.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 50 : 2;
@@ -97,6 +136,8 @@ OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t co
   s.root = HasRoot(kind) ? root : -1;
   s.reduce_op = HasReduce(kind) ? static_cast<uint32_t>(op) : 0;
   current_ = s;
+  path_tag_ = 0;
+  last_path_ = "slots";
   segment_->rank(rank_).submitted.store(s.sequence, std::memory_order_release);
   return s;
 }
@@ -162,7 +203,10 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
     return s;
   }
   write(segment_->slot(rank_));
-  if (signature != nullptr) me.signature = *signature;
+  if (signature != nullptr) {
+    me.signature = *signature;
+    me.meta[kPathWord] = path_tag_;
+  }
   me.arrived.store(k, std::memory_order_release);
   segment_->Wake();
   absl::Status status = WaitAll(&RankControl::arrived, k, deadline, "arrive");
@@ -175,6 +219,12 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
             absl::StrCat("collectives on group '", group_name_, "' do not match: rank ",
                          global_ranks_[rank_], " called ", DescribeSignature(*signature),
                          " but rank ", global_ranks_[j], " called ", DescribeSignature(other)));
+      } else if (segment_->rank(j).meta[kPathWord] != path_tag_) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            DescribeSignature(*signature), " on group '", group_name_, "': rank ",
+            global_ranks_[rank_], " takes the ", path_tag_ ? "direct" : "slot", " path but rank ",
+            global_ranks_[j], " the ", path_tag_ ? "slot" : "direct",
+            " path (MUSTER_SHM_MAPPED_MIN_BYTES / MUSTER_SHM_CMA_MIN_BYTES differ between ranks)"));
       }
     }
   }
@@ -185,20 +235,142 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
 }
 
 template <typename Write, typename Read>
-absl::Status ShmCommunicator::Chunked(const OpSignature& signature, size_t count, size_t chunk,
+absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count, size_t chunk,
                                       absl::Time deadline, Write write, Read read) {
   size_t off = 0;
   bool first = true;
   do {  // at least one round, so zero-length collectives still synchronize
     size_t len = std::min(chunk, count - off);
     absl::Status s = Round(
-        first ? &signature : nullptr, deadline, [&](char* slot) { write(slot, off, len); },
+        first ? signature : nullptr, deadline, [&](char* slot) { write(slot, off, len); },
         [&] { return read(off, len); });
     if (!s.ok()) return s;
     first = false;
     off += len;
   } while (off < count);
   return absl::OkStatus();
+}
+
+bool ShmCommunicator::GoesDirect(size_t bytes) const {
+  return size_ > 1 && bytes > 0 &&
+         bytes >= std::min(direct_.mapped_min_bytes, direct_.cma_min_bytes);
+}
+
+absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
+    const OpSignature& signature, const void* source, size_t bytes, int root, absl::Time deadline) {
+  path_tag_ = 1;
+  peer_maps_.Sweep();
+  Direct mode = Direct::kSlots;
+  absl::Status s = Round(
+      &signature, deadline,
+      [&](char*) {
+        uint64_t* meta = segment_->rank(rank_).meta;
+        SharedRef ref;
+        bool shared = FindSharedAllocation(source, bytes, &ref);
+        meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
+                       (bytes >= direct_.cma_min_bytes ? kAcceptCma : 0) | (shared ? kShared : 0);
+        meta[kPid] = static_cast<uint64_t>(::getpid());
+        meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
+        meta[kInode] = shared ? ref.inode : 0;
+        meta[kOffset] = shared ? ref.offset : 0;
+        meta[kAddr] = reinterpret_cast<uintptr_t>(source);
+      },
+      [&] {
+        // Every rank computes the same answer from the same words.
+        bool mapped = true, cma = true;
+        for (int j = 0; j < size_; ++j) {
+          uint64_t flags = segment_->rank(j).meta[kFlags];
+          bool needed = root < 0 || j == root;
+          mapped &= (flags & kAcceptMapped) != 0 && (!needed || (flags & kShared) != 0);
+          cma &= (flags & kAcceptCma) != 0;
+        }
+        mode = mapped ? Direct::kMapped : cma ? Direct::kCma : Direct::kSlots;
+        reached_ = true;
+        sources_.assign(size_, PeerSource{});
+        for (int j = 0; j < size_ && mode != Direct::kSlots; ++j) {
+          if (j == rank_ || (root >= 0 && j != root)) continue;
+          const uint64_t* meta = segment_->rank(j).meta;
+          PeerSource& p = sources_[j];
+          p.pid = static_cast<int32_t>(meta[kPid]);
+          p.addr = meta[kAddr];
+          if (mode == Direct::kMapped) {
+            SharedRef ref;
+            ref.pid = p.pid;
+            ref.fd = static_cast<int32_t>(meta[kFd]);
+            ref.inode = meta[kInode];
+            ref.offset = meta[kOffset];
+            auto at = peer_maps_.Resolve(ref, bytes);
+            if (at.ok()) {
+              p.mapped = *at;
+            } else {
+              reached_ = false;
+            }
+          } else {
+            char probe;
+            iovec local{&probe, 1}, remote{reinterpret_cast<void*>(p.addr), 1};
+            if (::process_vm_readv(p.pid, &local, 1, &remote, 1, 0) != 1) reached_ = false;
+          }
+        }
+        return absl::OkStatus();
+      });
+  if (!s.ok()) return s;
+  mode_ = mode;
+  return mode;
+}
+
+template <typename Fn>
+absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, Fn work) {
+  *fallback = false;
+  absl::Status s = Round(
+      nullptr, deadline, [&](char*) { segment_->rank(rank_).meta[kReachedWord] = reached_; },
+      [&]() -> absl::Status {
+        for (int j = 0; j < size_; ++j) {
+          if (segment_->rank(j).meta[kReachedWord] == 0) *fallback = true;
+        }
+        if (*fallback) return absl::OkStatus();
+        last_path_ = mode_ == Direct::kMapped ? "mapped" : "cma";
+        absl::Status st = work();
+        if (!st.ok()) {
+          // The others go on to the next round: make them fail too.
+          segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
+        }
+        return st;
+      });
+  return s;
+}
+
+absl::Status ShmCommunicator::ReadSource(int j, size_t offset, size_t len, char* dst) {
+  const PeerSource& p = sources_[j];
+  if (p.mapped != nullptr) {
+    std::memcpy(dst, p.mapped + offset, len);
+    return absl::OkStatus();
+  }
+  size_t done = 0;
+  while (done < len) {
+    iovec local{dst + done, len - done};
+    iovec remote{reinterpret_cast<void*>(p.addr + offset + done), len - done};
+    ssize_t n = ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      return ErrnoToStatus(
+          n < 0 ? errno : EFAULT,
+          absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "': reading rank ",
+                       global_ranks_[j], "'s buffer (pid ", p.pid, ") with process_vm_readv"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<const char*> ShmCommunicator::Source(int j, const char* own, size_t offset,
+                                                    size_t len, char* tmp) {
+  if (j == rank_) return own + offset;
+  if (sources_[j].mapped != nullptr) return sources_[j].mapped + offset;
+  if (absl::Status s = ReadSource(j, offset, len, tmp); !s.ok()) return s;
+  return tmp;
+}
+
+absl::Status ShmCommunicator::WaitReaders(absl::Time deadline) {
+  return WaitAll(&RankControl::released, round_, deadline, "finish reading this rank's buffer");
 }
 
 absl::Status ShmCommunicator::CheckRoot(int root) const {
@@ -221,10 +393,67 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   OpSignature sig = Begin(CollectiveKind::kAllReduce, dtype, count, -1, op);
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
+  const OpSignature* first = &sig;
+  if (GoesDirect(count * es)) {
+    auto mode = ExchangeSources(sig, data, count * es, -1, deadline);
+    if (!mode.ok()) return Finish(mode.status());
+    first = nullptr;
+    if (*mode != Direct::kSlots) {
+      // Rank r reduces part r of every rank's buffer into its own buffer,
+      // in rank order, block by block through a cached accumulator.
+      bool fallback = false;
+      size_t part_off;
+      size_t part_len = Part(count, size_, rank_, &part_off);
+      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
+        size_t block = std::max<size_t>(1, kBlockBytes / es);
+        scratch_.resize(2 * block * es);
+        char* tmp = scratch_.data() + block * es;
+        for (size_t done = 0; done < part_len; done += block) {
+          size_t len = std::min(block, part_len - done);
+          size_t off = (part_off + done) * es;
+          char* own = bytes + off;
+          // Rank 0's accumulator may be its own buffer (c_0 itself).
+          char* acc = rank_ == 0 ? own : scratch_.data();
+          auto c0 = Source(0, bytes, off, len * es, acc);
+          if (!c0.ok()) return c0.status();
+          ReduceInit(acc, *c0, len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            auto cj = Source(j, bytes, off, len * es, tmp);
+            if (!cj.ok()) return cj.status();
+            ReduceInto(acc, *cj, len, dtype, op, scale);
+          }
+          ReduceFinish(acc, len, dtype, op, size_);
+          if (acc != own) std::memcpy(own, acc, len * es);
+        }
+        return absl::OkStatus();
+      });
+      if (!s.ok()) return Finish(s);
+      if (!fallback) {
+        // Everyone copies the other ranks' reduced parts from their buffers.
+        s = Round(
+            nullptr, deadline, [](char*) {},
+            [&]() -> absl::Status {
+              for (int j = 0; j < size_; ++j) {
+                if (j == rank_) continue;
+                size_t off;
+                size_t len = Part(count, size_, j, &off);
+                if (absl::Status st = ReadSource(j, off * es, len * es, bytes + off * es);
+                    !st.ok()) {
+                  segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
+                  return st;
+                }
+              }
+              return absl::OkStatus();
+            });
+        if (s.ok()) s = WaitReaders(deadline);
+        return Finish(s);
+      }
+    }
+  }
   if (size_ == 1 || count * es <= segment_->slot_bytes() / 2) {
     // Small: one round; every rank reduces the whole chunk from all slots.
     return Finish(Chunked(
-        sig, count, segment_->slot_bytes() / es, deadline,
+        first, count, segment_->slot_bytes() / es, deadline,
         [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
         [&](size_t off, size_t len) {
           char* acc = bytes + off * es;
@@ -249,12 +478,10 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
     return r == size_ - 1 ? len - seg * r : seg;
   };
   size_t off = 0;
-  bool first = true;
   while (off < count) {
     size_t len = std::min(chunk, count - off);
     absl::Status s = Round(
-        first ? &sig : nullptr, deadline,
-        [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
+        first, deadline, [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
         [&] {
           size_t seg_off;
           size_t seg_len = segment(len, rank_, &seg_off);
@@ -279,7 +506,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
           return absl::OkStatus();
         });
     if (!s.ok()) return Finish(s);
-    first = false;
+    first = nullptr;
     off += len;
   }
   return Finish(absl::OkStatus());
@@ -291,8 +518,22 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   OpSignature sig = Begin(CollectiveKind::kBroadcast, dtype, count, root, ReduceOp::kSum);
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
+  const OpSignature* first = &sig;
+  if (GoesDirect(count * es)) {
+    auto mode = ExchangeSources(sig, data, count * es, root, deadline);
+    if (!mode.ok()) return Finish(mode.status());
+    first = nullptr;
+    if (*mode != Direct::kSlots) {
+      bool fallback = false;
+      absl::Status s = DirectRound(deadline, &fallback, [&] {
+        return rank_ == root ? absl::OkStatus() : ReadSource(root, 0, count * es, bytes);
+      });
+      if (s.ok() && !fallback) s = WaitReaders(deadline);
+      if (!s.ok() || !fallback) return Finish(s);
+    }
+  }
   return Finish(Chunked(
-      sig, count, segment_->slot_bytes() / es, deadline,
+      first, count, segment_->slot_bytes() / es, deadline,
       [&](char* slot, size_t off, size_t len) {
         if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
       },
@@ -310,7 +551,7 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   return Finish(Chunked(
-      sig, count, segment_->slot_bytes() / es, deadline,
+      &sig, count, segment_->slot_bytes() / es, deadline,
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
       [&](size_t off, size_t len) {
         if (rank_ != root) return absl::OkStatus();
@@ -328,8 +569,30 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   size_t es = DTypeSize(dtype);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  const OpSignature* first = &sig;
+  if (GoesDirect(count * es)) {
+    auto mode = ExchangeSources(sig, in, count * es, -1, deadline);
+    if (!mode.ok()) return Finish(mode.status());
+    first = nullptr;
+    if (*mode != Direct::kSlots) {
+      bool fallback = false;
+      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
+        for (int j = 0; j < size_; ++j) {
+          char* to = dst + j * count * es;
+          if (j != rank_) {
+            RETURN_IF_ERROR(ReadSource(j, 0, count * es, to));
+          } else if (to != src) {
+            std::memmove(to, src, count * es);
+          }
+        }
+        return absl::OkStatus();
+      });
+      if (s.ok() && !fallback) s = WaitReaders(deadline);
+      if (!s.ok() || !fallback) return Finish(s);
+    }
+  }
   return Finish(Chunked(
-      sig, count, segment_->slot_bytes() / es, deadline,
+      first, count, segment_->slot_bytes() / es, deadline,
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
       [&](size_t off, size_t len) {
         for (int j = 0; j < size_; ++j) {
@@ -347,7 +610,7 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   return Finish(Chunked(
-      sig, count, segment_->slot_bytes() / es, deadline,
+      &sig, count, segment_->slot_bytes() / es, deadline,
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
       [&](size_t off, size_t len) {
         for (int j = 0; rank_ == root && j < size_; ++j) {
@@ -366,7 +629,7 @@ absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, D
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   return Finish(Chunked(
-      sig, count, chunk, deadline,
+      &sig, count, chunk, deadline,
       [&](char* slot, size_t off, size_t len) {
         for (int j = 0; rank_ == root && j < size_; ++j) {
           std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
@@ -386,8 +649,39 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
+  const OpSignature* first = &sig;
+  if (GoesDirect(count * es * size_)) {
+    auto mode = ExchangeSources(sig, in, count * es * size_, -1, deadline);
+    if (!mode.ok()) return Finish(mode.status());
+    first = nullptr;
+    if (*mode != Direct::kSlots) {
+      // Block r of every rank's input, reduced in rank order into `out`.
+      bool fallback = false;
+      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
+        size_t block = std::max<size_t>(1, kBlockBytes / es);
+        scratch_.resize(block * es);
+        for (size_t done = 0; done < count; done += block) {
+          size_t len = std::min(block, count - done);
+          size_t off = (rank_ * count + done) * es;
+          char* acc = dst + done * es;
+          auto c0 = Source(0, src, off, len * es, acc);
+          if (!c0.ok()) return c0.status();
+          ReduceInit(acc, *c0, len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            auto cj = Source(j, src, off, len * es, scratch_.data());
+            if (!cj.ok()) return cj.status();
+            ReduceInto(acc, *cj, len, dtype, op, scale);
+          }
+          ReduceFinish(acc, len, dtype, op, size_);
+        }
+        return absl::OkStatus();
+      });
+      if (s.ok() && !fallback) s = WaitReaders(deadline);
+      if (!s.ok() || !fallback) return Finish(s);
+    }
+  }
   return Finish(Chunked(
-      sig, count, chunk, deadline,
+      first, count, chunk, deadline,
       [&](char* slot, size_t off, size_t len) {
         for (int j = 0; j < size_; ++j) {
           std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);

@@ -19,6 +19,23 @@
 //
 // Large buffers are cut into slot-sized chunks, one round per chunk.
 //
+// Direct transfers. all_reduce, broadcast, all_gather and reduce_scatter of
+// at least DirectOptions' thresholds first exchange where each rank's source
+// buffer is (one round, carrying the signature). If every source is a
+// shared allocation (SharedAllocation, the SDK's AllocShared), peers map it
+// and read it in place ("mapped": all_reduce = each rank reduces its 1/n
+// of the buffer reading all peers' buffers and writes it into its own, then
+// copies the other ranks' reduced parts from their buffers). Otherwise,
+// above the cross-memory-attach threshold, peers read ordinary buffers with
+// process_vm_readv (one kernel copy, no staging through the slots: "cma").
+// Peers only read other ranks' buffers and write their own; a rank returns
+// only once every peer finished reading its buffer. A rank that cannot map
+// or read a peer says so in the next round and every rank falls back to the
+// slots, so mixed cases (some buffers shared, some not) stay correct. The
+// first round also carries whether a rank takes the direct path, so ranks
+// configured with different thresholds fail with FAILED_PRECONDITION
+// instead of misreading each other.
+//
 // Thread-compatible: one thread drives a communicator at a time (the SDK
 // runs each group's collectives on one executor thread, in order).
 #ifndef MUSTER_BACKENDS_SHM_COLLECTIVES_H_
@@ -33,6 +50,7 @@
 #include "backends/communicator.h"
 #include "backends/shm/reduce.h"
 #include "backends/shm/segment.h"
+#include "backends/shm/shared_memory.h"
 
 namespace muster {
 
@@ -51,6 +69,17 @@ const char* CollectiveName(CollectiveKind kind);
 // "all_reduce(float32, count 1024, SUM)" for messages.
 std::string DescribeSignature(const OpSignature& s);
 
+// When collectives go direct (see above); the same on every rank.
+struct DirectOptions {
+  // Shared allocations on every rank: peers read them in place.
+  size_t mapped_min_bytes = 64 << 10;
+  // Ordinary buffers: peers read them with process_vm_readv. SIZE_MAX: never.
+  size_t cma_min_bytes = 1 << 20;
+  // The defaults, overridden by MUSTER_SHM_MAPPED_MIN_BYTES and
+  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off").
+  static DirectOptions FromEnv();
+};
+
 class ShmCommunicator : public Communicator {
  public:
   // `rank` is this process's group rank; `global_ranks[i]` the global rank
@@ -62,6 +91,10 @@ class ShmCommunicator : public Communicator {
   int size() const override { return size_; }
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
+  void set_direct_options(const DirectOptions& options) { direct_ = options; }
+  const DirectOptions& direct_options() const { return direct_; }
+  // How the last collective moved its data: "slots", "mapped" or "cma".
+  const char* last_path() const { return last_path_; }
 
   absl::Status Barrier(absl::Time deadline) override;
   // In place: `data` holds the input and receives the result.
@@ -100,9 +133,31 @@ class ShmCommunicator : public Communicator {
   absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read);
   // Runs rounds over [0, count) in pieces of at most `chunk` elements;
   // write(slot, offset, length) and read(offset, length) handle one piece.
+  // `signature` (the first round's) is null when an earlier round of the
+  // collective already carried it.
   template <typename Write, typename Read>
-  absl::Status Chunked(const OpSignature& signature, size_t count, size_t chunk,
+  absl::Status Chunked(const OpSignature* signature, size_t count, size_t chunk,
                        absl::Time deadline, Write write, Read read);
+
+  enum class Direct { kSlots, kMapped, kCma };
+  // Whether a collective of `bytes` per rank exchanges its sources first.
+  bool GoesDirect(size_t bytes) const;
+  // The first round of a direct collective: publishes this rank's source
+  // buffer, agrees on the path; `root` >= 0: only the root's buffer is
+  // read. Maps or probes the peers' sources (reached_ says whether it
+  // worked) for the next round.
+  absl::StatusOr<Direct> ExchangeSources(const OpSignature& signature, const void* source,
+                                         size_t bytes, int root, absl::Time deadline);
+  // A round whose read runs `work` only if every rank reached its peers'
+  // sources; sets *fallback (and skips `work`) otherwise.
+  template <typename Fn>
+  absl::Status DirectRound(absl::Time deadline, bool* fallback, Fn work);
+  // Copies `len` bytes at `offset` of rank j's source to `dst`.
+  absl::Status ReadSource(int j, size_t offset, size_t len, char* dst);
+  // Rank j's source at `offset`: its mapping, or `tmp` filled by CMA.
+  absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);
+  // Waits until every peer finished reading this rank's buffer.
+  absl::Status WaitReaders(absl::Time deadline);
   // Waits until rank j's `field` >= target for every j.
   absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                        absl::Time deadline, const char* what);
@@ -117,6 +172,21 @@ class ShmCommunicator : public Communicator {
   uint64_t sequence_ = 0;
   OpSignature current_;
   int spin_budget_us_;
+
+  // Direct transfers.
+  struct PeerSource {
+    int32_t pid = 0;
+    uint64_t addr = 0;
+    const char* mapped = nullptr;
+  };
+  DirectOptions direct_;
+  Direct mode_ = Direct::kSlots;
+  std::vector<PeerSource> sources_;
+  bool reached_ = false;
+  uint64_t path_tag_ = 0;  // meta word compared in first rounds: 1 = direct
+  const char* last_path_ = "slots";
+  PeerMappings peer_maps_;
+  std::vector<char> scratch_;
 };
 
 }  // namespace muster

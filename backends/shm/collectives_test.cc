@@ -7,11 +7,14 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <functional>
+#include <mutex>
 #include <numeric>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "backends/shm/shared_memory.h"
 
 namespace muster {
 namespace {
@@ -182,6 +185,235 @@ TEST_CASE("every dtype x reduce op goes through all_reduce identically on all ra
       }
     }
   }
+}
+
+// The three ways a collective moves data, forced by thresholds: through
+// the slots, reading peers' shared allocations in place, or reading peers'
+// ordinary buffers with process_vm_readv.
+enum class Path { kSlots, kMapped, kCma };
+const char* PathName(Path p) {
+  return p == Path::kSlots ? "slots" : p == Path::kMapped ? "mapped" : "cma";
+}
+
+DirectOptions Force(Path p) {
+  DirectOptions o;
+  o.mapped_min_bytes = p == Path::kMapped ? 1 : SIZE_MAX;
+  o.cma_min_bytes = p == Path::kCma ? 1 : SIZE_MAX;
+  return o;
+}
+
+// A rank's buffer of `bytes` starting `skew` bytes into a shared allocation
+// or into heap memory (so buffers are not 64-byte aligned when skew > 0).
+class Buffer {
+ public:
+  Buffer(bool shared, size_t bytes, size_t skew) {
+    if (shared) {
+      auto a = SharedAllocation::Create(bytes + skew);
+      if (a.ok()) {
+        alloc_ = std::move(*a);
+        data_ = alloc_->data() + skew;
+      }
+    } else {
+      heap_.resize(bytes + skew + 1);
+      data_ = heap_.data() + skew;
+    }
+  }
+  char* data() { return data_; }
+  bool ok() const { return data_ != nullptr; }
+
+ private:
+  std::unique_ptr<SharedAllocation> alloc_;
+  std::string heap_;
+  char* data_ = nullptr;
+};
+
+// Small values valid for every dtype (bools 0/1, finite 16-bit floats).
+std::string Fill(DType dtype, int rank, size_t count, int salt) {
+  size_t es = DTypeSize(dtype), bytes = count * es;
+  std::string out(bytes, '\0');
+  for (size_t i = 0; i < bytes; ++i) {
+    uint8_t v = static_cast<uint8_t>((i * 7 + rank * 3 + salt) % 5);
+    out[i] = dtype == DType::kBool ? (v & 1) : v;
+  }
+  if (es >= 2) {
+    for (size_t i = es - 1; i < bytes; i += es) out[i] = 0;
+  }
+  return out;
+}
+
+// Records the first few mismatches of rank threads (Catch2 is not
+// thread-safe): checked on the test thread.
+struct Errors {
+  std::mutex mu;
+  int count = 0;
+  std::string first;
+  void Add(const std::string& what) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (count++ < 5) first += what + "\n";
+  }
+};
+
+TEST_CASE(
+    "every reducing op x dtype x reduce op, broadcast and all_gather at world 1-4 match a "
+    "reference over the slots, shared buffers and cross-memory attach") {
+  for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
+    for (int world = 1; world <= 4; ++world) {
+      INFO(PathName(path) << " world " << world);
+      Errors errors;
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(path));
+        int r = c.rank(), n = c.size();
+        bool shared = path == Path::kMapped;
+        // Direct paths need a peer to read; at world 1 everything is local.
+        std::string want_path = n == 1 ? "slots" : PathName(path);
+        int salt = 0;
+        for (size_t count : {size_t{1}, size_t{37}, size_t{1500}}) {
+          for (int d = 0; d < kNumDTypes; ++d) {
+            DType dtype = static_cast<DType>(d);
+            size_t es = DTypeSize(dtype), bytes = count * es;
+            size_t skew = count == 37 ? es : 0;  // unaligned buffers
+            ++salt;
+            std::string tag = absl::StrCat("rank ", r, " ", DTypeName(dtype), " count ", count);
+            // broadcast from the last rank, all_gather.
+            Buffer b(shared, bytes, skew);
+            if (!b.ok()) return errors.Add("allocation failed");
+            std::string root_data = Fill(dtype, n - 1, count, salt);
+            std::string mine = Fill(dtype, r, count, salt);
+            std::memcpy(b.data(), r == n - 1 ? root_data.data() : mine.data(), bytes);
+            absl::Status s = c.Broadcast(b.data(), count, dtype, n - 1, Soon());
+            if (!s.ok() || std::memcmp(b.data(), root_data.data(), bytes) != 0 ||
+                c.last_path() != want_path) {
+              errors.Add(tag + " broadcast " + s.ToString() + " path " + c.last_path());
+            }
+            Buffer in(shared, bytes, skew);
+            std::string gathered(bytes * n, '\xee');
+            std::memcpy(in.data(), mine.data(), bytes);
+            s = c.AllGather(in.data(), gathered.data(), count, dtype, Soon());
+            std::string want;
+            for (int j = 0; j < n; ++j) want += Fill(dtype, j, count, salt);
+            if (!s.ok() || gathered != want || c.last_path() != want_path) {
+              errors.Add(tag + " all_gather " + s.ToString() + " path " + c.last_path());
+            }
+            for (int o = 0; o < kNumReduceOps; ++o) {
+              ReduceOp op = static_cast<ReduceOp>(o);
+              if (!CheckReduce(dtype, op).ok()) continue;
+              std::string otag = tag + " " + ReduceOpName(op);
+              ++salt;
+              // all_reduce, in place; reference in rank order.
+              std::vector<std::string> inputs(n);
+              for (int j = 0; j < n; ++j) inputs[j] = Fill(dtype, j, count, salt);
+              std::string ref = inputs[0];
+              ReduceInit(ref.data(), inputs[0].data(), count, dtype, op, 0.5);
+              for (int j = 1; j < n; ++j)
+                ReduceInto(ref.data(), inputs[j].data(), count, dtype, op, 0.5);
+              ReduceFinish(ref.data(), count, dtype, op, n);
+              Buffer ar(shared, bytes, skew);
+              std::memcpy(ar.data(), inputs[r].data(), bytes);
+              s = c.AllReduce(ar.data(), count, dtype, op, 0.5, Soon());
+              if (!s.ok() || std::memcmp(ar.data(), ref.data(), bytes) != 0 ||
+                  c.last_path() != want_path) {
+                errors.Add(otag + " all_reduce " + s.ToString() + " path " + c.last_path());
+              }
+              // reduce to the last rank (always through the slots).
+              std::memcpy(ar.data(), inputs[r].data(), bytes);
+              s = c.Reduce(ar.data(), count, dtype, op, 0.5, n - 1, Soon());
+              if (!s.ok() ||
+                  std::memcmp(ar.data(), (r == n - 1 ? ref : inputs[r]).data(), bytes) != 0) {
+                errors.Add(otag + " reduce " + s.ToString());
+              }
+              // reduce_scatter: block r of every rank's input into rank r.
+              std::vector<std::string> blocks(n);
+              for (int j = 0; j < n; ++j) blocks[j] = Fill(dtype, j, count * n, salt);
+              std::string rs_ref(bytes, '\0');
+              ReduceInit(rs_ref.data(), blocks[0].data() + r * bytes, count, dtype, op, 0.5);
+              for (int j = 1; j < n; ++j)
+                ReduceInto(rs_ref.data(), blocks[j].data() + r * bytes, count, dtype, op, 0.5);
+              ReduceFinish(rs_ref.data(), count, dtype, op, n);
+              Buffer rs_in(shared, bytes * n, skew);
+              std::memcpy(rs_in.data(), blocks[r].data(), bytes * n);
+              std::string rs_out(bytes, '\xee');
+              s = c.ReduceScatter(rs_in.data(), rs_out.data(), count, dtype, op, 0.5, Soon());
+              if (!s.ok() || rs_out != rs_ref || c.last_path() != want_path) {
+                errors.Add(otag + " reduce_scatter " + s.ToString() + " path " + c.last_path());
+              }
+            }
+          }
+        }
+      });
+      INFO(errors.first);
+      CHECK(errors.count == 0);
+    }
+  }
+}
+
+TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else the slots") {
+  for (bool cma : {false, true}) {
+    INFO("cma " << cma);
+    Errors errors;
+    RunRanks(3, 4096, [&](ShmCommunicator& c) {
+      DirectOptions o;
+      o.mapped_min_bytes = 1;
+      o.cma_min_bytes = cma ? 1 : SIZE_MAX;
+      c.set_direct_options(o);
+      int r = c.rank();
+      const size_t count = 5000;         // several slot rounds
+      Buffer buf(r != 1, count * 8, 8);  // rank 1's buffer is ordinary memory
+      auto* v = reinterpret_cast<int64_t*>(buf.data());
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int64_t>(i * 10 + r);
+      absl::Status s = c.AllReduce(v, count, DType::kInt64, ReduceOp::kSum, 1, Soon());
+      std::string want_path = cma ? "cma" : "slots";
+      if (!s.ok() || c.last_path() != want_path) {
+        errors.Add(absl::StrCat("rank ", r, " all_reduce ", s.ToString(), " ", c.last_path()));
+      }
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<int64_t>(i * 30 + 3)) {
+          errors.Add(absl::StrCat("rank ", r, " element ", i, " = ", v[i]));
+          break;
+        }
+      }
+      // broadcast needs only the root's buffer shared: in place from rank 0.
+      for (size_t i = 0; i < count; ++i) v[i] = r == 0 ? static_cast<int64_t>(i) : -1;
+      s = c.Broadcast(v, count, DType::kInt64, 0, Soon());
+      if (!s.ok() || std::string(c.last_path()) != "mapped") {
+        errors.Add(absl::StrCat("rank ", r, " broadcast ", s.ToString(), " ", c.last_path()));
+      }
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<int64_t>(i)) {
+          errors.Add(absl::StrCat("rank ", r, " broadcast element ", i, " = ", v[i]));
+          break;
+        }
+      }
+      // ... and from rank 1 it cannot be mapped.
+      s = c.Broadcast(v, count, DType::kInt64, 1, Soon());
+      if (!s.ok() || c.last_path() != want_path) {
+        errors.Add(
+            absl::StrCat("rank ", r, " broadcast from 1 ", s.ToString(), " ", c.last_path()));
+      }
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
+TEST_CASE(
+    "ranks with different direct-path thresholds fail with FAILED_PRECONDITION, not garbage") {
+  std::vector<absl::Status> results(2);
+  std::vector<char> usable(2);
+  RunRanks(2, 4096, [&](ShmCommunicator& c) {
+    if (c.rank() == 0) c.set_direct_options(Force(Path::kCma));
+    if (c.rank() == 1) c.set_direct_options(Force(Path::kSlots));
+    std::vector<float> v(1000, 1);
+    results[c.rank()] = c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Soon());
+    usable[c.rank()] = c.Barrier(Soon()).ok();
+  });
+  CHECK(results[0].code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(results[1].code() == absl::StatusCode::kFailedPrecondition);
+  CHECK(std::string(results[0].message()) ==
+        "all_reduce #1(float32, count 1000, SUM) on group 'g': rank 10 takes the direct path but "
+        "rank 11 the slot path (MUSTER_SHM_MAPPED_MIN_BYTES / MUSTER_SHM_CMA_MIN_BYTES differ "
+        "between ranks)");
+  CHECK(usable[0]);
+  CHECK(usable[1]);
 }
 
 TEST_CASE("mismatched collectives fail on every rank naming both ranks and signatures") {
