@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "backends/communicator.h"
+#include "backends/gloo/gloo_p2p.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
 #include "muster/world.h"
@@ -524,6 +525,16 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
   const char* what = send ? "send" : "recv";
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
   if (!comm_status_.ok()) return Failed(comm_status_);
+  if (remote_p2p_ != nullptr) {
+    // A group spanning nodes: over its Gloo mesh.
+    auto group_rank = GroupRank(peer);
+    if (!group_rank.ok()) return Failed(group_rank.status());
+    if (absl::Status s = remote_p2p_->Validate(*group_rank, tag); !s.ok()) return Failed(s);
+    auto work = std::make_shared<Work>();
+    remote_p2p_->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
+                      [work](absl::Status s) { work->Complete(std::move(s)); });
+    return work;
+  }
   if (p2p_ == nullptr) {
     return Failed(absl::UnimplementedError(
         absl::StrCat("point-to-point on group '", name_, "' needs all its members on one node")));

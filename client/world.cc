@@ -11,6 +11,8 @@
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
 #include "backends/gloo/gloo_communicator.h"
+#include "backends/gloo/gloo_p2p.h"
+#include "backends/hier/hierarchical_communicator.h"
 #include "backends/shm/collectives.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
@@ -200,7 +202,11 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
   return world;
 }
 
-absl::Status World::ConnectGloo(ProcessGroup& group, absl::Duration timeout) {
+absl::StatusOr<std::unique_ptr<GlooCommunicator>> World::ConnectGloo(ProcessGroup& group,
+                                                                     const std::string& mesh,
+                                                                     int rank, int size,
+                                                                     absl::Duration timeout,
+                                                                     bool check_signatures) {
   auto address = LocalAddressToward(options_.master_addr, options_.master_port);
   if (!address.ok()) return Annotate(address.status(), "finding this rank's address");
   TcpStoreOptions o;
@@ -210,14 +216,51 @@ absl::Status World::ConnectGloo(ProcessGroup& group, absl::Duration timeout) {
   o.timeout = timeout;
   auto tcp = TcpStore::Connect(o);
   if (!tcp.ok()) return tcp.status();
-  auto store = std::make_shared<PrefixStore>(
-      absl::StrCat("muster-gloo/", options_.job_id, "/", options_.generation, "/", group.name_),
-      std::shared_ptr<Store>(std::move(*tcp)));
-  auto comm = GlooCommunicator::Connect(store, group.rank_, group.size(), *address, timeout);
+  auto store =
+      std::make_shared<PrefixStore>(absl::StrCat("muster-gloo/", options_.job_id, "/",
+                                                 options_.generation, "/", group.name_, mesh),
+                                    std::shared_ptr<Store>(std::move(*tcp)));
+  auto comm = GlooCommunicator::Connect(store, rank, size, *address, timeout, check_signatures);
   if (!comm.ok()) {
-    return Annotate(comm.status(), absl::StrCat("group '", group.name_, "'"));
+    return Annotate(comm.status(), absl::StrCat("group '", group.name_, "'", mesh));
   }
-  group.comm_ = std::move(*comm);
+  return std::move(*comm);
+}
+
+absl::Status World::ConnectSpanning(ProcessGroup& group, const std::vector<std::string>& node_ids,
+                                    const std::string& shm_name, const std::vector<int>& shm_ranks,
+                                    absl::Duration timeout) {
+  if (node_ids.size() != group.ranks_.size()) {
+    return absl::InternalError(absl::StrCat("musterd described ", node_ids.size(),
+                                            " members of group '", group.name_, "', not ",
+                                            group.ranks_.size()));
+  }
+  NodeTopology topology = NodeTopology::FromNodeIds(node_ids);
+  int node = topology.node_of[group.rank_];
+  const std::vector<int>& mine = topology.members[node];
+  if (mine != shm_ranks) {
+    return absl::InternalError(absl::StrCat(
+        "group '", group.name_, "': musterd's segment holds group ranks ",
+        absl::StrJoin(shm_ranks, ","), " but this node's members are ", absl::StrJoin(mine, ",")));
+  }
+  ASSIGN_OR_RETURN(auto segment, GroupSegment::Open(shm_name, static_cast<int>(mine.size())));
+  // Every member joins the flat mesh (point to point, gather/scatter/
+  // all_to_all); then the leaders connect theirs.
+  ASSIGN_OR_RETURN(auto flat, ConnectGloo(group, "", group.rank_, group.size(), timeout, false));
+  std::unique_ptr<GlooCommunicator> leaders;
+  if (topology.local_index[group.rank_] == 0) {
+    ASSIGN_OR_RETURN(leaders,
+                     ConnectGloo(group, "/leaders", node, topology.nodes(), timeout, false));
+  }
+  std::vector<int> local_globals;
+  for (int m : mine) local_globals.push_back(group.ranks_[m]);
+  auto local = std::make_unique<ShmCommunicator>(segment.get(), topology.local_index[group.rank_],
+                                                 group.name_, local_globals);
+  group.remote_p2p_ = std::make_unique<GlooP2P>(flat->context(), group.name_, group.ranks_);
+  group.segment_ = std::move(segment);
+  group.comm_ = std::make_unique<HierarchicalCommunicator>(
+      group.rank_, std::move(topology), std::move(local), group.segment_.get(), std::move(leaders),
+      std::move(flat), group.name_, group.ranks_);
   return absl::OkStatus();
 }
 
@@ -263,10 +306,28 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
   if (!group->is_member()) {
     group->comm_status_ = absl::InvalidArgumentError(
         absl::StrCat("rank ", options_.rank, " is not a member of group '", name, "'"));
+  } else if (!resp.group().shm_name().empty() && resp.group().shm_group_ranks_size() > 0 &&
+             resp.group().shm_group_ranks_size() < group->size()) {
+    // The group spans nodes: hierarchical collectives (shared memory within
+    // this node, Gloo among the nodes' leaders), rendezvous through the
+    // job's store under this group's name and generation.
+    std::vector<std::string> node_ids;
+    for (const auto& m : resp.group().members()) node_ids.push_back(m.daemon());
+    group->comm_status_ = ConnectSpanning(
+        *group, node_ids, resp.group().shm_name(),
+        {resp.group().shm_group_ranks().begin(), resp.group().shm_group_ranks().end()},
+        absl::Milliseconds(resp.group().timeout_millis()));
   } else if (resp.group().shm_name().empty()) {
-    // No shared memory (the group spans nodes): Gloo over TCP, rendezvous
-    // through the job's store under this group's name and generation.
-    group->comm_status_ = ConnectGloo(*group, absl::Milliseconds(resp.group().timeout_millis()));
+    // No shared memory (musterd could not create it): Gloo over TCP for
+    // everything, among all members.
+    auto comm = ConnectGloo(*group, "", group->rank_, group->size(),
+                            absl::Milliseconds(resp.group().timeout_millis()), true);
+    group->comm_status_ = comm.status();
+    if (comm.ok()) {
+      group->remote_p2p_ =
+          std::make_unique<GlooP2P>((*comm)->context(), group->name_, group->ranks_);
+      group->comm_ = std::move(*comm);
+    }
   } else {
     auto segment = GroupSegment::Open(resp.group().shm_name(), group->size());
     if (!segment.ok()) {

@@ -15,10 +15,13 @@
 //   groupb NAME R,R,.. BACKEND NewGroup with a backend config
 //   store                      set/get through World::store()
 //   failures                   print the failures this rank was told about
+//   xops GROUP                 every collective + send/recv, checked (one line each)
 //   sleep MS | crash | exit CODE
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <set>
@@ -392,6 +395,166 @@ int main(int argc, char** argv) {
         off += out_splits[j];
       }
       report(step, st, "");
+    } else if (cmd == "xops") {
+      // xops GROUP: every collective and point to point on GROUP, each
+      // checked against a reference computed here; one line per operation,
+      // "xops GROUP OP ok". Point to point pairs group rank i with
+      // i + size/2 (even sizes).
+      auto g = groups.at(words[1]);
+      int n = g->size(), me = g->rank();
+      auto line = [&](const std::string& op, absl::Status st, bool right) {
+        if (st.ok() && !right) st = absl::InternalError("wrong result");
+        report(absl::StrCat(step, " ", op), st, "");
+      };
+      using muster::DType;
+      using muster::ReduceOp;
+      for (int o = 0; o < muster::kNumReduceOps; ++o) {
+        auto op = static_cast<ReduceOp>(o);
+        bool floating = op == ReduceOp::kAvg || op == ReduceOp::kPremulSum;
+        constexpr size_t kCount = 1003;
+        auto value = [](int r, size_t i) { return static_cast<int64_t>((r + 1) * (i % 3 + 1)); };
+        std::vector<int64_t> iv(kCount);
+        std::vector<double> fv(kCount);
+        for (size_t i = 0; i < kCount; ++i) {
+          iv[i] = value(me, i);
+          fv[i] = value(me, i) + 0.5;
+        }
+        absl::Status st =
+            floating ? g->AllReduce({fv.data(), kCount, DType::kFloat64}, op, 0.25)->Wait()
+                     : g->AllReduce({iv.data(), kCount, DType::kInt64}, op)->Wait();
+        bool right = true;
+        for (size_t i = 0; i < kCount; ++i) {
+          int64_t want = value(0, i);
+          double fwant = value(0, i) + 0.5;
+          for (int j = 1; j < n; ++j) {
+            int64_t x = value(j, i);
+            switch (op) {
+              case ReduceOp::kSum: want += x; break;
+              case ReduceOp::kProduct: want *= x; break;
+              case ReduceOp::kMin: want = std::min(want, x); break;
+              case ReduceOp::kMax: want = std::max(want, x); break;
+              case ReduceOp::kBand: want &= x; break;
+              case ReduceOp::kBor: want |= x; break;
+              case ReduceOp::kBxor: want ^= x; break;
+              default: fwant += x + 0.5;
+            }
+          }
+          if (op == ReduceOp::kAvg) fwant /= n;
+          if (op == ReduceOp::kPremulSum) fwant *= 0.25;
+          right &= floating ? std::abs(fv[i] - fwant) < 1e-9 : iv[i] == want;
+        }
+        line(absl::StrCat("all_reduce ", muster::ReduceOpName(op)), st, right);
+      }
+      {
+        int root = n - 1;
+        std::vector<int32_t> v(5000, me == root ? 77 : -1);
+        absl::Status st = g->Broadcast({v.data(), v.size(), DType::kInt32}, root)->Wait();
+        line("broadcast", st, v[0] == 77 && v[4999] == 77);
+      }
+      {
+        int root = 1 % n;
+        std::vector<int32_t> v(100, me + 1);
+        absl::Status st = g->Reduce({v.data(), v.size(), DType::kInt32}, root)->Wait();
+        line("reduce", st, v[99] == (me == root ? n * (n + 1) / 2 : me + 1));
+      }
+      {
+        std::vector<int64_t> in(3, me * 10), out(3 * n, -1);
+        absl::Status st = g->AllGatherIntoTensor({out.data(), out.size(), DType::kInt64},
+                                                 {in.data(), in.size(), DType::kInt64})
+                              ->Wait();
+        bool right = true;
+        for (int j = 0; j < n; ++j) right &= out[3 * j] == j * 10 && out[3 * j + 2] == j * 10;
+        line("all_gather", st, right);
+      }
+      {
+        int root = n - 1;
+        int32_t in = me * 3 + 1;
+        std::vector<int32_t> outs(n, -1);
+        std::vector<muster::Tensor> list;
+        for (int j = 0; j < n; ++j) list.push_back({&outs[j], 1, DType::kInt32});
+        absl::Status st = g->Gather(list, {&in, 1, DType::kInt32}, root)->Wait();
+        bool right = true;
+        for (int j = 0; me == root && j < n; ++j) right &= outs[j] == j * 3 + 1;
+        line("gather", st, right);
+      }
+      {
+        int root = 0;
+        std::vector<float> pieces(2 * n);
+        for (int j = 0; j < 2 * n; ++j) pieces[j] = j * 1.5f;
+        std::vector<muster::Tensor> list;
+        for (int j = 0; j < n; ++j) list.push_back({&pieces[2 * j], 2, DType::kFloat32});
+        float got[2] = {-1, -1};
+        absl::Status st = g->Scatter({got, 2, DType::kFloat32}, list, root)->Wait();
+        line("scatter", st, got[0] == 2 * me * 1.5f && got[1] == (2 * me + 1) * 1.5f);
+      }
+      {
+        std::vector<int32_t> in(2 * n);
+        for (int j = 0; j < 2 * n; ++j) in[j] = (me + 1) * (j + 1);
+        int32_t out[2] = {-1, -1};
+        absl::Status st = g->ReduceScatterTensor({out, 2, DType::kInt32},
+                                                 {in.data(), in.size(), DType::kInt32})
+                              ->Wait();
+        int sum = n * (n + 1) / 2;
+        line("reduce_scatter", st, out[0] == sum * (2 * me + 1) && out[1] == sum * (2 * me + 2));
+      }
+      {
+        // all_to_all: rank i sends j+1 elements "i*100+j" to rank j.
+        std::vector<std::vector<int32_t>> ins(n), outs(n);
+        std::vector<muster::Tensor> in_list, out_list;
+        for (int j = 0; j < n; ++j) {
+          ins[j].assign(j + 1, me * 100 + j);
+          outs[j].assign(me + 1, -1);
+        }
+        for (int j = 0; j < n; ++j) {
+          in_list.push_back({ins[j].data(), ins[j].size(), DType::kInt32});
+          out_list.push_back({outs[j].data(), outs[j].size(), DType::kInt32});
+        }
+        absl::Status st = g->AllToAll(out_list, in_list)->Wait();
+        bool right = true;
+        for (int j = 0; j < n; ++j) {
+          for (int32_t x : outs[j]) right &= x == j * 100 + me;
+        }
+        line("all_to_all", st, right);
+        std::vector<int64_t> in(4 * n), out(4 * n, -1);
+        for (int j = 0; j < 4 * n; ++j) in[j] = me * 1000 + j;
+        st = g->AllToAllSingle({out.data(), out.size(), DType::kInt64},
+                               {in.data(), in.size(), DType::kInt64})
+                 ->Wait();
+        right = true;
+        for (int j = 0; j < n; ++j) {
+          for (int k = 0; k < 4; ++k) right &= out[4 * j + k] == j * 1000 + 4 * me + k;
+        }
+        line("all_to_all_single", st, right);
+      }
+      line("barrier", g->CollectiveBarrier()->Wait(), true);
+      if (n % 2 == 0) {
+        int partner = g->ranks()[(me + n / 2) % n];
+        // Blocking send/recv of 4 MiB, the lower rank sending first.
+        std::vector<uint8_t> out(4 << 20), in(4 << 20, 0);
+        for (size_t i = 0; i < out.size(); ++i) out[i] = static_cast<uint8_t>(i + world->rank());
+        muster::Tensor tout{out.data(), out.size(), DType::kUInt8};
+        muster::Tensor tin{in.data(), in.size(), DType::kUInt8};
+        absl::Status st;
+        if (world->rank() < partner) {
+          st = g->Send(tout, partner, 4);
+          if (st.ok()) st = g->Recv(tin, partner, 4);
+        } else {
+          st = g->Recv(tin, partner, 4);
+          if (st.ok()) st = g->Send(tout, partner, 4);
+        }
+        bool right = true;
+        for (size_t i = 0; i < in.size(); ++i) right &= in[i] == static_cast<uint8_t>(i + partner);
+        line("send_recv", st, right);
+        // Two tags: received in the opposite order (matched by tag).
+        int64_t a = world->rank() * 10 + 1, b = world->rank() * 10 + 2, ra = -1, rb = -1;
+        auto sa = g->ISend({&a, 1, DType::kInt64}, partner, 1);
+        auto sb = g->ISend({&b, 1, DType::kInt64}, partner, 2);
+        st = g->Recv({&rb, 1, DType::kInt64}, partner, 2);
+        if (st.ok()) st = g->Recv({&ra, 1, DType::kInt64}, partner, 1);
+        if (st.ok()) st = sa->Wait();
+        if (st.ok()) st = sb->Wait();
+        line("isend_irecv_tags", st, ra == partner * 10 + 1 && rb == partner * 10 + 2);
+      }
     } else if (cmd == "arlat") {
       // arlat GROUP ITERS BYTES: time per all_reduce (float32 SUM), waited one by one.
       auto g = groups.at(words[1]);

@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Two "nodes" in two network namespaces joined by a veth pair, each with its
 # own musterd; four ranks (two per node) join one job whose store is node
-# A's musterd. Checks world init and groups across both daemons, that node B
-# reaches the store only through its daemon (fan-in), and that a rank killed
-# on node B fails node A's pending barrier within 2 s, naming the rank.
+# A's musterd. Checks world init and groups across both daemons, every
+# collective and point to point across the nodes (hierarchical: shared memory
+# within a node, Gloo between the nodes' leaders; results checked in the
+# ranks), that node B reaches the store only through its daemon (fan-in),
+# and that a rank killed on node B fails node A's pending barrier and the
+# collectives waiting for it (on node A over Gloo, on node B in shared
+# memory) within 2 s, naming the rank.
 # Needs root (ip netns); without it the test is reported as skipped.
 set -uo pipefail
 
@@ -30,11 +34,11 @@ start_rank() {  # rank namespace socket script
   pids+=($!)
   eval "rank_pid_$1=$!"
 }
-SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world;allreduce world 100000;bcast world 1000 3;gatherobj world;a2a world;cbarrier world"
-start_rank 0 "$NA" "$WORK/a.sock" "$SCRIPT;barrier world 20000"
-start_rank 1 "$NA" "$WORK/a.sock" "$SCRIPT;barrier cross 20000;barrier world 20000"
-start_rank 2 "$NB" "$WORK/b.sock" "$SCRIPT;barrier cross 20000;sleep 2500;crash"
-start_rank 3 "$NB" "$WORK/b.sock" "$SCRIPT;sleep 5000"
+SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world;allreduce world 100000;bcast world 1000 3;gatherobj world;a2a world;cbarrier world;xops world;ring world 1048576"
+start_rank 0 "$NA" "$WORK/a.sock" "$SCRIPT;barrier world 20000;sleep 1500"
+start_rank 1 "$NA" "$WORK/a.sock" "$SCRIPT;barrier cross 20000;xops cross;allreduce cross 1000;barrier world 20000;sleep 1000"
+start_rank 2 "$NB" "$WORK/b.sock" "$SCRIPT;barrier cross 20000;xops cross;sleep 2500;crash"
+start_rank 3 "$NB" "$WORK/b.sock" "$SCRIPT;allreduce world 1000"
 
 # While the job runs: both daemons show the cross-node groups; node A's
 # store sees connections from node B's daemon only, not from its ranks.
@@ -57,8 +61,28 @@ done
 for r in 0 1 2 3; do
   for step in "allreduce world 100000 ok" "bcast world 1000 3 ok" "gatherobj world ok a,bb,ccc,dddd" \
       "a2a world ok" "cbarrier world ok"; do
-    grep -q "rank $r: $step" "$WORK/rank$r.out" || fail "rank $r: $step (collectives across nodes, Gloo)"
+    grep -q "rank $r: $step" "$WORK/rank$r.out" || fail "rank $r: $step (collectives across nodes)"
   done
+  for op in "all_reduce SUM" "all_reduce AVG" "all_reduce PRODUCT" "all_reduce MIN" "all_reduce MAX" \
+      "all_reduce BAND" "all_reduce BOR" "all_reduce BXOR" "all_reduce PREMUL_SUM" broadcast reduce \
+      all_gather gather scatter reduce_scatter all_to_all all_to_all_single barrier send_recv \
+      isend_irecv_tags; do
+    grep -q "rank $r: xops world $op ok" "$WORK/rank$r.out" || fail "rank $r: xops world $op"
+  done
+  grep -q "rank $r: ring world 1048576 ok" "$WORK/rank$r.out" || fail "rank $r: ring across nodes"
+done
+for r in 1 2; do  # one member per node: leaders only
+  n=$(grep -c "rank $r: xops cross .* ok" "$WORK/rank$r.out")
+  (( n == 20 )) || fail "rank $r: $n of 20 operations on group cross"
+done
+# Node B's leader (rank 2) dies: rank 1 waits for it in Gloo (node A),
+# rank 3 in node B's shared memory.
+for r in 1 3; do
+  line=$(grep -E "rank $r: allreduce (cross|world) 1000 " "$WORK/rank$r.out")
+  [[ $line == *"error ABORTED"*"rank 2 (host"*"failed"* ]] \
+    || fail "rank $r's collective did not fail naming rank 2: $line"
+  ms=$(echo "$line" | sed -E 's/.*elapsed_ms=([0-9]+).*/\1/')
+  (( ms < 4500 )) || fail "rank $r's collective failed after $ms ms (2.5 s sleep + 2 s allowed)"
 done
 grep -q "rank 2: subgroups 2 ok count=2 mine: name=group_2 rank=0 size=2 ranks=2,3" \
   "$WORK/rank2.out" || fail "rank 2 subgroup"
@@ -71,4 +95,4 @@ for r in 0 1; do
   ms=$(echo "$line" | sed -E 's/.*elapsed_ms=([0-9]+).*/\1/')
   (( ms < 4500 )) || fail "rank $r noticed the failure after $ms ms (2.5 s sleep + 2 s allowed)"
 done
-echo "PASS: two nodes, 4 ranks, cross-node groups and collectives (Gloo), fan-in ($peers store connection(s) from B), failure seen on A"
+echo "PASS: two nodes, 4 ranks, cross-node groups, every collective and p2p across nodes, fan-in ($peers store connection(s) from B), failure seen on A"

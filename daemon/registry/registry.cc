@@ -75,7 +75,13 @@ absl::Status ValidateJobId(const std::string& job_id) {
   return absl::OkStatus();
 }
 
-Registry::Registry(RegistryOptions options) : options_(std::move(options)) {}
+Registry::Registry(RegistryOptions options)
+    : options_(std::move(options)), daemon_id_(options_.daemon_address) {
+  if (daemon_id_.empty()) {
+    daemon_id_ =
+        absl::StrCat(options_.hostname, "/", ::getpid(), "/", absl::ToUnixNanos(absl::Now()));
+  }
+}
 
 Registry::~Registry() { Shutdown(); }
 
@@ -260,7 +266,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
   me.rank = rank;
   me.host = req.host().empty() ? options_.hostname : req.host();
   me.pid = req.pid();
-  me.daemon = options_.daemon_address;
+  me.daemon = daemon_id_;
   int world = req.world_size();
   std::string job_id = id.job_id();
   Spawn([this, coordinator, me, world, job_id, rank, session_id, done = std::move(done)] {
@@ -604,6 +610,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
         if (it != infos.end()) {
           m->set_node(it->second.host);
           m->set_pid(it->second.pid);
+          m->set_daemon(it->second.daemon);
         }
       }
       AttachSegment(*job, g);
@@ -836,8 +843,10 @@ std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id) {
     for (const auto& [name, g] : job.groups) {
       v1::GroupInfo info = g.info;
       for (v1::GroupMember& m : *info.mutable_members()) {
-        if (g.segment != nullptr && m.group_rank() < g.segment->nranks()) {
-          RankControl& c = const_cast<GroupSegment&>(*g.segment).rank(m.group_rank());
+        auto index = std::find(g.shm_ranks.begin(), g.shm_ranks.end(), m.group_rank());
+        if (g.segment != nullptr && index != g.shm_ranks.end()) {
+          RankControl& c = const_cast<GroupSegment&>(*g.segment)
+                               .rank(static_cast<int>(index - g.shm_ranks.begin()));
           m.set_last_submitted_seq(static_cast<int64_t>(c.submitted.load()));
           m.set_last_completed_seq(static_cast<int64_t>(c.completed.load()));
         }
@@ -884,17 +893,17 @@ absl::StatusOr<v1::GroupInfo> Registry::GetGroup(const std::string& job_id,
 }
 
 void Registry::AttachSegment(Job& job, Group& g) {
-  for (int r : g.ranks) {
-    auto it = job.ranks.find(r);
-    if (it == job.ranks.end() || !it->second.local) {
-      g.info.set_shm_error(
-          "the group spans nodes; collectives between nodes (Gloo) are not implemented yet");
-      return;
-    }
+  // This node's members (all of them for a node-local group; a spanning
+  // group's ranks run hierarchical collectives over theirs).
+  std::vector<int> local;
+  for (size_t i = 0; i < g.ranks.size(); ++i) {
+    auto it = job.ranks.find(g.ranks[i]);
+    if (it != job.ranks.end() && it->second.local) local.push_back(static_cast<int>(i));
   }
+  if (local.empty()) return;  // only non-members of it run here
   std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++);
   auto segment =
-      GroupSegment::Create(name, static_cast<int>(g.ranks.size()), options_.shm_slot_bytes);
+      GroupSegment::Create(name, static_cast<int>(local.size()), options_.shm_slot_bytes);
   if (!segment.ok()) {
     g.info.set_shm_error(std::string(segment.status().message()));
     MLOG(WARNING) << "job " << job.id << ": group '" << g.info.name()
@@ -902,7 +911,9 @@ void Registry::AttachSegment(Job& job, Group& g) {
     return;
   }
   g.segment = std::move(*segment);
+  g.shm_ranks = local;
   g.info.set_shm_name(name);
+  for (int r : local) g.info.add_shm_group_ranks(r);
 }
 
 void Registry::ReleaseSegments(Job& job, const std::string& reason) {

@@ -46,7 +46,8 @@ class SessionSink {
 
 struct RegistryOptions {
   std::string hostname;
-  // This daemon's gRPC address, recorded with each rank.
+  // This daemon's identity, recorded with each rank (ranks with the same
+  // one share a node). Default: "<hostname>/<pid>/<start time>".
   std::string daemon_address;
   // Token for the job stores this daemon talks to.
   std::string store_token;
@@ -122,8 +123,10 @@ class Registry {
     std::string abort_reason;  // AbortGroup
     std::set<int> destroyed_by;
     std::map<int64_t, BarrierState> barriers;
-    // Node-local groups: the segment members run collectives on.
+    // The segment this node's members run collectives on (all members of a
+    // node-local group; this node's members of a spanning group).
     std::shared_ptr<GroupSegment> segment;
+    std::vector<int> shm_ranks;  // group rank of each segment rank
   };
   struct Job {
     std::string id;
@@ -161,6 +164,7 @@ class Registry {
   static std::string DescribeRank(const v1::RankInfo& info);
 
   const RegistryOptions options_;
+  std::string daemon_id_;  // options_.daemon_address or a generated one
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<std::string, int>> sessions_

@@ -71,6 +71,8 @@ class ProcessGroup;
 class Communicator;
 class GroupSegment;
 class P2PEngine;
+class GlooP2P;
+class GlooCommunicator;
 struct P2POp;
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
@@ -134,7 +136,9 @@ class ProcessGroup {
   // FAILED_PRECONDITION (ranks called different collectives: desync),
   // ABORTED (a member died, the group was aborted), DEADLINE_EXCEEDED
   // (naming the members that did not join). Groups spanning nodes run them
-  // over Gloo (TCP) instead (point to point: node-local groups only).
+  // hierarchically: shared memory within each node, Gloo (TCP) among one
+  // leader rank per node (see backends/hier); gather, scatter and
+  // all_to_all go over a Gloo mesh of all members.
   std::shared_ptr<Work> AllReduce(Tensor tensor, ReduceOp op = ReduceOp::kSum,
                                   double premul_scale = 1.0);
   std::shared_ptr<Work> AllReduceCoalesced(std::vector<Tensor> tensors,
@@ -187,6 +191,9 @@ class ProcessGroup {
   // two ranks arrive in order; a receive names the tag and size of the next
   // message from that peer. Sends and receives progress concurrently on the
   // group's p2p thread, so exchanging large messages never deadlocks.
+  // Groups spanning nodes send over their Gloo mesh (GlooP2P) with c10d's
+  // gloo semantics: messages are matched by (peer, tag), in order per tag;
+  // a send completes once the peer received it.
   std::shared_ptr<Work> ISend(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> IRecv(Tensor tensor, int src, uint64_t tag = 0);
   absl::Status Send(Tensor tensor, int dst, uint64_t tag = 0) {
@@ -228,7 +235,8 @@ class ProcessGroup {
   // Shared memory for node-local groups, Gloo for groups spanning nodes.
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<P2PEngine> p2p_;
-  absl::Status comm_status_;  // why collectives are unavailable
+  std::unique_ptr<GlooP2P> remote_p2p_;  // point to point, groups spanning nodes
+  absl::Status comm_status_;             // why collectives are unavailable
 
   // The executor: one thread running this group's collectives in order.
   absl::Mutex exec_mu_;
@@ -303,9 +311,19 @@ class World {
                                                             const GroupOptions& options,
                                                             const std::string& name);
   std::string NextGroupName();
-  // Gives a group spanning nodes its Gloo communicator (blocks until every
-  // member connected).
-  absl::Status ConnectGloo(ProcessGroup& group, absl::Duration timeout);
+  // Connects a Gloo mesh for `group` (blocks until every member connected):
+  // rank/size within the mesh, `mesh` names it among the group's meshes.
+  absl::StatusOr<std::unique_ptr<GlooCommunicator>> ConnectGloo(ProcessGroup& group,
+                                                                const std::string& mesh, int rank,
+                                                                int size, absl::Duration timeout,
+                                                                bool check_signatures);
+  // Gives a group spanning nodes its hierarchical communicator (this
+  // node's members over the segment musterd made, `shm_name` holding
+  // `shm_ranks`; leaders over Gloo) and point to point over Gloo.
+  // `node_ids[i]` identifies group rank i's node.
+  absl::Status ConnectSpanning(ProcessGroup& group, const std::vector<std::string>& node_ids,
+                               const std::string& shm_name, const std::vector<int>& shm_ranks,
+                               absl::Duration timeout);
 
   InitOptions options_;
   std::unique_ptr<Session> session_;
