@@ -24,8 +24,8 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
-#include <set>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
