@@ -307,7 +307,8 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
     group->comm_status_ = absl::InvalidArgumentError(
         absl::StrCat("rank ", options_.rank, " is not a member of group '", name, "'"));
   } else if (!resp.group().shm_name().empty() && resp.group().shm_group_ranks_size() > 0 &&
-             resp.group().shm_group_ranks_size() < group->size()) {
+             resp.group().shm_group_ranks_size() < group->size() &&
+             EnvString("MUSTER_HIERARCHICAL") != "0") {
     // The group spans nodes: hierarchical collectives (shared memory within
     // this node, Gloo among the nodes' leaders), rendezvous through the
     // job's store under this group's name and generation.
@@ -317,8 +318,11 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
         *group, node_ids, resp.group().shm_name(),
         {resp.group().shm_group_ranks().begin(), resp.group().shm_group_ranks().end()},
         absl::Milliseconds(resp.group().timeout_millis()));
-  } else if (resp.group().shm_name().empty()) {
-    // No shared memory (musterd could not create it): Gloo over TCP for
+  } else if (resp.group().shm_name().empty() ||
+             (resp.group().shm_group_ranks_size() > 0 &&
+              resp.group().shm_group_ranks_size() < group->size())) {
+    // No shared memory (musterd could not create it), or a spanning group
+    // with MUSTER_HIERARCHICAL=0 (for comparisons): Gloo over TCP for
     // everything, among all members.
     auto comm = ConnectGloo(*group, "", group->rank_, group->size(),
                             absl::Milliseconds(resp.group().timeout_millis()), true);

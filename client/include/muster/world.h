@@ -170,7 +170,8 @@ class ProcessGroup {
   std::shared_ptr<Work> AllToAllSingle(Tensor output, Tensor input,
                                        std::vector<size_t> output_splits = {},
                                        std::vector<size_t> input_splits = {});
-  // A barrier through shared memory (fast; node-local groups).
+  // A barrier run by the ranks themselves (shared memory within a node,
+  // the leaders' Gloo mesh across nodes), not through musterd.
   std::shared_ptr<Work> CollectiveBarrier();
   // c10d's monitored_barrier: a barrier that gives up after `timeout`
   // with DEADLINE_EXCEEDED naming every member that did not arrive (the
