@@ -1,0 +1,781 @@
+#include "backends/nccl/nccl_engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "backends/nccl/gpu_plan.h"
+#include "backends/nccl/uid_rendezvous.h"
+#include "common/logging.h"
+
+namespace muster {
+
+// One communicator: (job, group, global rank). See the header.
+struct NcclEngine::Slot {
+  std::string job, group, owner;
+  int global_rank = 0, group_rank = 0, group_size = 0;
+  int64_t generation = 0;
+  absl::Duration timeout;
+  std::string origin = "init";
+
+  std::thread worker;
+  std::mutex mu;
+  std::condition_variable cv;
+  // Guarded by mu.
+  std::deque<std::function<void()>> tasks;
+  bool stopping = false;
+  bool exited = false;
+  std::string state = "initializing";
+  std::string error;
+  bool failed = false;
+  bool busy = false;  // the worker is inside an NCCL call on `comm`
+  void* comm = nullptr;
+  bool comm_ready = false;  // comm (or comm_status) delivered
+  absl::Status comm_status;
+  uint64_t launched = 0, completed = 0;
+  struct Pending {
+    void* event;
+    uint64_t sequence;
+    absl::Time launched_at;
+    std::string what;
+  };
+  std::deque<Pending> pending;
+  std::vector<void*> spare_events;
+  std::string bus_id;
+  int device = -1;
+
+  // Worker only.
+  void* stream = nullptr;
+  void* scratch = nullptr;
+  bool initialized = false;
+  absl::Status init_status;
+};
+
+class NcclEngine::MemOpener : public IpcOpener {
+ public:
+  explicit MemOpener(GpuRuntime* runtime) : runtime_(runtime) {}
+  absl::StatusOr<void*> Open(const std::string& handle) override {
+    return runtime_->OpenMemHandle(handle);
+  }
+  void Close(void* opened) override { runtime_->CloseMemHandle(opened); }
+
+ private:
+  GpuRuntime* runtime_;
+};
+
+class NcclEngine::EventOpener : public IpcOpener {
+ public:
+  explicit EventOpener(GpuRuntime* runtime) : runtime_(runtime) {}
+  absl::StatusOr<void*> Open(const std::string& handle) override {
+    return runtime_->OpenEventHandle(handle);
+  }
+  void Close(void* opened) override { runtime_->DestroyEvent(opened); }
+
+ private:
+  GpuRuntime* runtime_;
+};
+
+namespace {
+
+constexpr size_t kIpcHandleBytes = 64;
+
+bool HasNccl(const std::string& backend) {
+  return absl::StrContains(absl::StrCat(",", backend, ","), ",cuda:nccl,");
+}
+
+}  // namespace
+
+NcclEngine::NcclEngine(GpuRuntime* runtime, GpuGroupDirectory* directory, NcclEngineOptions options)
+    : runtime_(runtime),
+      directory_(directory),
+      options_(options),
+      mem_opener_(std::make_unique<MemOpener>(runtime)),
+      event_opener_(std::make_unique<EventOpener>(runtime)),
+      mem_cache_(std::make_unique<IpcCache>(mem_opener_.get(), "memory", kIpcHandleBytes)),
+      event_cache_(std::make_unique<IpcCache>(event_opener_.get(), "event", kIpcHandleBytes)) {
+  watchdog_ = std::thread([this] { Watchdog(); });
+}
+
+NcclEngine::~NcclEngine() {
+  std::vector<std::shared_ptr<Slot>> all;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    for (auto& [key, slot] : slots_) all.push_back(slot);
+    for (auto& slot : retired_) all.push_back(slot);
+    slots_.clear();
+    retired_.clear();
+  }
+  watchdog_cv_.notify_all();
+  watchdog_.join();
+  for (auto& slot : all) Fail(*slot, "musterd is shutting down", /*break_group=*/false);
+  for (auto& slot : all) {
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      slot->stopping = true;
+    }
+    slot->cv.notify_all();
+    if (slot->worker.joinable()) slot->worker.join();
+  }
+  mem_cache_.reset();
+  event_cache_.reset();
+}
+
+std::string NcclEngine::Owner(const std::string& job_id, int global_rank) const {
+  return absl::StrCat(job_id, "/", global_rank);
+}
+
+void NcclEngine::Post(Slot& slot, std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.tasks.push_back(std::move(task));
+  }
+  slot.cv.notify_all();
+}
+
+void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
+  Slot* s = slot.get();
+  s->worker = std::thread([this, s] {
+    while (true) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(s->mu);
+        s->cv.wait(lock, [s] { return s->stopping || !s->tasks.empty(); });
+        if (s->tasks.empty()) break;  // stopping and drained
+        task = std::move(s->tasks.front());
+        s->tasks.pop_front();
+      }
+      task();
+    }
+    // Teardown on the worker: the stream, scratch and events belong to it.
+    void* comm = nullptr;
+    std::vector<void*> events;
+    bool failed;
+    {
+      std::lock_guard<std::mutex> lock(s->mu);
+      comm = s->comm;
+      s->comm = nullptr;
+      failed = s->failed;
+      for (auto& p : s->pending) events.push_back(p.event);
+      s->pending.clear();
+      for (void* e : s->spare_events) events.push_back(e);
+      s->spare_events.clear();
+    }
+    if (comm != nullptr) {
+      if (failed) {
+        runtime_->AbortComm(comm);
+      } else {
+        runtime_->DestroyComm(comm);
+      }
+    }
+    if (s->stream != nullptr && !failed) (void)runtime_->StreamSynchronize(s->stream);
+    for (void* e : events) runtime_->DestroyEvent(e);
+    if (s->scratch != nullptr) runtime_->DeviceFree(s->scratch);
+    if (s->stream != nullptr) runtime_->DestroyStream(s->stream);
+    std::lock_guard<std::mutex> lock(s->mu);
+    s->state = failed ? s->state : "destroyed";
+    s->exited = true;
+  });
+}
+
+std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
+    const v1::GpuCollectiveRequest& request, const GpuGroupView& view, int group_rank,
+    bool* created) {
+  SlotKey key{request.caller().job_id(), request.group(), request.caller().global_rank()};
+  std::lock_guard<std::mutex> lock(mu_);
+  *created = false;
+  if (stopping_) return nullptr;
+  auto it = slots_.find(key);
+  if (it != slots_.end()) return it->second;
+  auto slot = std::make_shared<Slot>();
+  slot->job = request.caller().job_id();
+  slot->group = request.group();
+  slot->global_rank = request.caller().global_rank();
+  slot->owner = Owner(slot->job, slot->global_rank);
+  slot->group_rank = group_rank;
+  slot->group_size = static_cast<int>(view.ranks.size());
+  slot->generation = view.generation;
+  slot->timeout = view.timeout;
+  StartWorker(slot);
+  slots_[key] = slot;
+  *created = true;
+  return slot;
+}
+
+void NcclEngine::Collective(v1::GpuCollectiveRequest request, Done done) {
+  if (std::string why = runtime_->Unavailable(); !why.empty()) {
+    done(absl::FailedPreconditionError(
+        absl::StrCat("GPU collectives are unavailable on this musterd: ", why)));
+    return;
+  }
+  const std::string& job = request.caller().job_id();
+  const int rank = request.caller().global_rank();
+  absl::StatusOr<GpuGroupView> view = directory_->Lookup(job, request.group(), rank);
+  if (!view.ok()) {
+    done(view.status());
+    return;
+  }
+  if (!HasNccl(view->backend)) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("group ", request.group(), " has no NCCL backend for CUDA buffers (backend '",
+                     view->backend, "'; use e.g. \"cpu:gloo,cuda:nccl\")")));
+    return;
+  }
+  auto pos = std::find(view->ranks.begin(), view->ranks.end(), rank);
+  if (pos == view->ranks.end()) {
+    done(absl::FailedPreconditionError(
+        absl::StrCat("rank ", rank, " is not a member of group ", request.group())));
+    return;
+  }
+  bool created = false;
+  std::shared_ptr<Slot> slot =
+      FindOrCreateSlot(request, *view, static_cast<int>(pos - view->ranks.begin()), &created);
+  if (slot == nullptr) {
+    done(absl::AbortedError("musterd is shutting down"));
+    return;
+  }
+  if (created) {
+    std::string bus_id = request.pci_bus_id();
+    Post(*slot, [this, s = slot.get(), bus_id] { InitComm(*s, bus_id); });
+  }
+  Post(*slot, [this, s = slot.get(), request = std::move(request), done = std::move(done)] {
+    RunCollective(*s, request, done);
+  });
+}
+
+absl::Status NcclEngine::AwaitComm(Slot& slot, void* comm, absl::Time deadline,
+                                   const std::string& what) {
+  int spins = 0;
+  while (true) {
+    absl::Status s = runtime_->PollComm(comm);
+    if (s.ok()) return s;
+    if (!absl::IsUnavailable(s)) return s;
+    {
+      std::lock_guard<std::mutex> lock(slot.mu);
+      if (slot.failed) return absl::AbortedError(slot.error);
+    }
+    if (absl::Now() > deadline) {
+      return absl::DeadlineExceededError(
+          absl::StrCat(what, " did not complete within ", absl::FormatDuration(slot.timeout)));
+    }
+    if (++spins < 2000) {
+      std::this_thread::yield();
+    } else {
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+}
+
+void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
+  const absl::Time deadline = absl::Now() + slot.timeout;
+  const std::string name = absl::StrCat("NCCL communicator of group ", slot.group, " (rank ",
+                                        slot.group_rank, " of ", slot.group_size, ")");
+  auto finish = [&](absl::Status status) {
+    slot.initialized = true;
+    slot.init_status = status;
+    if (!status.ok()) {
+      Fail(slot, std::string(status.message()), /*break_group=*/!absl::IsAborted(status));
+      return;
+    }
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (!slot.failed) slot.state = "ready";
+  };
+  // A split slot's comm and device come from its parent's worker.
+  bool from_split;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    from_split = slot.origin == "split";
+  }
+  int device = -1;
+  if (from_split) {
+    std::unique_lock<std::mutex> lock(slot.mu);
+    if (!slot.cv.wait_until(lock, absl::ToChronoTime(deadline),
+                            [&] { return slot.comm_ready || slot.failed; })) {
+      lock.unlock();
+      return finish(absl::DeadlineExceededError(
+          absl::StrCat(name, ": the split from the world communicator did not complete within ",
+                       absl::FormatDuration(slot.timeout))));
+    }
+    if (slot.failed) {
+      std::string error = slot.error;
+      lock.unlock();
+      return finish(absl::AbortedError(error));
+    }
+    if (!slot.comm_status.ok()) {
+      absl::Status status = slot.comm_status;
+      lock.unlock();
+      return finish(status);
+    }
+    device = slot.device;
+  } else {
+    absl::StatusOr<int> d = runtime_->DeviceByPciBusId(bus_id);
+    if (!d.ok()) {
+      return finish(absl::InvalidArgumentError(
+          absl::StrCat(name, ": no GPU with PCI bus id '", bus_id, "': ", d.status().message())));
+    }
+    device = *d;
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.device = device;
+    slot.bus_id = bus_id;
+  }
+  if (absl::Status s = runtime_->SetDevice(device); !s.ok()) return finish(s);
+  absl::StatusOr<void*> stream = runtime_->CreateStream();
+  if (!stream.ok()) return finish(stream.status());
+  slot.stream = *stream;
+  absl::StatusOr<void*> scratch = runtime_->DeviceAlloc(sizeof(float));
+  if (!scratch.ok()) return finish(scratch.status());
+  slot.scratch = *scratch;
+  if (from_split) return finish(absl::OkStatus());
+
+  // A new communicator: the unique id through the job's store.
+  absl::StatusOr<std::shared_ptr<Store>> store = directory_->JobStore(slot.job);
+  if (!store.ok()) return finish(store.status());
+  const std::string key = UniqueIdKey(slot.job, slot.generation, slot.group, 0);
+  absl::StatusOr<std::string> id = ExchangeUniqueId(
+      **store, key, slot.group_rank == 0, runtime_->UniqueIdBytes(),
+      [this] { return runtime_->NewUniqueId(); }, deadline,
+      [this, &slot] {
+        std::string reason = directory_->BrokenReason(slot.job, slot.group);
+        if (reason.empty()) {
+          std::lock_guard<std::mutex> lock(slot.mu);
+          if (slot.failed) reason = slot.error;
+        }
+        return reason;
+      });
+  if (!id.ok()) {
+    return finish(
+        absl::Status(id.status().code(), absl::StrCat(name, ": ", id.status().message())));
+  }
+  absl::StatusOr<void*> comm = runtime_->CommInit(slot.group_size, *id, slot.group_rank);
+  if (!comm.ok()) {
+    return finish(
+        absl::Status(comm.status().code(), absl::StrCat(name, ": ", comm.status().message())));
+  }
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.comm = *comm;
+    slot.comm_ready = true;
+    slot.busy = true;
+  }
+  absl::Status ready = AwaitComm(slot, *comm, deadline, absl::StrCat("creating the ", name));
+  void* abort = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.busy = false;
+    if (!ready.ok() || slot.failed) {
+      abort = slot.comm;
+      slot.comm = nullptr;
+    }
+  }
+  if (abort != nullptr) runtime_->AbortComm(abort);
+  finish(ready);
+}
+
+void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request,
+                               const Done& done) {
+  const std::string what = absl::StrCat("collective #", request.sequence(), " (",
+                                        DescribeRequest(request), ") on group ", slot.group);
+  // A communicator that could not be created says why (e.g. the timeout).
+  if (!slot.init_status.ok()) return done(slot.init_status);
+  void* comm = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.failed) return done(absl::AbortedError(slot.error));
+    comm = slot.comm;
+  }
+  if (comm == nullptr) return done(absl::AbortedError(absl::StrCat(what, ": no communicator")));
+  if (request.op() != v1::GPU_BARRIER && request.pci_bus_id() != slot.bus_id) {
+    return done(absl::InvalidArgumentError(
+        absl::StrCat(what, ": buffers are on GPU ", request.pci_bus_id(),
+                     " but this rank's communicator for the group is on GPU ", slot.bus_id)));
+  }
+  // Allocations the rank freed: close them once the daemon's stream no
+  // longer uses them.
+  if (request.released_handles_size() > 0) {
+    (void)runtime_->StreamSynchronize(slot.stream);
+    for (const std::string& handle : request.released_handles()) {
+      mem_cache_->Release(slot.owner, handle);
+    }
+  }
+  auto resolve = [&](const v1::GpuBuffer& buffer) -> absl::StatusOr<char*> {
+    absl::StatusOr<void*> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
+    if (!base.ok()) return base.status();
+    return static_cast<char*>(*base) + buffer.offset();
+  };
+  std::vector<char*> inputs, outputs, p2p;
+  for (const auto& b : request.inputs()) {
+    absl::StatusOr<char*> p = resolve(b);
+    if (!p.ok()) return done(p.status());
+    inputs.push_back(*p);
+  }
+  for (const auto& b : request.outputs()) {
+    absl::StatusOr<char*> p = resolve(b);
+    if (!p.ok()) return done(p.status());
+    outputs.push_back(*p);
+  }
+  for (const auto& op : request.p2p()) {
+    absl::StatusOr<char*> p = resolve(op.buffer());
+    if (!p.ok()) return done(p.status());
+    p2p.push_back(*p);
+  }
+  absl::StatusOr<std::vector<NcclPrimitive>> plan =
+      PlanCollective(request, slot.group_rank, slot.group_size, inputs, outputs, p2p, slot.scratch);
+  if (!plan.ok()) {
+    return done(
+        absl::Status(plan.status().code(), absl::StrCat(what, ": ", plan.status().message())));
+  }
+  void* ready = nullptr;
+  void* finished = nullptr;
+  if (!request.ready_event().empty()) {
+    absl::StatusOr<void*> e = event_cache_->Get(slot.owner, request.ready_event());
+    if (!e.ok()) return done(e.status());
+    ready = *e;
+  }
+  if (!request.done_event().empty()) {
+    absl::StatusOr<void*> e = event_cache_->Get(slot.owner, request.done_event());
+    if (!e.ok()) return done(e.status());
+    finished = *e;
+  }
+  if (ready != nullptr) {
+    if (absl::Status s = runtime_->StreamWaitEvent(slot.stream, ready); !s.ok()) return done(s);
+  }
+  // Launch, holding the comm against concurrent aborts.
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.failed || slot.comm == nullptr) {
+      return done(absl::AbortedError(slot.error.empty() ? what : slot.error));
+    }
+    slot.busy = true;
+  }
+  absl::Status launched = runtime_->Launch(comm, *plan, slot.stream);
+  if (launched.ok() || absl::IsUnavailable(launched)) {
+    launched = AwaitComm(slot, comm, absl::Now() + slot.timeout, absl::StrCat("launching ", what));
+  }
+  void* abort = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.busy = false;
+    if (slot.failed && slot.comm != nullptr) {
+      abort = slot.comm;
+      slot.comm = nullptr;
+    }
+  }
+  if (abort != nullptr) runtime_->AbortComm(abort);
+  if (!launched.ok()) {
+    std::string reason = absl::StrCat(what, " failed on rank ", slot.global_rank, ": ",
+                                      launched.message(), "; NCCL communicator aborted");
+    if (!absl::IsAborted(launched)) Fail(slot, reason, /*break_group=*/true);
+    return done(absl::IsAborted(launched) ? launched : absl::AbortedError(reason));
+  }
+  if (finished != nullptr) {
+    if (absl::Status s = runtime_->RecordEvent(finished, slot.stream); !s.ok()) return done(s);
+  }
+  // The watchdog's marker.
+  void* marker = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (!slot.spare_events.empty()) {
+      marker = slot.spare_events.back();
+      slot.spare_events.pop_back();
+    }
+  }
+  if (marker == nullptr) {
+    absl::StatusOr<void*> e = runtime_->CreateEvent();
+    if (!e.ok()) return done(e.status());
+    marker = *e;
+  }
+  if (absl::Status s = runtime_->RecordEvent(marker, slot.stream); !s.ok()) return done(s);
+  uint64_t count;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.pending.push_back({marker, request.sequence(), absl::Now(), what});
+    count = ++slot.launched;
+  }
+  done(count);
+}
+
+void NcclEngine::Fail(Slot& slot, const std::string& reason, bool break_group) {
+  void* abort = nullptr;
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (!slot.failed) {
+      first = true;
+      slot.failed = true;
+      slot.state = "aborted";
+      slot.error = reason;
+    }
+    if (!slot.busy && slot.comm != nullptr) {
+      abort = slot.comm;
+      slot.comm = nullptr;
+    }
+  }
+  slot.cv.notify_all();
+  if (abort != nullptr) runtime_->AbortComm(abort);
+  if (first) {
+    MLOG(WARNING) << "NCCL communicator of group " << slot.group << " (job " << slot.job
+                  << ", rank " << slot.global_rank << ") aborted: " << reason;
+  }
+  if (first && break_group) directory_->BreakGroup(slot.job, slot.group, reason);
+}
+
+void NcclEngine::Watchdog() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stopping_) {
+    watchdog_cv_.wait_for(lock, absl::ToChronoNanoseconds(options_.watchdog_interval));
+    if (stopping_) break;
+    auto breaks = std::move(pending_breaks_);
+    pending_breaks_.clear();
+    std::vector<std::shared_ptr<Slot>> snapshot;
+    for (auto& [key, slot] : slots_) snapshot.push_back(slot);
+    // Join workers that finished draining.
+    std::vector<std::shared_ptr<Slot>> exited;
+    for (auto it = retired_.begin(); it != retired_.end();) {
+      bool done;
+      {
+        std::lock_guard<std::mutex> slot_lock((*it)->mu);
+        done = (*it)->exited;
+      }
+      if (done) {
+        exited.push_back(*it);
+        it = retired_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    // Owners whose slots all exited: close their IPC handles.
+    std::vector<std::string> releasable;
+    for (auto it = pending_releases_.begin(); it != pending_releases_.end();) {
+      bool busy = false;
+      for (auto& slot : retired_) busy = busy || slot->owner == *it;
+      for (auto& [key, slot] : slots_) busy = busy || slot->owner == *it;
+      if (busy) {
+        ++it;
+      } else {
+        releasable.push_back(*it);
+        it = pending_releases_.erase(it);
+      }
+    }
+    lock.unlock();
+    for (auto& slot : exited) slot->worker.join();
+    for (const std::string& owner : releasable) {
+      mem_cache_->ReleaseOwner(owner);
+      event_cache_->ReleaseOwner(owner);
+    }
+    for (auto& [job, group, reason] : breaks) {
+      for (auto& slot : snapshot) {
+        if (slot->job == job && slot->group == group) Fail(*slot, reason, /*break_group=*/false);
+      }
+    }
+    for (auto& slot : snapshot) {
+      Slot& s = *slot;
+      std::string failure;
+      {
+        std::lock_guard<std::mutex> slot_lock(s.mu);
+        if (s.failed) continue;
+        if (s.comm != nullptr && s.state == "ready") {
+          absl::Status async = runtime_->PollComm(s.comm);
+          if (!async.ok() && !absl::IsUnavailable(async)) {
+            failure = absl::StrCat("NCCL error on rank ", s.global_rank, " of group ", s.group,
+                                   ": ", async.message());
+          }
+        }
+        while (failure.empty() && !s.pending.empty()) {
+          Slot::Pending& head = s.pending.front();
+          absl::StatusOr<bool> finished = runtime_->EventDone(head.event);
+          if (finished.ok() && *finished) {
+            s.spare_events.push_back(head.event);
+            s.pending.pop_front();
+            ++s.completed;
+            continue;
+          }
+          if (!finished.ok()) {
+            failure = absl::StrCat(head.what, " failed on the GPU of rank ", s.global_rank, ": ",
+                                   finished.status().message());
+          } else if (absl::Now() - head.launched_at > s.timeout) {
+            failure = absl::StrCat(head.what, " did not finish on the GPU of rank ", s.global_rank,
+                                   " within ", absl::FormatDuration(s.timeout),
+                                   "; NCCL communicator aborted");
+          }
+          break;
+        }
+      }
+      if (!failure.empty()) Fail(s, failure, /*break_group=*/true);
+    }
+    lock.lock();
+  }
+}
+
+void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group,
+                             const std::vector<int>& members, bool local_synchronization,
+                             const std::string& backend, const std::vector<int>& local_ranks) {
+  if (local_synchronization || group == "world" || !HasNccl(backend)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stopping_) return;
+  for (int rank : local_ranks) {
+    auto parent_it = slots_.find(SlotKey{job_id, "world", rank});
+    if (parent_it == slots_.end()) continue;  // no world communicator: init lazily
+    std::shared_ptr<Slot> parent = parent_it->second;
+    {
+      std::lock_guard<std::mutex> parent_lock(parent->mu);
+      if (parent->failed || parent->state != "ready") continue;
+    }
+    auto pos = std::find(members.begin(), members.end(), rank);
+    const bool member = pos != members.end();
+    std::shared_ptr<Slot> child;
+    if (member && slots_.count(SlotKey{job_id, group, rank}) == 0) {
+      child = std::make_shared<Slot>();
+      child->job = job_id;
+      child->group = group;
+      child->global_rank = rank;
+      child->owner = Owner(job_id, rank);
+      child->group_rank = static_cast<int>(pos - members.begin());
+      child->group_size = static_cast<int>(members.size());
+      child->generation = parent->generation;
+      child->timeout = parent->timeout;
+      child->origin = "split";
+      StartWorker(child);
+      slots_[SlotKey{job_id, group, rank}] = child;
+      Post(*child, [this, c = child.get()] { InitComm(*c, ""); });
+    }
+    const int color = member ? 0 : -1;
+    const int key = member ? static_cast<int>(pos - members.begin()) : 0;
+    Post(*parent, [this, p = parent.get(), child, color, key, group] {
+      absl::Status status;
+      void* new_comm = nullptr;
+      void* comm = nullptr;
+      {
+        std::lock_guard<std::mutex> l(p->mu);
+        if (p->failed || p->comm == nullptr) {
+          status = absl::AbortedError(
+              absl::StrCat("world communicator unavailable for split: ", p->error));
+        } else {
+          comm = p->comm;
+          p->busy = true;
+        }
+      }
+      if (comm != nullptr) {
+        absl::StatusOr<void*> split = runtime_->CommSplit(comm, color, key);
+        if (!split.ok() && !absl::IsUnavailable(split.status())) {
+          status = split.status();
+        } else {
+          new_comm = split.ok() ? *split : nullptr;
+          const absl::Time deadline = absl::Now() + p->timeout;
+          status = AwaitComm(*p, comm, deadline, absl::StrCat("splitting group ", group));
+          if (status.ok() && new_comm != nullptr && child != nullptr) {
+            status = AwaitComm(*child, new_comm, deadline,
+                               absl::StrCat("creating group ", group, " by split"));
+          }
+        }
+        void* abort = nullptr;
+        {
+          std::lock_guard<std::mutex> l(p->mu);
+          p->busy = false;
+          if (p->failed && p->comm != nullptr) {
+            abort = p->comm;
+            p->comm = nullptr;
+          }
+        }
+        if (abort != nullptr) runtime_->AbortComm(abort);
+      }
+      if (!status.ok() && new_comm != nullptr) {
+        runtime_->AbortComm(new_comm);
+        new_comm = nullptr;
+      }
+      if (child == nullptr) {
+        if (new_comm != nullptr) runtime_->DestroyComm(new_comm);
+        return;
+      }
+      {
+        std::lock_guard<std::mutex> l(child->mu);
+        child->comm = new_comm;
+        child->comm_status = status;
+        child->comm_ready = true;
+        child->device = p->device;
+        child->bus_id = p->bus_id;
+      }
+      child->cv.notify_all();
+    });
+  }
+}
+
+void NcclEngine::GroupBroken(const std::string& job_id, const std::string& group,
+                             const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_breaks_.emplace_back(job_id, group, reason);
+  }
+  watchdog_cv_.notify_all();
+}
+
+void NcclEngine::GroupDestroyed(const std::string& job_id, const std::string& group,
+                                int global_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(SlotKey{job_id, group, global_rank});
+  if (it == slots_.end()) return;
+  std::shared_ptr<Slot> slot = it->second;
+  slots_.erase(it);
+  retired_.push_back(slot);
+  {
+    std::lock_guard<std::mutex> slot_lock(slot->mu);
+    slot->stopping = true;
+  }
+  slot->cv.notify_all();
+}
+
+void NcclEngine::RankGone(const std::string& job_id, int global_rank) {
+  std::vector<std::shared_ptr<Slot>> gone;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = slots_.begin(); it != slots_.end();) {
+      if (std::get<0>(it->first) == job_id && std::get<2>(it->first) == global_rank) {
+        gone.push_back(it->second);
+        retired_.push_back(it->second);
+        it = slots_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (auto& slot : gone) {
+    {
+      std::lock_guard<std::mutex> slot_lock(slot->mu);
+      slot->stopping = true;
+    }
+    slot->cv.notify_all();
+  }
+  // The rank's IPC handles close once its workers drained (the watchdog
+  // checks; this call must not block).
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_releases_.push_back(Owner(job_id, global_rank));
+  }
+  watchdog_cv_.notify_all();
+}
+
+v1::ListCommunicatorsResponse NcclEngine::List(const std::string& job_id) {
+  v1::ListCommunicatorsResponse response;
+  response.set_unavailable(runtime_->Unavailable());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [key, slot] : slots_) {
+    if (!job_id.empty() && slot->job != job_id) continue;
+    v1::GpuCommunicatorInfo* info = response.add_communicators();
+    info->set_job_id(slot->job);
+    info->set_generation(slot->generation);
+    info->set_group(slot->group);
+    info->set_global_rank(slot->global_rank);
+    info->set_group_rank(slot->group_rank);
+    info->set_group_size(slot->group_size);
+    info->set_open_buffers(mem_cache_->open_count(slot->owner));
+    std::lock_guard<std::mutex> slot_lock(slot->mu);
+    info->set_pci_bus_id(slot->bus_id);
+    info->set_state(slot->state);
+    info->set_error(slot->error);
+    info->set_origin(slot->origin);
+    info->set_launched(slot->launched);
+    info->set_completed(slot->completed);
+  }
+  return response;
+}
+
+}  // namespace muster

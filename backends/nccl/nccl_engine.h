@@ -1,0 +1,156 @@
+// NcclEngine: musterd's GPU collectives. The daemon owns one NCCL
+// communicator per (job, group, local rank), so a communicator outlives a
+// rank's mistakes, can be aborted without killing the trainer, and shows in
+// `musterctl gpu`.
+//
+// Life of a communicator ("slot"):
+//  - created on the rank's first GPU collective in the group, on the GPU
+//    holding its buffers (matched by PCI bus id). Its unique id goes through
+//    the job's store under the group's name and the attempt's generation;
+//    init is non-blocking and bounded by the group timeout. When a group is
+//    formed by every world rank and this rank's "world" communicator is
+//    healthy, the group's communicator is split from it instead
+//    (ncclCommSplit, ordered after the world's earlier collectives).
+//  - each slot has a worker thread that runs its requests in order: open
+//    the rank's IPC buffers and events (cached per rank), make the daemon's
+//    stream wait on the rank's ready event, launch NCCL, record the rank's
+//    done event and a watchdog event. The caller is answered once enqueued.
+//  - a watchdog thread polls asynchronous NCCL errors and the watchdog
+//    events; an error, or a collective not finished within the group
+//    timeout, aborts the communicator (ncclCommAbort) and breaks the group
+//    through the directory, so every member's later calls fail with ABORTED
+//    naming why. A member's death, an abort or a destroy from the registry
+//    aborts or destroys the group's slots the same way.
+//
+// Thread-safety: every public method is thread-safe and never blocks on the
+// GPU or the network (the registry calls them with its lock held); the
+// `done` callback of Collective runs on a worker thread.
+#ifndef MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_
+#define MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_
+
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "backends/nccl/gpu_runtime.h"
+#include "backends/nccl/ipc_cache.h"
+#include "muster/store.h"
+#include "proto/gpu.pb.h"
+
+namespace muster {
+
+// A group as the engine needs it.
+struct GpuGroupView {
+  int64_t generation = 0;
+  std::vector<int> ranks;  // global ranks, in group-rank order
+  absl::Duration timeout = absl::Minutes(30);
+  std::string backend;  // canonical config, e.g. "cpu:gloo,cuda:nccl"
+  bool local_synchronization = false;
+};
+
+// What the engine asks of the daemon's registry.
+class GpuGroupDirectory {
+ public:
+  virtual ~GpuGroupDirectory() = default;
+  // The group, for a caller that must be a live rank of the job registered
+  // at this daemon and a member of the group. NotFound, FailedPrecondition
+  // or Aborted (the group is broken: the reason) otherwise.
+  virtual absl::StatusOr<GpuGroupView> Lookup(const std::string& job_id, const std::string& group,
+                                              int global_rank) = 0;
+  // Why the group can no longer run collectives ("" while it can).
+  virtual std::string BrokenReason(const std::string& job_id, const std::string& group) = 0;
+  // Breaks the group on every node (its members' calls fail with `reason`).
+  virtual void BreakGroup(const std::string& job_id, const std::string& group,
+                          const std::string& reason) = 0;
+  // A client of the job's store (muster/<job>/<generation>/... keys).
+  virtual absl::StatusOr<std::shared_ptr<Store>> JobStore(const std::string& job_id) = 0;
+};
+
+struct NcclEngineOptions {
+  absl::Duration watchdog_interval = absl::Milliseconds(50);
+};
+
+class NcclEngine {
+ public:
+  // `runtime` and `directory` must outlive the engine.
+  NcclEngine(GpuRuntime* runtime, GpuGroupDirectory* directory, NcclEngineOptions options = {});
+  // Aborts every communicator and joins every thread.
+  ~NcclEngine();
+  NcclEngine(const NcclEngine&) = delete;
+  NcclEngine& operator=(const NcclEngine&) = delete;
+
+  using Done = std::function<void(absl::StatusOr<uint64_t> launched)>;
+  // Enqueues one collective for the caller's slot; `done` runs once it is
+  // launched on the GPU or failed.
+  void Collective(v1::GpuCollectiveRequest request, Done done);
+
+  v1::ListCommunicatorsResponse List(const std::string& job_id);
+
+  // Registry events.
+  // A group formed: when every world rank formed it, local ranks whose
+  // "world" communicator is healthy split it.
+  void GroupFormed(const std::string& job_id, const std::string& group,
+                   const std::vector<int>& members, bool local_synchronization,
+                   const std::string& backend, const std::vector<int>& local_ranks);
+  void GroupBroken(const std::string& job_id, const std::string& group, const std::string& reason);
+  // `global_rank` destroyed its handle of the group: its communicator goes.
+  void GroupDestroyed(const std::string& job_id, const std::string& group, int global_rank);
+  // The rank left or died: its communicators go and its IPC handles close.
+  void RankGone(const std::string& job_id, int global_rank);
+
+ private:
+  struct Slot;
+  using SlotKey = std::tuple<std::string, std::string, int>;  // job, group, global rank
+
+  std::shared_ptr<Slot> FindOrCreateSlot(const v1::GpuCollectiveRequest& request,
+                                         const GpuGroupView& view, int group_rank, bool* created);
+  void StartWorker(const std::shared_ptr<Slot>& slot);
+  static void Post(Slot& slot, std::function<void()> task);
+  // Worker tasks.
+  void InitComm(Slot& slot, const std::string& bus_id);
+  void RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request, const Done& done);
+  // Waits until the slot's comm finished its pending operation; the error
+  // otherwise (the comm is then aborted and the group broken).
+  absl::Status AwaitComm(Slot& slot, void* comm, absl::Time deadline, const std::string& what);
+  // Aborts the slot's communicator once, recording `reason`; breaks the
+  // group unless the break came from the registry.
+  void Fail(Slot& slot, const std::string& reason, bool break_group);
+  void Watchdog();
+  std::string Owner(const std::string& job_id, int global_rank) const;
+
+  GpuRuntime* const runtime_;
+  GpuGroupDirectory* const directory_;
+  const NcclEngineOptions options_;
+
+  class MemOpener;
+  class EventOpener;
+  std::unique_ptr<MemOpener> mem_opener_;
+  std::unique_ptr<EventOpener> event_opener_;
+  std::unique_ptr<IpcCache> mem_cache_;
+  std::unique_ptr<IpcCache> event_cache_;
+
+  std::mutex mu_;
+  std::condition_variable watchdog_cv_;
+  bool stopping_ = false;
+  std::map<SlotKey, std::shared_ptr<Slot>> slots_;
+  // Slots removed from slots_ whose workers still run until drained.
+  std::vector<std::shared_ptr<Slot>> retired_;
+  // Breaks requested by the registry, applied by the watchdog thread.
+  std::vector<std::tuple<std::string, std::string, std::string>> pending_breaks_;
+  // Ranks that left or died whose IPC handles close once their slots exit.
+  std::vector<std::string> pending_releases_;
+  std::thread watchdog_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_

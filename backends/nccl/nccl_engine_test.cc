@@ -1,0 +1,526 @@
+// NcclEngine on FakeGpuRuntime: ranks are threads calling Collective() the
+// way the daemon's gRPC service does. Covers creation through the store,
+// every op, ordering of the rank's events, the IPC handle cache, splits,
+// and every failure path (timeouts, async errors, registry aborts, hangs).
+#include "backends/nccl/nccl_engine.h"
+
+#include <catch2/catch.hpp>
+#include <complex>
+#include <future>
+#include <numeric>
+#include <thread>
+
+#include "backends/nccl/fake_gpu_runtime.h"
+#include "muster/hash_store.h"
+
+namespace muster {
+namespace {
+
+class FakeDirectory : public GpuGroupDirectory {
+ public:
+  void AddGroup(const std::string& name, std::vector<int> ranks,
+                absl::Duration timeout = absl::Seconds(20),
+                std::string backend = "cpu:gloo,cuda:nccl") {
+    std::lock_guard<std::mutex> lock(mu_);
+    GpuGroupView view;
+    view.ranks = std::move(ranks);
+    view.timeout = timeout;
+    view.backend = std::move(backend);
+    groups_[name] = view;
+  }
+  absl::StatusOr<GpuGroupView> Lookup(const std::string&, const std::string& group,
+                                      int global_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = groups_.find(group);
+    if (it == groups_.end()) return absl::NotFoundError("no group " + group);
+    if (broken_.count(group)) return absl::AbortedError(broken_[group]);
+    if (std::find(it->second.ranks.begin(), it->second.ranks.end(), global_rank) ==
+        it->second.ranks.end()) {
+      return absl::FailedPreconditionError("not a member");
+    }
+    return it->second;
+  }
+  std::string BrokenReason(const std::string&, const std::string& group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_.count(group) ? broken_[group] : "";
+  }
+  void BreakGroup(const std::string&, const std::string& group,
+                  const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_.emplace(group, reason);
+    breaks_.push_back(group + ": " + reason);
+  }
+  absl::StatusOr<std::shared_ptr<Store>> JobStore(const std::string&) override { return store_; }
+  std::vector<std::string> breaks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return breaks_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, GpuGroupView> groups_;
+  std::map<std::string, std::string> broken_;
+  std::vector<std::string> breaks_;
+  std::shared_ptr<Store> store_ = std::make_shared<HashStore>();
+};
+
+// What one fake rank owns: its events (sent as IPC handles).
+struct FakeRank {
+  explicit FakeRank(int r)
+      : rank(r), ready{"ready" + std::to_string(r)}, done{"done" + std::to_string(r)} {}
+  int rank;
+  FakeEvent ready, done;
+  uint64_t sequence = 0;
+};
+
+v1::GpuBuffer Buffer(const void* p, size_t bytes) {
+  v1::GpuBuffer b;
+  b.set_ipc_handle(FakeIpcHandle(p));
+  b.set_bytes(bytes);
+  return b;
+}
+
+v1::GpuCollectiveRequest Request(FakeRank& rank, const std::string& group, v1::GpuOp op,
+                                 DType dtype, uint64_t count) {
+  v1::GpuCollectiveRequest r;
+  r.mutable_caller()->set_job_id("job");
+  r.mutable_caller()->set_global_rank(rank.rank);
+  r.set_group(group);
+  r.set_sequence(++rank.sequence);
+  r.set_op(op);
+  r.set_dtype(static_cast<int>(dtype));
+  r.set_count(count);
+  r.set_pci_bus_id("fake:0");
+  r.set_ready_event(FakeIpcHandle(&rank.ready));
+  r.set_done_event(FakeIpcHandle(&rank.done));
+  return r;
+}
+
+absl::StatusOr<uint64_t> Call(NcclEngine& engine, v1::GpuCollectiveRequest request) {
+  std::promise<absl::StatusOr<uint64_t>> promise;
+  auto future = promise.get_future();
+  engine.Collective(std::move(request),
+                    [&promise](absl::StatusOr<uint64_t> s) { promise.set_value(std::move(s)); });
+  return future.get();
+}
+
+// Runs `body(rank)` on one thread per rank; returns each rank's status.
+std::vector<absl::Status> OnRanks(const std::vector<int>& ranks,
+                                  const std::function<absl::Status(int)>& body) {
+  std::vector<absl::Status> status(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    threads.emplace_back([&, i] { status[i] = body(ranks[i]); });
+  }
+  for (auto& t : threads) t.join();
+  return status;
+}
+
+bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 400; ++i) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
+TEST_CASE("a first all_reduce creates the communicators through the store and reduces") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3);
+  for (int r = 0; r < 3; ++r) data[r] = {1.0f * r, 10.0f + r, -2.5f};
+  auto status = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 3);
+    *req.add_inputs() = Buffer(data[r].data(), 12);
+    return Call(engine, req).status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(status[r].ok());
+    CHECK(data[r] == std::vector<float>{3.0f, 33.0f, -7.5f});
+  }
+  // The daemon's stream waited on the rank's ready event before launching
+  // and recorded its done event after.
+  std::vector<std::string> log = runtime.log();
+  for (int r = 0; r < 3; ++r) {
+    auto wait = std::find(log.begin(), log.end(), "wait ready" + std::to_string(r));
+    auto record = std::find(log.begin(), log.end(), "record done" + std::to_string(r));
+    REQUIRE(wait != log.end());
+    REQUIRE(record != log.end());
+    CHECK(std::find(wait, record, "launch") != record);
+  }
+  auto list = engine.List("job");
+  REQUIRE(list.communicators_size() == 3);
+  for (const auto& c : list.communicators()) {
+    CHECK(c.state() == "ready");
+    CHECK(c.origin() == "init");
+    CHECK(c.launched() == 1);
+    CHECK(c.pci_bus_id() == "fake:0");
+    CHECK(c.open_buffers() == 1);
+  }
+  CHECK(Eventually([&] {
+    auto l = engine.List("job");
+    for (const auto& c : l.communicators()) {
+      if (c.completed() != 1) return false;
+    }
+    return true;
+  }));
+}
+
+TEST_CASE("every GPU collective gives the reference result on three ranks") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  constexpr int n = 3;
+  // Per-rank buffers, filled and checked on this thread.
+  struct Buffers {
+    std::vector<int32_t> bcast{0, 0, 0, 0, 0};
+    std::vector<double> reduce{0, 0};
+    std::vector<int64_t> gather_in{0, 0}, gather_out = std::vector<int64_t>(6, -1);
+    std::vector<std::vector<int64_t>> gather_list = std::vector<std::vector<int64_t>>(3, {0, 0});
+    std::vector<float> rs_in = std::vector<float>(6), rs_out = std::vector<float>(2);
+    std::vector<int32_t> a2a_in, a2a_out;
+    std::vector<int16_t> g_in{0}, g_out = std::vector<int16_t>(3, -1);
+    std::vector<int16_t> s_in = std::vector<int16_t>(3), s_out{-1};
+    std::vector<uint8_t> flags{0, 0};
+    std::vector<std::complex<float>> cplx{{0, 0}};
+    std::vector<float> sendbuf{0}, recvbuf{-1};
+  };
+  std::vector<Buffers> b(n);
+  for (int r = 0; r < n; ++r) {
+    if (r == 1) b[r].bcast = {5, 6, 7, 8, 9};
+    b[r].reduce = {1.0 + r, 2.0 * r};
+    b[r].gather_in = {10 * r, 10 * r + 1};
+    for (int i = 0; i < 6; ++i) b[r].rs_in[i] = static_cast<float>(i * (r + 1));
+    // rank r sends (r+1) elements to every peer: values 100*r + peer.
+    for (int p = 0; p < n; ++p) {
+      for (int k = 0; k <= r; ++k) b[r].a2a_in.push_back(100 * r + p);
+    }
+    b[r].a2a_out.assign(1 + 2 + 3, -1);
+    b[r].g_in = {static_cast<int16_t>(7 * r)};
+    for (int i = 0; i < n; ++i) b[r].s_in[i] = static_cast<int16_t>(i + 40);
+    b[r].flags = {static_cast<uint8_t>(r == 2), 1};
+    b[r].cplx = {{1.0f * r, -1.0f}};
+    b[r].sendbuf = {static_cast<float>(r)};
+  }
+  auto status = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    FakeRank& me = ranks[r];
+    Buffers& x = b[r];
+    auto bcast = Request(me, "world", v1::GPU_BROADCAST, DType::kInt32, 5);
+    bcast.set_root(1);
+    *bcast.add_inputs() = Buffer(x.bcast.data(), 20);
+    if (auto s = Call(engine, bcast); !s.ok()) return s.status();
+
+    auto reduce = Request(me, "world", v1::GPU_REDUCE, DType::kFloat64, 2);
+    reduce.set_root(2);
+    reduce.set_reduce_op(static_cast<int>(ReduceOp::kAvg));
+    *reduce.add_inputs() = Buffer(x.reduce.data(), 16);
+    if (auto s = Call(engine, reduce); !s.ok()) return s.status();
+
+    auto ag = Request(me, "world", v1::GPU_ALL_GATHER, DType::kInt64, 2);
+    *ag.add_inputs() = Buffer(x.gather_in.data(), 16);
+    *ag.add_outputs() = Buffer(x.gather_out.data(), 48);
+    if (auto s = Call(engine, ag); !s.ok()) return s.status();
+
+    auto agl = Request(me, "world", v1::GPU_ALL_GATHER, DType::kInt64, 2);
+    *agl.add_inputs() = Buffer(x.gather_in.data(), 16);
+    for (auto& out : x.gather_list) *agl.add_outputs() = Buffer(out.data(), 16);
+    if (auto s = Call(engine, agl); !s.ok()) return s.status();
+
+    auto rs = Request(me, "world", v1::GPU_REDUCE_SCATTER, DType::kFloat32, 2);
+    rs.set_reduce_op(static_cast<int>(ReduceOp::kSum));
+    *rs.add_inputs() = Buffer(x.rs_in.data(), 24);
+    *rs.add_outputs() = Buffer(x.rs_out.data(), 8);
+    if (auto s = Call(engine, rs); !s.ok()) return s.status();
+
+    auto a2a = Request(me, "world", v1::GPU_ALL_TO_ALL, DType::kInt32, 0);
+    for (int p = 0; p < n; ++p) {
+      a2a.add_send_counts(r + 1);
+      a2a.add_recv_counts(p + 1);
+    }
+    *a2a.add_inputs() = Buffer(x.a2a_in.data(), x.a2a_in.size() * 4);
+    *a2a.add_outputs() = Buffer(x.a2a_out.data(), x.a2a_out.size() * 4);
+    if (auto s = Call(engine, a2a); !s.ok()) return s.status();
+
+    auto gather = Request(me, "world", v1::GPU_GATHER, DType::kInt32, 0);
+    gather.set_dtype(static_cast<int>(DType::kFloat16));  // 2-byte elements
+    gather.set_count(1);
+    gather.set_root(0);
+    *gather.add_inputs() = Buffer(x.g_in.data(), 2);
+    if (r == 0) *gather.add_outputs() = Buffer(x.g_out.data(), 6);
+    if (auto s = Call(engine, gather); !s.ok()) return s.status();
+
+    auto scatter = Request(me, "world", v1::GPU_SCATTER, DType::kFloat16, 1);
+    scatter.set_root(2);
+    if (r == 2) *scatter.add_inputs() = Buffer(x.s_in.data(), 6);
+    *scatter.add_outputs() = Buffer(x.s_out.data(), 2);
+    if (auto s = Call(engine, scatter); !s.ok()) return s.status();
+
+    auto flags = Request(me, "world", v1::GPU_ALL_REDUCE, DType::kBool, 2);
+    flags.set_reduce_op(static_cast<int>(ReduceOp::kSum));
+    *flags.add_inputs() = Buffer(x.flags.data(), 2);
+    if (auto s = Call(engine, flags); !s.ok()) return s.status();
+
+    auto cplx = Request(me, "world", v1::GPU_ALL_REDUCE, DType::kComplex64, 1);
+    cplx.set_reduce_op(static_cast<int>(ReduceOp::kPremulSum));
+    cplx.set_scale(2.0);
+    *cplx.add_inputs() = Buffer(x.cplx.data(), 8);
+    if (auto s = Call(engine, cplx); !s.ok()) return s.status();
+
+    if (auto s = Call(engine, Request(me, "world", v1::GPU_BARRIER, DType::kFloat32, 0)); !s.ok()) {
+      return s.status();
+    }
+
+    // A ring: send to the next rank, receive from the previous, as one batch.
+    auto ring = Request(me, "world", v1::GPU_SEND_RECV, DType::kFloat32, 0);
+    auto* send = ring.add_p2p();
+    send->set_send(true);
+    send->set_peer((r + 1) % n);
+    *send->mutable_buffer() = Buffer(x.sendbuf.data(), 4);
+    auto* recv = ring.add_p2p();
+    recv->set_send(false);
+    recv->set_peer((r + n - 1) % n);
+    *recv->mutable_buffer() = Buffer(x.recvbuf.data(), 4);
+    return Call(engine, ring).status();
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    CHECK(status[r].ok());
+    CHECK(b[r].bcast == std::vector<int32_t>{5, 6, 7, 8, 9});
+    CHECK(b[r].gather_out == std::vector<int64_t>{0, 1, 10, 11, 20, 21});
+    for (int i = 0; i < n; ++i)
+      CHECK(b[r].gather_list[i] == std::vector<int64_t>{10 * i, 10 * i + 1});
+    // reduce_scatter: block r (elements 2r, 2r+1) summed over ranks (factor 1+2+3).
+    CHECK(b[r].rs_out == std::vector<float>{6.0f * 2 * r, 6.0f * (2 * r + 1)});
+    std::vector<int32_t> a2a_expected;
+    for (int p = 0; p < n; ++p) {
+      for (int k = 0; k <= p; ++k) a2a_expected.push_back(100 * p + r);
+    }
+    CHECK(b[r].a2a_out == a2a_expected);
+    CHECK(b[r].s_out == std::vector<int16_t>{static_cast<int16_t>(40 + r)});
+    CHECK(b[r].flags == std::vector<uint8_t>{1, 1});
+    CHECK(b[r].cplx[0] == std::complex<float>(2.0f * (0 + 1 + 2), -6.0f));
+    CHECK(b[r].recvbuf[0] == static_cast<float>((r + n - 1) % n));
+  }
+  CHECK(b[2].reduce == std::vector<double>{2.0, 2.0});
+  CHECK(b[0].reduce == std::vector<double>{1.0, 0.0});  // not the root: untouched
+  CHECK(b[0].g_out == std::vector<int16_t>{0, 7, 14});
+  CHECK(b[1].g_out == std::vector<int16_t>{-1, -1, -1});
+}
+
+TEST_CASE("IPC handles are opened once per rank, closed on release and when the rank goes") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(4, 1.0f));
+  std::vector<std::vector<float>> other(2, std::vector<float>(4, 1.0f));
+  auto status = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    for (int i = 0; i < 5; ++i) {
+      auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 4);
+      *req.add_inputs() = Buffer(data[r].data(), 16);
+      if (auto s = Call(engine, req); !s.ok()) return s.status();
+    }
+    // The rank freed `data` and now uses `other`.
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 4);
+    req.add_released_handles(FakeIpcHandle(data[r].data()));
+    *req.add_inputs() = Buffer(other[r].data(), 16);
+    return Call(engine, req).status();
+  });
+  CHECK(status[0].ok());
+  CHECK(status[1].ok());
+  CHECK(data[0] == std::vector<float>(4, 32.0f));
+  CHECK(other[1] == std::vector<float>(4, 2.0f));
+  CHECK(runtime.mem_opens() == 4);         // two allocations per rank, once each
+  CHECK(runtime.open_mem_handles() == 2);  // the freed ones were closed
+  engine.RankGone("job", 0);
+  CHECK(Eventually([&] { return runtime.open_mem_handles() == 1; }));
+  CHECK(engine.List("job").communicators_size() == 1);
+}
+
+TEST_CASE("a rank that never joins: creation times out and the group breaks") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1}, absl::Milliseconds(400));
+  NcclEngine engine(&runtime, &directory);
+  FakeRank rank1(1);
+  std::vector<float> data(2);
+  auto req = Request(rank1, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 2);
+  *req.add_inputs() = Buffer(data.data(), 8);
+  auto result = Call(engine, req);
+  CHECK(absl::IsDeadlineExceeded(result.status()));
+  CHECK(result.status().message().find("never published the NCCL unique id") != std::string::npos);
+  REQUIRE(directory.breaks().size() == 1);
+  CHECK(std::string(directory.breaks().at(0)).find("world: ") == 0);
+  // Later calls fail at once with the reason.
+  auto again = Request(rank1, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 2);
+  *again.add_inputs() = Buffer(data.data(), 8);
+  CHECK(absl::IsAborted(Call(engine, again).status()));
+}
+
+TEST_CASE("an asynchronous NCCL error aborts the communicator and breaks the group") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  REQUIRE(first[0].ok());
+  REQUIRE(first[1].ok());
+  runtime.InjectAsyncError(2, 1, "NVLink error on GPU 3");
+  REQUIRE(Eventually([&] { return !directory.breaks().empty(); }));
+  CHECK(std::string(directory.breaks().at(0)).find("NVLink error on GPU 3") != std::string::npos);
+  CHECK(runtime.aborts() >= 1);
+  auto req = Request(ranks[0], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *req.add_inputs() = Buffer(data[0].data(), 4);
+  auto after = Call(engine, req);
+  CHECK(absl::IsAborted(after.status()));
+  CHECK(after.status().message().find("NVLink error on GPU 3") != std::string::npos);
+}
+
+TEST_CASE("a registry abort (a member died) aborts the communicators with its reason") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  REQUIRE(first[0].ok());
+  engine.GroupBroken("job", "world", "rank 1 (host n1, pid 77) killed by signal 9");
+  REQUIRE(Eventually([&] { return runtime.aborts() == 2; }));
+  auto req = Request(ranks[0], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *req.add_inputs() = Buffer(data[0].data(), 4);
+  auto after = Call(engine, req);
+  CHECK(absl::IsAborted(after.status()));
+  CHECK(after.status().message() == "rank 1 (host n1, pid 77) killed by signal 9");
+  CHECK(directory.breaks().empty());  // the registry already knew
+  auto list = engine.List("job");
+  for (const auto& c : list.communicators()) CHECK(c.state() == "aborted");
+}
+
+TEST_CASE("a collective that never finishes on the GPU times out and aborts") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1}, absl::Milliseconds(300));
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  runtime.HangCollectives(true);
+  auto launched = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  CHECK(launched[0].ok());  // enqueued; the GPU never finishes it
+  REQUIRE(Eventually([&] { return !directory.breaks().empty(); }));
+  CHECK(std::string(directory.breaks().at(0))
+            .find("collective #1 (ALL_REDUCE float32 x 1) on group world "
+                  "did not finish on the GPU") != std::string::npos);
+  CHECK(runtime.aborts() >= 1);
+}
+
+TEST_CASE("a subgroup is split from a healthy world communicator") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2});
+  directory.AddGroup("pair", {0, 2});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
+  auto first = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  REQUIRE(first[2].ok());
+  engine.GroupFormed("job", "pair", {0, 2}, false, "cpu:gloo,cuda:nccl", {0, 1, 2});
+  std::vector<std::vector<float>> pair = {{1.0f}, {0.0f}, {5.0f}};
+  auto status = OnRanks({0, 2}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "pair", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    req.set_reduce_op(static_cast<int>(ReduceOp::kMax));
+    *req.add_inputs() = Buffer(pair[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  CHECK(status[0].ok());
+  CHECK(status[1].ok());
+  CHECK(pair[0][0] == 5.0f);
+  CHECK(pair[2][0] == 5.0f);
+  int split = 0;
+  v1::ListCommunicatorsResponse list = engine.List("job");
+  for (const auto& c : list.communicators()) {
+    if (c.group() == "pair") {
+      CHECK(c.origin() == "split");
+      CHECK(c.state() == "ready");
+      ++split;
+    }
+  }
+  CHECK(split == 2);
+  // The world communicator still works after the split.
+  auto again = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  CHECK(again[1].ok());
+  CHECK(data[1][0] == 9.0f);
+}
+
+TEST_CASE("bad requests are clear errors and break nothing") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0});
+  directory.AddGroup("cpu_only", {0}, absl::Seconds(5), "cpu:gloo");
+  NcclEngine engine(&runtime, &directory);
+  FakeRank rank0(0);
+  std::vector<float> data(1, 1.0f);
+  auto wrong_backend = Request(rank0, "cpu_only", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *wrong_backend.add_inputs() = Buffer(data.data(), 4);
+  auto s1 = Call(engine, wrong_backend);
+  CHECK(absl::IsInvalidArgument(s1.status()));
+  CHECK(s1.status().message().find("no NCCL backend") != std::string::npos);
+
+  auto unknown = Request(rank0, "nope", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  CHECK(absl::IsNotFound(Call(engine, unknown).status()));
+
+  auto ok = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *ok.add_inputs() = Buffer(data.data(), 4);
+  REQUIRE(Call(engine, ok).ok());
+  auto other_gpu = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  other_gpu.set_pci_bus_id("fake:1");
+  *other_gpu.add_inputs() = Buffer(data.data(), 4);
+  auto s2 = Call(engine, other_gpu);
+  CHECK(absl::IsInvalidArgument(s2.status()));
+  CHECK(s2.status().message().find("fake:1") != std::string::npos);
+  auto too_small = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 2);
+  *too_small.add_inputs() = Buffer(data.data(), 4);
+  CHECK(absl::IsInvalidArgument(Call(engine, too_small).status()));
+  // Still healthy.
+  auto fine = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *fine.add_inputs() = Buffer(data.data(), 4);
+  CHECK(Call(engine, fine).ok());
+  CHECK(directory.breaks().empty());
+
+  runtime.SetUnavailable("no CUDA device");
+  auto s3 = Call(engine, fine);
+  CHECK(absl::IsFailedPrecondition(s3.status()));
+  CHECK(s3.status().message().find("no CUDA device") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster
