@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "backends/shm/reduce.h"
 #include "common/json.h"
+#include "muster/shared_buffer.h"
 #include "muster/world.h"
 
 namespace muster::bench {
@@ -59,15 +60,26 @@ double BusFactor(Op op, int n) {
   return 0;
 }
 
-// A page-aligned buffer (large collectives stream through it).
+// A page-aligned buffer (large collectives stream through it): heap memory,
+// or with --shared a muster::AllocShared buffer (zero-copy collectives).
 class Buffer {
  public:
-  explicit Buffer(size_t bytes) : bytes_(bytes) {
+  Buffer(size_t bytes, bool shared) : bytes_(bytes) {
     size_t rounded = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
-    data_ = static_cast<char*>(std::aligned_alloc(4096, rounded));
+    if (shared) {
+      auto b = AllocShared(rounded);
+      if (b.ok()) {
+        shared_ = std::move(*b);
+        data_ = shared_.as<char>();
+      }
+    } else {
+      data_ = static_cast<char*>(std::aligned_alloc(4096, rounded));
+    }
     if (data_ != nullptr) std::memset(data_, 0, rounded);  // fault the pages in now
   }
-  ~Buffer() { std::free(data_); }
+  ~Buffer() {
+    if (!shared_) std::free(data_);
+  }
   Buffer(const Buffer&) = delete;
   Buffer& operator=(const Buffer&) = delete;
   char* data() { return data_; }
@@ -76,6 +88,7 @@ class Buffer {
  private:
   char* data_ = nullptr;
   size_t bytes_;
+  SharedBuffer shared_;
 };
 
 // Deterministic inputs: small positive integers, exact in every dtype and
@@ -149,7 +162,7 @@ double AsDType(DType t, int64_t v) {
 // One op at one size on this rank: buffers, inputs, the call, the check.
 class Case {
  public:
-  Case(ProcessGroup& group, Op op, int64_t requested_bytes, DType dtype, int root)
+  Case(ProcessGroup& group, Op op, int64_t requested_bytes, DType dtype, int root, bool shared)
       : group_(group), op_(op), dtype_(dtype), root_(root), n_(group.size()), rank_(group.rank()) {
     size_t es = DTypeSize(dtype);
     size_t req = static_cast<size_t>(requested_bytes);
@@ -158,19 +171,19 @@ class Case {
       case Op::kBroadcast:
         count_ = std::max<size_t>(1, req / es);
         total_bytes_ = count_ * es;
-        in_ = std::make_unique<Buffer>(total_bytes_);
+        in_ = std::make_unique<Buffer>(total_bytes_, shared);
         break;
       case Op::kAllGather:
         count_ = std::max<size_t>(1, req / (es * n_));  // per rank
         total_bytes_ = count_ * es * n_;
-        in_ = std::make_unique<Buffer>(count_ * es);
-        out_ = std::make_unique<Buffer>(total_bytes_);
+        in_ = std::make_unique<Buffer>(count_ * es, shared);
+        out_ = std::make_unique<Buffer>(total_bytes_, shared);
         break;
       case Op::kReduceScatter:
         count_ = std::max<size_t>(1, req / (es * n_));  // per rank
         total_bytes_ = count_ * es * n_;
-        in_ = std::make_unique<Buffer>(total_bytes_);
-        out_ = std::make_unique<Buffer>(count_ * es);
+        in_ = std::make_unique<Buffer>(total_bytes_, shared);
+        out_ = std::make_unique<Buffer>(count_ * es, shared);
         break;
       case Op::kBarrier:
         count_ = 0;
@@ -434,7 +447,7 @@ int RunCollectivesBench(const CollectivesBenchOptions& o) {
       int64_t iters = o.iters.size() == 1 ? o.iters[0] : o.iters[si];
       if (op == Op::kBarrier) iters = *std::max_element(o.iters.begin(), o.iters.end());
       int64_t warmup = o.warmup >= 0 ? o.warmup : std::max<int64_t>(2, iters / 10);
-      Case c(group, op, o.bytes[si], *dtype, o.root);
+      Case c(group, op, o.bytes[si], *dtype, o.root, o.shared);
       if (!c.allocated()) {
         std::fprintf(stderr, "muster-bench: rank %d: cannot allocate %s\n", rank,
                      SizeText(o.bytes[si]).c_str());
@@ -520,14 +533,15 @@ int RunCollectivesBench(const CollectivesBenchOptions& o) {
         std::string bw_alg = op == Op::kBarrier ? "null" : JsonNumber(algbw);
         std::string bw_bus = op == Op::kBarrier ? "null" : JsonNumber(busbw);
         std::printf(
-            "{\"system\":\"muster\",\"op\":%s,\"bytes\":%lld,\"world\":%d,\"dtype\":%s,"
+            "{\"system\":\"%s\",\"op\":%s,\"bytes\":%lld,\"world\":%d,\"dtype\":%s,"
             "\"iters\":%d,\"warmup\":%d,\"p50_us\":%s,\"p99_us\":%s,\"min_us\":%s,"
             "\"mean_us\":%s,\"algbw_gbps\":%s,\"busbw_gbps\":%s,\"verified\":%s,"
             "\"vol_csw_per_iter\":%s,\"invol_csw_per_iter\":%s}\n",
-            JsonQuote(o.ops[oi]).c_str(), static_cast<long long>(bytes), n,
-            JsonQuote(DTypeName(*dtype)).c_str(), static_cast<int>(iters), static_cast<int>(warmup),
-            JsonNumber(p50).c_str(), JsonNumber(p99).c_str(), JsonNumber(min).c_str(),
-            JsonNumber(mean).c_str(), bw_alg.c_str(), bw_bus.c_str(), verified.c_str(),
+            o.shared ? "muster-shared" : "muster", JsonQuote(o.ops[oi]).c_str(),
+            static_cast<long long>(bytes), n, JsonQuote(DTypeName(*dtype)).c_str(),
+            static_cast<int>(iters), static_cast<int>(warmup), JsonNumber(p50).c_str(),
+            JsonNumber(p99).c_str(), JsonNumber(min).c_str(), JsonNumber(mean).c_str(),
+            bw_alg.c_str(), bw_bus.c_str(), verified.c_str(),
             JsonNumber(static_cast<double>(switches[0]) / iters).c_str(),
             JsonNumber(static_cast<double>(switches[1]) / iters).c_str());
       } else {

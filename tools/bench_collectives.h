@@ -46,6 +46,9 @@ struct CollectivesBenchOptions {
   // after the timed loop.
   bool verify = false;
   bool json = false;
+  // Buffers from muster::AllocShared (zero-copy collectives) instead of the
+  // heap; JSON lines then say "system":"muster-shared".
+  bool shared = false;
   // "none", or "rank": pin each rank to CPU local_rank % (allowed CPUs).
   std::string pin = "none";
   std::string command_line;  // printed in the table header

@@ -9,8 +9,14 @@
 #
 # Usage: tools/bench_collectives.sh [--worlds "2 4"] [--repeats R] [--max-load L]
 #                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
+#                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
 #        tools/bench_collectives.sh --report DIR [--no-doc]
 #   --worlds      world sizes (default "2 4")
+#   --shared      also run muster with AllocShared buffers (muster-bench
+#                 --shared: zero-copy), shown next to muster's ordinary buffers;
+#                 the doc block is then the "zero-copy" one (see below)
+#   --ops, --sizes, --iters  override the ops, sizes (bytes, K/M suffixes) and
+#                 iterations (one per size) of every system
 #   --repeats     full passes, the three systems taking turns within each pass;
 #                 the table shows the median over the passes (default 3)
 #   --max-load    first wait (up to 10 min) until the 1-minute load average is
@@ -27,7 +33,8 @@
 # The table and the targets go to stdout and, unless --no-doc, into the
 # section "## CPU collectives: muster vs torch gloo vs Open MPI" of
 # docs/benchmarks.md (between its generated-block markers; text around them
-# is kept). Progress goes to stderr.
+# is kept); with --shared, into "## Zero-copy collectives (AllocShared): ..."
+# instead. Progress goes to stderr.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cmdline="tools/bench_collectives.sh${*:+ $*}"
@@ -40,6 +47,10 @@ doc=1
 keep=""
 report=""
 quick=0
+shared=0
+ops_arg=""
+sizes_arg=""
+iters_arg=""
 while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
@@ -50,7 +61,11 @@ while (($#)); do
     --keep) keep="$2"; shift 2 ;;
     --quick) quick=1; doc=0; repeats=1; shift ;;
     --report) report="$2"; build=0; shift 2 ;;
-    -h|--help) sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --shared) shared=1; shift ;;
+    --ops) ops_arg="$2"; shift 2 ;;
+    --sizes) sizes_arg="$2"; shift 2 ;;
+    --iters) iters_arg="$2"; shift 2 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -63,6 +78,9 @@ if ((quick)); then
   SIZES=4,4096,262144
   ITERS=200,200,50
 fi
+[[ -n $ops_arg ]] && OPS="$ops_arg"
+[[ -n $sizes_arg ]] && SIZES="$sizes_arg"
+[[ -n $iters_arg ]] && ITERS="$iters_arg"
 PY=/usr/bin/python3
 OPT=bazel-out/k8-opt/bin/tools
 say() { echo "bench_collectives: $*" >&2; }
@@ -124,6 +142,14 @@ else
           "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/muster.err" | tag "$pass"; then
         say "muster failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
       fi
+      if ((shared)); then
+        say "pass $pass/$repeats, world $w: muster, AllocShared buffers"
+        if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+            "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
+            2>"$tmp/muster.err" | tag "$pass"; then
+          say "muster --shared failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
+        fi
+      fi
       say "pass $pass/$repeats, world $w: torch gloo"
       if ! "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
           2>"$tmp/gloo.err" | tag "$pass"; then
@@ -155,16 +181,18 @@ else
   REPORT_ELAPSED="$elapsed"
   REPORT_MACHINE="$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname -sr)"
   REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
-  REPORT_SETUP="sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
+  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
+  REPORT_SHARED=$shared
   if [[ -n $keep ]]; then
     mkdir -p "$keep"
     cp "$results" "$keep/results.jsonl"
     declare -p REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
-      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP >"$keep/meta.env"
+      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED >"$keep/meta.env"
   fi
 fi
+REPORT_SHARED=${REPORT_SHARED:-0}
 export REPORT_RESULTS REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
-  REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP
+  REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED
 REPORT_DOC=$doc "$PY" - <<'EOF'
 import json, os, statistics
 
@@ -230,18 +258,33 @@ def ratio(a, b, key):
     return ("%.2fx" if v >= 0.1 else "%.2gx") % v
 
 
+SHARED = env.get("REPORT_SHARED") == "1"
 lines = []
 out = lines.append
-out("| world | op | bytes | muster p50 µs | gloo p50 µs | MPI p50 µs | muster busbw | gloo busbw "
-    "| MPI busbw | busbw muster/gloo | busbw muster/MPI | p50 muster/gloo | p50 muster/MPI |")
-out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+if SHARED:
+    out("| world | op | bytes | muster p50 µs | shared p50 µs | gloo p50 µs | MPI p50 µs "
+        "| muster busbw | shared busbw | gloo busbw | MPI busbw | busbw muster/gloo "
+        "| busbw muster/MPI | busbw shared/gloo | busbw shared/MPI |")
+    out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+else:
+    out("| world | op | bytes | muster p50 µs | gloo p50 µs | MPI p50 µs | muster busbw "
+        "| gloo busbw | MPI busbw | busbw muster/gloo | busbw muster/MPI | p50 muster/gloo "
+        "| p50 muster/MPI |")
+    out("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 unverified = []
 for world, oi, nbytes in keys:
     op = OPS[oi]
     m, g, p = (med(s, world, op, nbytes) for s in ("muster", "gloo", "mpi"))
-    for s, x in (("muster", m), ("gloo", g), ("MPI", p)):
+    z = med("muster-shared", world, op, nbytes)
+    for s, x in (("muster", m), ("muster shared", z), ("gloo", g), ("MPI", p)):
         if x is not None and "unsupported" not in x and not x["verified"]:
             unverified.append("%s %s %s world %d" % (s, op, size_text(nbytes), world))
+    if SHARED:
+        out("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            world, op, size_text(nbytes), f_us(m), f_us(z), f_us(g), f_us(p), f_bw(m), f_bw(z),
+            f_bw(g), f_bw(p), ratio(m, g, "bus"), ratio(m, p, "bus"), ratio(z, g, "bus"),
+            ratio(z, p, "bus")))
+        continue
     out("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
         world, op, size_text(nbytes), f_us(m), f_us(g), f_us(p), f_bw(m), f_bw(g), f_bw(p),
         ratio(m, g, "bus"), ratio(m, p, "bus"), ratio(m, g, "p50"), ratio(m, p, "p50")))
@@ -250,25 +293,27 @@ table = "\n".join(lines)
 # The issue's targets.
 targets = ["| target | world | status | figure |", "|---|---:|---|---|"]
 met_all = True
-for world in sorted({k[0] for k in keys}):
-    for nbytes in (4 << 20, 64 << 20):
-        m, g, p = (med(s, world, "all_reduce", nbytes) for s in ("muster", "gloo", "mpi"))
-        for peer, x, goal in (("gloo", g, 4.0), ("MPI", p, 1.0)):
-            name = "all_reduce busbw %s >= %gx %s" % (size_text(nbytes), goal, peer)
-            if m is None or x is None or "unsupported" in x or not m.get("bus") or not x.get("bus"):
-                targets.append("| %s | %d | not measured | |" % (name, world))
-                continue
-            r = m["bus"] / x["bus"]
-            met = r >= goal
-            met_all &= met
-            targets.append("| %s | %d | %s | %.2f vs %.2f GB/s = %.2fx (muster p50 %s..%s µs over %d passes) |" % (
-                name, world, "**met**" if met else "**missed**", m["bus"], x["bus"], r,
-                f_us({"p50": m["lo"]}), f_us({"p50": m["hi"]}), m["passes"]))
+SYSTEMS = [("", "muster")] + ([(" (shared)", "muster-shared")] if SHARED else [])
+for world, (label, system), nbytes in ((w, s, b) for w in sorted({k[0] for k in keys})
+                                        for s in SYSTEMS for b in (4 << 20, 64 << 20)):
+    m, g, p = (med(s, world, "all_reduce", nbytes) for s in (system, "gloo", "mpi"))
+    for peer, x, goal in (("gloo", g, 4.0), ("MPI", p, 1.0)):
+        name = "all_reduce busbw %s >= %gx %s%s" % (size_text(nbytes), goal, peer, label)
+        if m is None or x is None or "unsupported" in x or not m.get("bus") or not x.get("bus"):
+            targets.append("| %s | %d | not measured | |" % (name, world))
+            continue
+        r = m["bus"] / x["bus"]
+        met = r >= goal
+        met_all &= met
+        targets.append("| %s | %d | %s | %.2f vs %.2f GB/s = %.2fx (muster p50 %s..%s µs over %d passes) |" % (
+            name, world, "**met**" if met else "**missed**", m["bus"], x["bus"], r,
+            f_us({"p50": m["lo"]}), f_us({"p50": m["hi"]}), m["passes"]))
 for op, nbytes, label in (("all_reduce", 4, "4-byte all_reduce p50 <= 20 µs"),
                           ("barrier", 0, "barrier p50 <= 20 µs")):
     m, p = med("muster", 2, op, nbytes), med("mpi", 2, op, nbytes)
     if m is None:
-        targets.append("| %s | 2 | not measured | |" % label)
+        if not SHARED:
+            targets.append("| %s | 2 | not measured | |" % label)
         continue
     met = m["p50"] <= 20
     met_all &= met
@@ -305,6 +350,10 @@ if env.get("REPORT_DOC") == "1":
     title = "## CPU collectives: muster vs torch gloo vs Open MPI"
     begin = "<!-- tools/bench_collectives.sh: generated block, begin -->"
     end = "<!-- tools/bench_collectives.sh: generated block, end -->"
+    if SHARED:
+        title = "## Zero-copy collectives (AllocShared): muster vs torch gloo vs Open MPI"
+        begin = "<!-- tools/bench_collectives.sh --shared: generated block, begin -->"
+        end = "<!-- tools/bench_collectives.sh --shared: generated block, end -->"
     doc = open(path).read()
     generated = begin + "\n\n" + text + "\n\n" + end
     if begin in doc and end in doc:

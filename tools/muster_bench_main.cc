@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
   std::string coll_dtype = cdefaults.dtype;
   std::string coll_pin = cdefaults.pin;
   bool verify = false;
+  bool coll_shared = false;
 
   muster::FlagSet flags(
       "muster-bench",
@@ -87,8 +88,8 @@ int main(int argc, char** argv) {
       "the input of reduce_scatter. Exit status: 0, 1 if a collective failed or\n"
       "--verify found a wrong element, 2 for bad usage.\n"
       "\n"
-      "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --pin\n"
-      "--json --quick. The others are store's.");
+      "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --shared\n"
+      "--pin --json --quick. The others are store's.");
   flags.AddString("ops", &ops,
                   "Latency workload: comma-separated ops, each timed from one client.\n"
                   "Known: set, get, add, compare_set, check, wait, delete_key, num_keys.\n"
@@ -149,6 +150,9 @@ int main(int argc, char** argv) {
   flags.AddBool("verify", &verify,
                 "collectives: fill deterministic inputs and check the result on every rank,\n"
                 "once before and once after each timed loop (verified: true/false; else null).");
+  flags.AddBool("shared", &coll_shared,
+                "collectives: buffers from muster::AllocShared (peers read them in place)\n"
+                "instead of the heap.");
   flags.AddString("pin", &coll_pin,
                   "collectives: none (the scheduler places the ranks) or rank (rank r runs on\n"
                   "allowed CPU local_rank mod #CPUs, all its threads included).");
@@ -201,6 +205,7 @@ int main(int argc, char** argv) {
     c.verify = verify;
     c.json = json;
     c.pin = coll_pin;
+    c.shared = coll_shared;
     c.command_line = command_line;
     return bench::RunCollectivesBench(c);
   }

@@ -400,7 +400,14 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
     first = nullptr;
     if (*mode != Direct::kSlots) {
       // Rank r reduces part r of every rank's buffer into its own buffer,
-      // in rank order, block by block through a cached accumulator.
+      // in rank order, block by block through a cached accumulator. Ranks
+      // 0 and 1 accumulate in their own buffer: for ops whose combine is
+      // exactly commutative, c1 op c0 == c0 op c1, so rank 1 may start
+      // from its own contribution (one pass less over its part).
+      bool commutative = op == ReduceOp::kSum || op == ReduceOp::kAvg ||
+                         op == ReduceOp::kPremulSum || op == ReduceOp::kProduct ||
+                         op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
+      bool in_own = rank_ == 0 || (rank_ == 1 && commutative);
       bool fallback = false;
       size_t part_off;
       size_t part_len = Part(count, size_, rank_, &part_off);
@@ -412,12 +419,13 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
           size_t len = std::min(block, part_len - done);
           size_t off = (part_off + done) * es;
           char* own = bytes + off;
-          // Rank 0's accumulator may be its own buffer (c_0 itself).
-          char* acc = rank_ == 0 ? own : scratch_.data();
-          auto c0 = Source(0, bytes, off, len * es, acc);
+          char* acc = in_own ? own : scratch_.data();
+          int start = in_own ? rank_ : 0;  // the contribution acc starts from
+          auto c0 = Source(start, bytes, off, len * es, acc);
           if (!c0.ok()) return c0.status();
           ReduceInit(acc, *c0, len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) {
+          for (int j = 0; j < size_; ++j) {
+            if (j == start) continue;
             auto cj = Source(j, bytes, off, len * es, tmp);
             if (!cj.ok()) return cj.status();
             ReduceInto(acc, *cj, len, dtype, op, scale);
