@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/admin_service.h"
+#include "daemon/gpu/gpu_service.h"
 #include "daemon/ready_file.h"
 #include "daemon/registry/registry.h"
 #include "daemon/registry/services.h"
@@ -68,6 +69,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->registry_ = std::make_unique<Registry>(registry_options);
   daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get());
   daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());
+  daemon->gpu_service_ = std::make_unique<GpuService>(daemon->registry_.get(), options.store.token);
 
   Daemon* self = daemon.get();
   daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });
@@ -83,6 +85,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (daemon->store_service_ != nullptr) builder.RegisterService(daemon->store_service_.get());
   builder.RegisterService(daemon->session_service_.get());
   builder.RegisterService(daemon->groups_service_.get());
+  builder.RegisterService(daemon->gpu_service_.get());
   daemon->server_ = builder.BuildAndStart();
   if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
     if (daemon->server_ != nullptr) daemon->server_->Shutdown();
@@ -148,6 +151,8 @@ void Daemon::Shutdown() {
   if (admin_service_ != nullptr) admin_service_->SetDraining();
   // Pending group operations fail (ABORTED: shutting down) and the registry
   // stops talking to job stores before those (maybe this one) go away.
+  // GPU communicators are aborted first: queued GPU requests are answered.
+  if (gpu_service_ != nullptr) gpu_service_->Shutdown();
   if (registry_ != nullptr) registry_->Shutdown();
   // The store next: its stop finishes parked gRPC store waits (UNAVAILABLE)
   // so the gRPC server has nothing left that could outlive the grace period.

@@ -27,6 +27,7 @@ namespace muster {
 class AdminService;
 class GroupsService;
 class Registry;
+class GpuService;
 class SessionService;
 class SocketLock;
 class StoreService;
@@ -75,6 +76,7 @@ class Daemon {
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<Registry> registry_;
+  std::unique_ptr<GpuService> gpu_service_;  // destroyed before the registry
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<GroupsService> groups_service_;
   std::unique_ptr<grpc::Server> server_;

@@ -96,10 +96,13 @@ NcclEngine::NcclEngine(GpuRuntime* runtime, GpuGroupDirectory* directory, NcclEn
   watchdog_ = std::thread([this] { Watchdog(); });
 }
 
-NcclEngine::~NcclEngine() {
+NcclEngine::~NcclEngine() { Shutdown(); }
+
+void NcclEngine::Shutdown() {
   std::vector<std::shared_ptr<Slot>> all;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return;
     stopping_ = true;
     for (auto& [key, slot] : slots_) all.push_back(slot);
     for (auto& slot : retired_) all.push_back(slot);
@@ -117,6 +120,8 @@ NcclEngine::~NcclEngine() {
     slot->cv.notify_all();
     if (slot->worker.joinable()) slot->worker.join();
   }
+  // Every worker is gone: close what the ranks' handles opened.
+  std::lock_guard<std::mutex> lock(mu_);
   mem_cache_.reset();
   event_cache_.reset();
 }
@@ -766,7 +771,7 @@ v1::ListCommunicatorsResponse NcclEngine::List(const std::string& job_id) {
     info->set_global_rank(slot->global_rank);
     info->set_group_rank(slot->group_rank);
     info->set_group_size(slot->group_size);
-    info->set_open_buffers(mem_cache_->open_count(slot->owner));
+    if (mem_cache_ != nullptr) info->set_open_buffers(mem_cache_->open_count(slot->owner));
     std::lock_guard<std::mutex> slot_lock(slot->mu);
     info->set_pci_bus_id(slot->bus_id);
     info->set_state(slot->state);

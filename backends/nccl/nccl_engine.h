@@ -83,8 +83,11 @@ class NcclEngine {
  public:
   // `runtime` and `directory` must outlive the engine.
   NcclEngine(GpuRuntime* runtime, GpuGroupDirectory* directory, NcclEngineOptions options = {});
-  // Aborts every communicator and joins every thread.
+  // Calls Shutdown().
   ~NcclEngine();
+  // Aborts every communicator, answers queued requests (ABORTED) and joins
+  // every thread; later requests fail at once. Idempotent.
+  void Shutdown();
   NcclEngine(const NcclEngine&) = delete;
   NcclEngine& operator=(const NcclEngine&) = delete;
 

@@ -314,6 +314,7 @@ void Registry::Leave(const std::string& session_id) {
   if (it->second.info.state() == v1::RANK_STATE_ALIVE) {
     it->second.info.set_state(v1::RANK_STATE_LEFT);
     MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
+    if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
   }
 }
 
@@ -390,7 +391,9 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     if (g.info.broken_reason().empty()) g.info.set_broken_reason(what);
     if (g.segment != nullptr) g.segment->Abort(what);
+    if (observer_ != nullptr) observer_->GroupBroken(job.id, name, what);
   }
+  if (observer_ != nullptr && r.local) observer_->RankGone(job.id, rank);
   v1::SessionServerMessage event;
   *event.mutable_rank_failed()->mutable_rank() = r.info;
   for (auto& [other, rec] : job.ranks) {
@@ -615,6 +618,13 @@ void Registry::FormGroup(std::string job_id, std::string name) {
       }
       AttachSegment(*job, g);
       result = g.info;
+      if (observer_ != nullptr) {
+        std::vector<int> local_ranks;
+        for (auto& [r, rec] : job->ranks) {
+          if (rec.local && rec.info.state() == v1::RANK_STATE_ALIVE) local_ranks.push_back(r);
+        }
+        observer_->GroupFormed(g.info, local_ranks);
+      }
       MLOG(INFO) << "job " << job_id << ": group '" << name << "' ready with " << members.size()
                  << " members";
     } else {
@@ -753,6 +763,7 @@ absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req) {
     return absl::FailedPreconditionError(
         absl::StrCat("group '", req.name(), "' was already destroyed by rank ", caller));
   }
+  if (observer_ != nullptr) observer_->GroupDestroyed(job->id, req.name(), caller);
   if (g.destroyed_by.size() == g.arrived_local.size()) {
     g.info.set_state(v1::GROUP_STATE_DESTROYED);
     if (g.segment != nullptr) GroupSegment::Unlink(g.segment->name());
@@ -775,7 +786,26 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
   if (it->second.segment != nullptr) {
     it->second.segment->Abort(absl::StrCat("group aborted: ", it->second.abort_reason));
   }
+  if (observer_ != nullptr) {
+    observer_->GroupBroken(job_id, name, absl::StrCat("group aborted: ", it->second.abort_reason));
+  }
   return absl::OkStatus();
+}
+
+bool Registry::IsLiveLocalRank(const std::string& job_id, int global_rank) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return false;
+  auto it = job->ranks.find(global_rank);
+  return it != job->ranks.end() && it->second.local &&
+         it->second.info.state() == v1::RANK_STATE_ALIVE;
+}
+
+absl::StatusOr<std::string> Registry::JobMaster(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->master;
 }
 
 absl::Status Registry::AbortJob(const std::string& job_id, const std::string& reason) {
@@ -788,6 +818,9 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     g.info.set_broken_reason(absl::StrCat("job aborted: ", job->abort_reason));
     if (g.segment != nullptr) g.segment->Abort(absl::StrCat("job aborted: ", job->abort_reason));
+    if (observer_ != nullptr) {
+      observer_->GroupBroken(job_id, name, absl::StrCat("job aborted: ", job->abort_reason));
+    }
   }
   v1::SessionServerMessage event;
   event.mutable_job_aborted()->set_job_id(job_id);

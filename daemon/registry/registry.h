@@ -44,6 +44,23 @@ class SessionSink {
   virtual void Push(const v1::SessionServerMessage& message) = 0;
 };
 
+// Told about group and rank lifecycle events (musterd's GPU engine, which
+// owns communicators per group). Called with the registry's lock held:
+// implementations must not block or call back into the registry.
+class RegistryObserver {
+ public:
+  virtual ~RegistryObserver() = default;
+  // A group finished forming on this daemon; `local_ranks` are the job's
+  // live ranks registered here.
+  virtual void GroupFormed(const v1::GroupInfo& group, const std::vector<int>& local_ranks) = 0;
+  virtual void GroupBroken(const std::string& job_id, const std::string& group,
+                           const std::string& reason) = 0;
+  virtual void GroupDestroyed(const std::string& job_id, const std::string& group,
+                              int global_rank) = 0;
+  // A local rank left or failed.
+  virtual void RankGone(const std::string& job_id, int global_rank) = 0;
+};
+
 struct RegistryOptions {
   std::string hostname;
   // This daemon's identity, recorded with each rank (ranks with the same
@@ -77,6 +94,17 @@ class Registry {
   void Leave(const std::string& session_id);
   // The session's stream ended; without a Leave first, the rank failed.
   void Disconnected(const std::string& session_id, SessionSink* sink);
+
+  // Must be set before the first session; `observer` outlives the registry.
+  void SetObserver(RegistryObserver* observer) {
+    absl::MutexLock lock(&mu_);
+    observer_ = observer;
+  }
+  // Whether `global_rank` of `job_id` is a live rank registered at this
+  // daemon.
+  bool IsLiveLocalRank(const std::string& job_id, int global_rank);
+  // "host:port" of the job's authoritative store; NotFound for no such job.
+  absl::StatusOr<std::string> JobMaster(const std::string& job_id);
 
   void CreateGroup(const v1::CreateGroupRequest& request, GroupDone done);
   absl::Status DestroyGroup(const v1::DestroyGroupRequest& request);
@@ -164,6 +192,7 @@ class Registry {
   static std::string DescribeRank(const v1::RankInfo& info);
 
   const RegistryOptions options_;
+  RegistryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string daemon_id_;  // options_.daemon_address or a generated one
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,133 @@
+#include "daemon/gpu/gpu_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "backends/nccl/cuda_nccl_runtime.h"
+#include "daemon/registry/job_coordinator.h"
+#include "muster/tcp_store.h"
+
+namespace muster {
+namespace {
+
+grpc::Status ToGrpc(const absl::Status& s) {
+  if (s.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+}  // namespace
+
+GpuService::GpuService(Registry* registry, std::string store_token,
+                       std::unique_ptr<GpuRuntime> runtime)
+    : registry_(registry), store_token_(std::move(store_token)), runtime_(std::move(runtime)) {
+  if (runtime_ == nullptr) runtime_ = std::make_unique<CudaNcclRuntime>();
+  engine_ = std::make_unique<NcclEngine>(runtime_.get(), this);
+  registry_->SetObserver(this);
+}
+
+GpuService::~GpuService() { Shutdown(); }
+
+void GpuService::Shutdown() {
+  registry_->SetObserver(nullptr);
+  engine_->Shutdown();
+}
+
+grpc::ServerUnaryReactor* GpuService::Collective(grpc::CallbackServerContext* context,
+                                                 const v1::GpuCollectiveRequest* request,
+                                                 v1::GpuCollectiveResponse* response) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  engine_->Collective(*request, [reactor, response](absl::StatusOr<uint64_t> launched) {
+    if (launched.ok()) response->set_launched(*launched);
+    reactor->Finish(ToGrpc(launched.status()));
+  });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* GpuService::ListCommunicators(grpc::CallbackServerContext* context,
+                                                        const v1::ListCommunicatorsRequest* request,
+                                                        v1::ListCommunicatorsResponse* response) {
+  *response = engine_->List(request->job_id());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(grpc::Status::OK);
+  return reactor;
+}
+
+absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const std::string& group,
+                                                int global_rank) {
+  if (!registry_->IsLiveLocalRank(job_id, global_rank)) {
+    return absl::FailedPreconditionError(absl::StrCat("rank ", global_rank, " of job '", job_id,
+                                                      "' is not a live rank of this musterd"));
+  }
+  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group);
+  if (!info.ok()) return info.status();
+  if (info->state() == v1::GROUP_STATE_BROKEN) {
+    return absl::AbortedError(info->broken_reason());
+  }
+  if (info->state() != v1::GROUP_STATE_READY) {
+    return absl::FailedPreconditionError(absl::StrCat("group '", group, "' is not ready (",
+                                                      v1::GroupState_Name(info->state()), ")"));
+  }
+  GpuGroupView view;
+  view.generation = info->generation();
+  view.timeout = absl::Milliseconds(info->timeout_millis());
+  if (view.timeout <= absl::ZeroDuration()) view.timeout = absl::Minutes(30);
+  view.backend = info->backend();
+  view.local_synchronization = info->local_synchronization();
+  bool member = false;
+  for (const auto& m : info->members()) {
+    view.ranks.push_back(m.global_rank());
+    member = member || m.global_rank() == global_rank;
+  }
+  if (!member) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("rank ", global_rank, " is not a member of group '", group, "'"));
+  }
+  return view;
+}
+
+std::string GpuService::BrokenReason(const std::string& job_id, const std::string& group) {
+  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group);
+  if (!info.ok()) return std::string(info.status().message());
+  if (info->state() == v1::GROUP_STATE_BROKEN || info->state() == v1::GROUP_STATE_DESTROYED) {
+    return info->broken_reason().empty() ? "the group was destroyed" : info->broken_reason();
+  }
+  return "";
+}
+
+void GpuService::BreakGroup(const std::string& job_id, const std::string& group,
+                            const std::string& reason) {
+  (void)registry_->AbortGroup(job_id, group, reason);
+}
+
+absl::StatusOr<std::shared_ptr<Store>> GpuService::JobStore(const std::string& job_id) {
+  absl::StatusOr<std::string> master = registry_->JobMaster(job_id);
+  if (!master.ok()) return master.status();
+  TcpStoreOptions options;
+  if (absl::Status s = SplitHostPort(*master, &options.host, &options.port); !s.ok()) return s;
+  options.token = store_token_;
+  options.connect_timeout = absl::Seconds(30);
+  absl::StatusOr<std::unique_ptr<TcpStore>> store = TcpStore::Connect(options);
+  if (!store.ok()) return store.status();
+  return std::shared_ptr<Store>(std::move(*store));
+}
+
+void GpuService::GroupFormed(const v1::GroupInfo& group, const std::vector<int>& local_ranks) {
+  std::vector<int> members;
+  for (const auto& m : group.members()) members.push_back(m.global_rank());
+  engine_->GroupFormed(group.job_id(), group.name(), members, group.local_synchronization(),
+                       group.backend(), local_ranks);
+}
+
+void GpuService::GroupBroken(const std::string& job_id, const std::string& group,
+                             const std::string& reason) {
+  engine_->GroupBroken(job_id, group, reason);
+}
+
+void GpuService::GroupDestroyed(const std::string& job_id, const std::string& group,
+                                int global_rank) {
+  engine_->GroupDestroyed(job_id, group, global_rank);
+}
+
+void GpuService::RankGone(const std::string& job_id, int global_rank) {
+  engine_->RankGone(job_id, global_rank);
+}
+
+}  // namespace muster
