@@ -101,6 +101,9 @@ DirectOptions DirectOptions::FromEnv() {
   DirectOptions o;
   o.mapped_min_bytes = EnvBytes("MUSTER_SHM_MAPPED_MIN_BYTES", o.mapped_min_bytes);
   o.cma_min_bytes = EnvBytes("MUSTER_SHM_CMA_MIN_BYTES", o.cma_min_bytes);
+  if (const char* v = std::getenv("MUSTER_SHM_CMA_MIN_BYTES"); v != nullptr && *v != 0) {
+    o.cma_oversubscribed = true;
+  }
   return o;
 }
 
@@ -115,6 +118,7 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
   // Spinning only pays while every rank can have its own core.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 50 : 2;
+  oversubscribed_ = static_cast<unsigned>(size_) > cores;
   if (global_ranks_.size() != static_cast<size_t>(size_)) {
     global_ranks_.resize(size_);
     for (int i = 0; i < size_; ++i) global_ranks_[i] = i;
@@ -267,8 +271,12 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         uint64_t* meta = segment_->rank(rank_).meta;
         SharedRef ref;
         bool shared = FindSharedAllocation(source, bytes, &ref);
-        meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
-                       (bytes >= direct_.cma_min_bytes ? kAcceptCma : 0) | (shared ? kShared : 0);
+        meta[kFlags] =
+            (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
+            (bytes >= direct_.cma_min_bytes && (!oversubscribed_ || direct_.cma_oversubscribed)
+                 ? kAcceptCma
+                 : 0) |
+            (shared ? kShared : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
         meta[kInode] = shared ? ref.inode : 0;

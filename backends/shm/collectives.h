@@ -75,8 +75,14 @@ struct DirectOptions {
   size_t mapped_min_bytes = 64 << 10;
   // Ordinary buffers: peers read them with process_vm_readv. SIZE_MAX: never.
   size_t cma_min_bytes = 1 << 20;
+  // Also when the group has more ranks than the node has CPUs. Measured on
+  // 2 vCPUs (docs/benchmarks.md): CMA beats the slots at world 2 from
+  // 1 MiB up, and loses at world 4 (page pinning and more system calls
+  // for the same bytes, with every CPU already busy).
+  bool cma_oversubscribed = false;
   // The defaults, overridden by MUSTER_SHM_MAPPED_MIN_BYTES and
-  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off").
+  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"); setting the latter
+  // also sets cma_oversubscribed.
   static DirectOptions FromEnv();
 };
 
@@ -180,6 +186,7 @@ class ShmCommunicator : public Communicator {
     const char* mapped = nullptr;
   };
   DirectOptions direct_;
+  bool oversubscribed_;  // more ranks than CPUs
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;
