@@ -11,6 +11,7 @@
 #include "backends/gloo/gloo_p2p.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
+#include "client/gpu_path.h"
 #include "muster/world.h"
 
 namespace muster {
@@ -61,6 +62,13 @@ absl::Status Work::Wait(absl::Duration timeout) {
         "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
   }
   return status_;
+}
+
+absl::Status Work::Synchronize(absl::Duration timeout) {
+  absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  if (absl::Status s = Wait(timeout); !s.ok() || !synchronize_) return s;
+  return synchronize_(deadline);
 }
 
 absl::Status Work::status() const {
@@ -180,6 +188,18 @@ void ProcessGroup::RunUntil(Work* work, absl::Time deadline) {
 
 std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
   if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "all_reduce");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_ALL_REDUCE;
+    g.dtype = t.dtype;
+    g.count = t.count;
+    g.reduce_op = op;
+    g.scale = scale;
+    g.inputs = {t};
+    return SubmitGpu(g);
+  }
   return Submit([t, op, scale](Communicator& c, absl::Time d) {
     return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
   });
@@ -188,6 +208,25 @@ std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scal
 std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tensors, ReduceOp op) {
   for (const Tensor& t : tensors) {
     if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
+  }
+  std::vector<const Tensor*> all;
+  for (const Tensor& t : tensors) all.push_back(&t);
+  absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_reduce_coalesced");
+  if (!device.ok()) return Failed(device.status());
+  if (*device == Device::kCuda) {
+    // One enqueue per tensor, in order, on their stream.
+    std::shared_ptr<Work> last;
+    for (const Tensor& t : tensors) {
+      GpuCall g;
+      g.op = v1::GPU_ALL_REDUCE;
+      g.dtype = t.dtype;
+      g.count = t.count;
+      g.reduce_op = op;
+      g.inputs = {t};
+      last = SubmitGpu(g);
+      if (absl::Status s = last->status(); !s.ok()) return last;
+    }
+    return last;
   }
   return Submit([tensors, op](Communicator& c, absl::Time d) {
     for (const Tensor& t : tensors) {
@@ -199,6 +238,17 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
   if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "broadcast");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_BROADCAST;
+    g.dtype = t.dtype;
+    g.count = t.count;
+    g.root = root;
+    g.inputs = {t};
+    return SubmitGpu(g);
+  }
   return Submit([t, root](Communicator& c, absl::Time d) {
     return c.Broadcast(t.data, t.count, t.dtype, root, d);
   });
@@ -206,6 +256,18 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
   if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "reduce");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_REDUCE;
+    g.dtype = t.dtype;
+    g.count = t.count;
+    g.root = root;
+    g.reduce_op = op;
+    g.inputs = {t};
+    return SubmitGpu(g);
+  }
   return Submit([t, root, op](Communicator& c, absl::Time d) {
     return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
   });
@@ -219,6 +281,17 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
         "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "all_gather_into_tensor");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_ALL_GATHER;
+    g.dtype = in.dtype;
+    g.count = in.count;
+    g.inputs = {in};
+    g.outputs = {out};
+    return SubmitGpu(g);
+  }
   return Submit([in, out](Communicator& c, absl::Time d) {
     return c.AllGather(in.data, out.data, in.count, in.dtype, d);
   });
@@ -228,6 +301,19 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   if (absl::Status s = CheckTensor(in, "all_gather"); !s.ok()) return Failed(s);
   if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
     return Failed(s);
+  }
+  std::vector<const Tensor*> all = {&in};
+  for (const Tensor& t : outs) all.push_back(&t);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_gather");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_ALL_GATHER;
+    g.dtype = in.dtype;
+    g.count = in.count;
+    g.inputs = {in};
+    g.outputs = outs;
+    return SubmitGpu(g);
   }
   return Submit([in, outs](Communicator& c, absl::Time d) {
     std::string flat(in.bytes() * outs.size(), '\0');
@@ -284,6 +370,20 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
     }
   }
   bool is_root = rank_ == root;
+  std::vector<const Tensor*> all = {&in};
+  for (const Tensor& t : outs) all.push_back(&t);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "gather");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_GATHER;
+    g.dtype = in.dtype;
+    g.count = in.count;
+    g.root = root;
+    g.inputs = {in};
+    if (is_root) g.outputs = outs;
+    return SubmitGpu(g);
+  }
   return Submit([in, outs, root, is_root](Communicator& c, absl::Time d) {
     std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
     absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
@@ -302,6 +402,20 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
     if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "scatter"); !s.ok()) {
       return Failed(s);
     }
+  }
+  std::vector<const Tensor*> all = {&out};
+  for (const Tensor& t : ins) all.push_back(&t);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "scatter");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_SCATTER;
+    g.dtype = out.dtype;
+    g.count = out.count;
+    g.root = root;
+    g.outputs = {out};
+    if (is_root) g.inputs = ins;
+    return SubmitGpu(g);
   }
   return Submit([out, ins, root, is_root](Communicator& c, absl::Time d) {
     std::string flat;
@@ -323,6 +437,18 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
         absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "reduce_scatter_tensor");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_REDUCE_SCATTER;
+    g.dtype = out.dtype;
+    g.count = out.count;
+    g.reduce_op = op;
+    g.inputs = {in};
+    g.outputs = {out};
+    return SubmitGpu(g);
+  }
   return Submit([in, out, op](Communicator& c, absl::Time d) {
     return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
   });
@@ -333,6 +459,20 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
   if (absl::Status s = CheckTensor(out, "reduce_scatter"); !s.ok()) return Failed(s);
   if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
     return Failed(s);
+  }
+  std::vector<const Tensor*> all = {&out};
+  for (const Tensor& t : ins) all.push_back(&t);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "reduce_scatter");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_REDUCE_SCATTER;
+    g.dtype = out.dtype;
+    g.count = out.count;
+    g.reduce_op = op;
+    g.inputs = ins;
+    g.outputs = {out};
+    return SubmitGpu(g);
   }
   return Submit([out, ins, op](Communicator& c, absl::Time d) {
     std::string flat(out.bytes() * ins.size(), '\0');
@@ -371,6 +511,18 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
   };
   if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
   if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "all_to_all_single");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_ALL_TO_ALL;
+    g.dtype = in.dtype;
+    g.inputs = {in};
+    g.outputs = {out};
+    g.send_counts = in_splits;
+    g.recv_counts = out_splits;
+    return SubmitGpu(g);
+  }
   return Submit([in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
     return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
   });
@@ -391,6 +543,23 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
     }
     send[i] = ins[i].count;
     recv[i] = outs[i].count;
+  }
+  std::vector<const Tensor*> all;
+  for (size_t i = 0; i < n; ++i) {
+    all.push_back(&ins[i]);
+    all.push_back(&outs[i]);
+  }
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_to_all");
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    GpuCall g;
+    g.op = v1::GPU_ALL_TO_ALL;
+    g.dtype = ins[0].dtype;
+    g.inputs = ins;
+    g.outputs = outs;
+    g.send_counts = send;
+    g.recv_counts = recv;
+    return SubmitGpu(g);
   }
   return Submit([outs, ins, send, recv](Communicator& c, absl::Time d) {
     size_t es = DTypeSize(ins[0].dtype);
@@ -524,6 +693,18 @@ std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs,
 std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
   const char* what = send ? "send" : "recv";
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
+  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, what);
+      !device.ok() || *device == Device::kCuda) {
+    if (!device.ok()) return Failed(device.status());
+    auto group_rank = GroupRank(peer);
+    if (!group_rank.ok()) return Failed(group_rank.status());
+    // NCCL has no tags: messages between two ranks match in order.
+    GpuCall g;
+    g.op = v1::GPU_SEND_RECV;
+    g.dtype = t.dtype;
+    g.p2p.push_back({send, *group_rank, t});
+    return SubmitGpu(g);
+  }
   if (!comm_status_.ok()) return Failed(comm_status_);
   if (remote_p2p_ != nullptr) {
     // A group spanning nodes: over its Gloo mesh.
@@ -574,6 +755,31 @@ std::shared_ptr<Work> ProcessGroup::IRecv(Tensor t, int src, uint64_t tag) {
 std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
     const std::vector<P2PRequest>& requests) {
   std::vector<std::shared_ptr<Work>> works;
+  std::vector<const Tensor*> all;
+  for (const P2PRequest& r : requests) all.push_back(&r.tensor);
+  absl::StatusOr<Device> device = RouteTensors(backend_, all, "batch_isend_irecv");
+  if (device.ok() && *device == Device::kCuda && !requests.empty()) {
+    // One grouped launch, like ncclGroupStart/End around the batch.
+    GpuCall g;
+    g.op = v1::GPU_SEND_RECV;
+    g.dtype = requests[0].tensor.dtype;
+    std::shared_ptr<Work> work;
+    for (const P2PRequest& r : requests) {
+      auto group_rank = GroupRank(r.peer);
+      if (!group_rank.ok()) {
+        work = Failed(group_rank.status());
+        break;
+      }
+      g.p2p.push_back({r.send, *group_rank, r.tensor});
+    }
+    if (work == nullptr) work = SubmitGpu(g);
+    works.assign(requests.size(), work);
+    return works;
+  }
+  if (!device.ok()) {
+    works.assign(requests.size(), Failed(device.status()));
+    return works;
+  }
   for (const P2PRequest& r : requests) works.push_back(SubmitP2P(r.send, r.tensor, r.peer, r.tag));
   return works;
 }

@@ -16,10 +16,13 @@
 #include "backends/shm/collectives.h"
 #include "backends/shm/p2p.h"
 #include "backends/shm/segment.h"
+#include "client/cuda_driver.h"
+#include "client/gpu_path.h"
 #include "common/paths.h"
 #include "common/status_macros.h"
 #include "muster/prefix_store.h"
 #include "muster/tcp_store.h"
+#include "proto/gpu.grpc.pb.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
 
@@ -145,6 +148,7 @@ class World::Session {
   }
 
   v1::Groups::Stub* groups() { return groups_stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
  private:
   absl::Status Finish(const char* what) {
@@ -399,6 +403,48 @@ World::NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists
     all.push_back(std::move(group));
   }
   return std::make_pair(mine, all);
+}
+
+std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
+  if (!is_member()) {
+    return Failed(absl::FailedPreconditionError(
+        absl::StrCat("this rank is not a member of group '", name_, "'")));
+  }
+  std::shared_ptr<GpuPath> path;
+  {
+    absl::MutexLock lock(&gpu_mu_);
+    if (gpu_ == nullptr) {
+      absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
+      if (!driver.ok()) return Failed(driver.status());
+      std::shared_ptr<v1::Gpu::Stub> stub = v1::Gpu::NewStub(world_->session_->channel());
+      // Creating the communicator may take up to the group timeout.
+      const absl::Duration deadline = timeout_ + absl::Seconds(10);
+      GpuTransport transport = [stub, deadline](const v1::GpuCollectiveRequest& request)
+          -> absl::StatusOr<v1::GpuCollectiveResponse> {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+        v1::GpuCollectiveResponse response;
+        grpc::Status s = stub->Collective(&context, request, &response);
+        if (!s.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+        }
+        return response;
+      };
+      gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_->job_id(),
+                                       world_->rank(), name_);
+    }
+    path = gpu_;
+  }
+  absl::StatusOr<GpuPath::Launched> launched = path->Run(call);
+  if (!launched.ok()) return Failed(launched.status());
+  auto work = std::make_shared<Work>();
+  work->sequence_ = launched->sequence;
+  std::shared_ptr<void> marker(launched->marker, [path](void* e) { path->Release(e); });
+  work->synchronize_ = [path, marker](absl::Time deadline) {
+    return path->Synchronize(marker.get(), deadline);
+  };
+  work->Complete(absl::OkStatus());
+  return work;
 }
 
 absl::Status World::DestroyProcessGroup(ProcessGroup& group) {

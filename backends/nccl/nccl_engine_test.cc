@@ -10,59 +10,12 @@
 #include <numeric>
 #include <thread>
 
+#include "backends/nccl/fake_directory.h"
 #include "backends/nccl/fake_gpu_runtime.h"
 #include "muster/hash_store.h"
 
 namespace muster {
 namespace {
-
-class FakeDirectory : public GpuGroupDirectory {
- public:
-  void AddGroup(const std::string& name, std::vector<int> ranks,
-                absl::Duration timeout = absl::Seconds(20),
-                std::string backend = "cpu:gloo,cuda:nccl") {
-    std::lock_guard<std::mutex> lock(mu_);
-    GpuGroupView view;
-    view.ranks = std::move(ranks);
-    view.timeout = timeout;
-    view.backend = std::move(backend);
-    groups_[name] = view;
-  }
-  absl::StatusOr<GpuGroupView> Lookup(const std::string&, const std::string& group,
-                                      int global_rank) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = groups_.find(group);
-    if (it == groups_.end()) return absl::NotFoundError("no group " + group);
-    if (broken_.count(group)) return absl::AbortedError(broken_[group]);
-    if (std::find(it->second.ranks.begin(), it->second.ranks.end(), global_rank) ==
-        it->second.ranks.end()) {
-      return absl::FailedPreconditionError("not a member");
-    }
-    return it->second;
-  }
-  std::string BrokenReason(const std::string&, const std::string& group) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return broken_.count(group) ? broken_[group] : "";
-  }
-  void BreakGroup(const std::string&, const std::string& group,
-                  const std::string& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    broken_.emplace(group, reason);
-    breaks_.push_back(group + ": " + reason);
-  }
-  absl::StatusOr<std::shared_ptr<Store>> JobStore(const std::string&) override { return store_; }
-  std::vector<std::string> breaks() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return breaks_;
-  }
-
- private:
-  std::mutex mu_;
-  std::map<std::string, GpuGroupView> groups_;
-  std::map<std::string, std::string> broken_;
-  std::vector<std::string> breaks_;
-  std::shared_ptr<Store> store_ = std::make_shared<HashStore>();
-};
 
 // What one fake rank owns: its events (sent as IPC handles).
 struct FakeRank {

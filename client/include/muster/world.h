@@ -71,15 +71,28 @@ class ProcessGroup;
 class Communicator;
 class GroupSegment;
 class P2PEngine;
+class GpuPath;
+struct GpuCall;
 class GlooP2P;
 class GlooCommunicator;
 struct P2POp;
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
+// Where a tensor's memory is.
+enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
+
+// A buffer: `count` elements of `dtype` at `data` (not owned). CUDA tensors
+// run on the group's "cuda:" backend (NCCL, in musterd): `data` must be in
+// memory from cudaMalloc (or the caching allocators built on it), and the
+// collective is ordered on `stream` like a kernel launched there.
 struct Tensor {
   void* data = nullptr;
   size_t count = 0;
   DType dtype = DType::kFloat32;
+  Device device = Device::kCpu;
+  // CUDA tensors: the stream (a cudaStream_t / CUstream) the collective is
+  // ordered on; null is the legacy default stream.
+  void* stream = nullptr;
   size_t bytes() const { return count * DTypeSize(dtype); }
 };
 
@@ -97,11 +110,18 @@ class Work {
   absl::Status status() const;
   // The collective's sequence number in its group (from 1).
   uint64_t sequence() const { return sequence_; }
+  // CPU collectives: Wait(). Collectives on CUDA tensors complete (for
+  // Wait and IsCompleted) once enqueued on the tensors' stream, as in
+  // PyTorch's NCCL backend; Synchronize additionally blocks the CPU until
+  // the GPU finished them (DEADLINE_EXCEEDED after `timeout`).
+  absl::Status Synchronize(absl::Duration timeout = absl::InfiniteDuration());
 
  private:
   friend class ProcessGroup;
   void Complete(absl::Status status);
   uint64_t sequence_ = 0;
+  // CUDA collectives: blocks until the GPU passed the collective.
+  std::function<absl::Status(absl::Time deadline)> synchronize_;
   // The group whose executor queue holds this work (Wait() may run it).
   ProcessGroup* group_ = nullptr;
   mutable absl::Mutex mu_;
@@ -217,6 +237,8 @@ class ProcessGroup {
   using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
   std::shared_ptr<Work> Submit(Op op);
   std::shared_ptr<Work> Failed(absl::Status status);
+  // Collectives on CUDA tensors: through musterd's NCCL communicators.
+  std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
   void RunExecutor();
   // Runs queued collectives on the calling thread, in order, until `work`
   // completed (a waiting caller runs its own collective instead of handing
@@ -236,8 +258,10 @@ class ProcessGroup {
   // Shared memory for node-local groups, Gloo for groups spanning nodes.
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<P2PEngine> p2p_;
-  std::unique_ptr<GlooP2P> remote_p2p_;  // point to point, groups spanning nodes
-  absl::Status comm_status_;             // why collectives are unavailable
+  absl::Mutex gpu_mu_;
+  std::shared_ptr<GpuPath> gpu_ ABSL_GUARDED_BY(gpu_mu_);  // created on first use
+  std::unique_ptr<GlooP2P> remote_p2p_;                    // point to point, groups spanning nodes
+  absl::Status comm_status_;                               // why collectives are unavailable
 
   // The executor: one thread running this group's collectives in order.
   absl::Mutex exec_mu_;

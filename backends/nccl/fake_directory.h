@@ -1,0 +1,69 @@
+// FakeDirectory: a GpuGroupDirectory for tests: groups are declared by the
+// test, breaks are recorded, and the job store is an in-process HashStore.
+// Thread-safe.
+#ifndef MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_
+#define MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "backends/nccl/nccl_engine.h"
+#include "muster/hash_store.h"
+
+namespace muster {
+
+class FakeDirectory : public GpuGroupDirectory {
+ public:
+  void AddGroup(const std::string& name, std::vector<int> ranks,
+                absl::Duration timeout = absl::Seconds(20),
+                std::string backend = "cpu:gloo,cuda:nccl") {
+    std::lock_guard<std::mutex> lock(mu_);
+    GpuGroupView view;
+    view.ranks = std::move(ranks);
+    view.timeout = timeout;
+    view.backend = std::move(backend);
+    groups_[name] = view;
+  }
+  absl::StatusOr<GpuGroupView> Lookup(const std::string&, const std::string& group,
+                                      int global_rank) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = groups_.find(group);
+    if (it == groups_.end()) return absl::NotFoundError("no group " + group);
+    if (broken_.count(group)) return absl::AbortedError(broken_[group]);
+    if (std::find(it->second.ranks.begin(), it->second.ranks.end(), global_rank) ==
+        it->second.ranks.end()) {
+      return absl::FailedPreconditionError("not a member");
+    }
+    return it->second;
+  }
+  std::string BrokenReason(const std::string&, const std::string& group) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return broken_.count(group) ? broken_[group] : "";
+  }
+  void BreakGroup(const std::string&, const std::string& group,
+                  const std::string& reason) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    broken_.emplace(group, reason);
+    breaks_.push_back(group + ": " + reason);
+  }
+  absl::StatusOr<std::shared_ptr<Store>> JobStore(const std::string&) override { return store_; }
+  std::vector<std::string> breaks() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return breaks_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::map<std::string, GpuGroupView> groups_;
+  std::map<std::string, std::string> broken_;
+  std::vector<std::string> breaks_;
+  std::shared_ptr<Store> store_ = std::make_shared<HashStore>();
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_

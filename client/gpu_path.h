@@ -1,0 +1,126 @@
+// The SDK's GPU path: how a rank hands a collective on CUDA tensors to
+// musterd, which runs it on the NCCL communicator it owns (see
+// proto/gpu.proto). Internal to the SDK.
+//
+//  - DeviceBufferExporter turns a device pointer into (IPC handle of its
+//    allocation, offset), remembering allocations so that one freed and
+//    replaced at the same address is reported to the daemon as released.
+//  - RouteTensors decides which backend serves a call: CPU tensors the
+//    group's CPU backend, CUDA tensors its "cuda:" backend; mixing is an
+//    error.
+//  - GpuPath, one per group: records an interprocess "ready" event on the
+//    tensors' stream, sends the request, and makes the stream wait on the
+//    "done" event the daemon recorded after the NCCL launch. The CPU does
+//    not wait for the GPU unless Work::Synchronize() asks.
+//
+// DeviceBufferExporter is thread-compatible; GpuPath is thread-safe (one
+// collective at a time per group, in call order).
+#ifndef MUSTER_CLIENT_GPU_PATH_H_
+#define MUSTER_CLIENT_GPU_PATH_H_
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/cuda_driver.h"
+#include "muster/world.h"
+#include "proto/gpu.pb.h"
+
+namespace muster {
+
+class DeviceBufferExporter {
+ public:
+  explicit DeviceBufferExporter(CudaDriver* driver) : driver_(driver) {}
+  struct Exported {
+    v1::GpuBuffer buffer;
+    std::string pci_bus_id;
+    void* context = nullptr;
+  };
+  // InvalidArgument if `ptr` is not device memory or `bytes` run past the
+  // end of its allocation.
+  absl::StatusOr<Exported> Export(const void* ptr, size_t bytes);
+  // Handles of allocations freed since the last call (to tell the daemon).
+  std::vector<std::string> TakeReleased();
+
+ private:
+  CudaDriver* const driver_;
+  struct Known {
+    size_t size;
+    std::string handle;
+  };
+  std::map<uintptr_t, Known> known_;  // by allocation base
+  std::vector<std::string> released_;
+};
+
+// Which device's backend serves a collective over `tensors` (null entries
+// are skipped). InvalidArgument for mixed devices, or CUDA tensors on a
+// group whose backend config has no "cuda:" entry (naming the config).
+absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
+                                    const std::vector<const Tensor*>& tensors, const char* what);
+
+// One GPU collective as the SDK describes it.
+struct GpuCall {
+  v1::GpuOp op = v1::GPU_OP_UNSPECIFIED;
+  DType dtype = DType::kFloat32;
+  size_t count = 0;
+  int root = 0;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double scale = 1.0;
+  std::vector<Tensor> inputs, outputs;
+  std::vector<size_t> send_counts, recv_counts;
+  struct PointToPoint {
+    bool send = true;
+    int peer = 0;  // group rank
+    Tensor tensor;
+  };
+  std::vector<PointToPoint> p2p;
+};
+
+// Sends one request to musterd; what the gRPC stub does in production.
+using GpuTransport =
+    std::function<absl::StatusOr<v1::GpuCollectiveResponse>(const v1::GpuCollectiveRequest&)>;
+
+class GpuPath {
+ public:
+  GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
+          std::string group);
+  ~GpuPath();
+
+  struct Launched {
+    uint64_t sequence = 0;  // this group's GPU collectives, from 1
+    // An event recorded on the tensors' stream after the collective, owned
+    // by the caller (pass it to Synchronize, then Release).
+    void* marker = nullptr;
+  };
+  // Enqueues `call` through musterd.
+  absl::StatusOr<Launched> Run(const GpuCall& call);
+  // Blocks until the GPU passed `event` or `deadline` (DEADLINE_EXCEEDED).
+  absl::Status Synchronize(void* event, absl::Time deadline);
+  void Release(void* event);
+
+ private:
+  absl::Status EnsureEvents(void* context) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  CudaDriver* const driver_;
+  const GpuTransport transport_;
+  const std::string job_id_;
+  const int global_rank_;
+  const std::string group_;
+  absl::Mutex mu_;
+  DeviceBufferExporter exporter_ ABSL_GUARDED_BY(mu_);
+  uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;
+  void* context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  void* ready_ ABSL_GUARDED_BY(mu_) = nullptr;
+  void* done_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::string ready_handle_ ABSL_GUARDED_BY(mu_);
+  std::string done_handle_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_CLIENT_GPU_PATH_H_
