@@ -12,6 +12,7 @@
 #include "common/paths.h"
 #include "common/store_wire.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/gpu.grpc.pb.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
 #include "proto/store.grpc.pb.h"
@@ -500,6 +501,70 @@ int RunAbort(const CtlOptions& options, const std::vector<std::string>& args) {
 }
 
 }  // namespace
+int RunGpu(const CtlOptions& options) {
+  auto stub = v1::Gpu::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.timeout);
+  v1::ListCommunicatorsRequest req;
+  req.set_job_id(options.job);
+  v1::ListCommunicatorsResponse resp;
+  grpc::Status rpc = stub->ListCommunicators(context.get(), req, &resp);
+  if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "ListCommunicators"));
+  if (options.json) {
+    JsonWriter w;
+    w.BeginObject().Key("unavailable").String(resp.unavailable()).Key("communicators");
+    w.BeginArray();
+    for (const auto& c : resp.communicators()) {
+      w.BeginObject()
+          .Key("job")
+          .String(c.job_id())
+          .Key("generation")
+          .Int(c.generation())
+          .Key("group")
+          .String(c.group())
+          .Key("global_rank")
+          .Int(c.global_rank())
+          .Key("group_rank")
+          .Int(c.group_rank())
+          .Key("group_size")
+          .Int(c.group_size())
+          .Key("pci_bus_id")
+          .String(c.pci_bus_id())
+          .Key("state")
+          .String(c.state())
+          .Key("origin")
+          .String(c.origin())
+          .Key("launched")
+          .Int(static_cast<int64_t>(c.launched()))
+          .Key("completed")
+          .Int(static_cast<int64_t>(c.completed()))
+          .Key("open_buffers")
+          .Int(c.open_buffers())
+          .Key("error")
+          .String(c.error())
+          .EndObject();
+    }
+    w.EndArray();
+    w.EndObject();
+    std::printf("%s\n", w.str().c_str());
+    return 0;
+  }
+  if (!resp.unavailable().empty()) {
+    std::printf("GPU collectives unavailable on this daemon: %s\n", resp.unavailable().c_str());
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : resp.communicators()) {
+    rows.push_back({c.job_id(), absl::StrCat(c.generation()), c.group(),
+                    absl::StrCat(c.global_rank()),
+                    absl::StrCat(c.group_rank(), "/", c.group_size()), c.pci_bus_id(), c.state(),
+                    c.origin(), absl::StrCat(c.launched()), absl::StrCat(c.completed()),
+                    absl::StrCat(c.open_buffers()), c.error()});
+  }
+  PrintTable({"JOB", "GEN", "GROUP", "RANK", "GROUP_RANK", "GPU", "STATE", "ORIGIN", "LAUNCHED",
+              "COMPLETED", "BUFFERS", "ERROR"},
+             rows);
+  return 0;
+}
+
 }  // namespace muster
 
 int main(int argc, char** argv) {
@@ -513,8 +578,21 @@ int main(int argc, char** argv) {
       "Usage: musterctl [flags] COMMAND\n"
       "\n"
       "Commands:\n"
-      "  status    the daemon's identity, endpoints and counts; exit 0 when\n"
-      "            healthy, 1 with a one-line reason when unreachable or draining");
+      "  status                 the daemon's identity, endpoints and counts; exit 0\n"
+      "                         when healthy, 1 with a one-line reason when\n"
+      "                         unreachable or draining\n"
+      "  store get KEY          print a value (waits up to --timeout for the key)\n"
+      "  store set KEY VALUE    set a value\n"
+      "  store add KEY DELTA    add to a counter and print it\n"
+      "  store del KEY          delete (exit 1 if the key did not exist)\n"
+      "  store keys             list keys (--prefix P)\n"
+      "  store wait KEY...      wait up to --timeout until every key exists\n"
+      "  jobs                   jobs on this daemon\n"
+      "  ranks                  ranks: host, pid, state, failure (--job J)\n"
+      "  groups                 groups: backend, state, members (--job J)\n"
+      "  group NAME             one group: members, sequence numbers (--job J)\n"
+      "  abort JOB [GROUP]      fail a job's (or group's) operations (--reason TEXT)\n"
+      "  gpu                    NCCL communicators owned by the daemon (--job J)");
   flags.AddString("socket", &socket_path,
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
   flags.AddString("addr", &address,
@@ -523,7 +601,7 @@ int main(int argc, char** argv) {
   flags.AddDouble("timeout", &timeout_seconds,
                   "Seconds to wait for the daemon's answer (store get/wait: for the keys).");
   flags.AddString("prefix", &options.prefix, "store keys: only keys starting with this.");
-  flags.AddString("job", &options.job, "ranks, groups, group: only this job.");
+  flags.AddString("job", &options.job, "ranks, groups, group, gpu: only this job.");
   flags.AddString("reason", &options.reason, "abort: the reason the ranks will see.");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
 
@@ -549,6 +627,7 @@ int main(int argc, char** argv) {
   if (args[0] == "groups" && args.size() == 1) return muster::RunGroups(options);
   if (args[0] == "group" && args.size() == 2) return muster::RunGroup(options, args[1]);
   if (args[0] == "abort") return muster::RunAbort(options, args);
+  if (args[0] == "gpu" && args.size() == 1) return muster::RunGpu(options);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }
