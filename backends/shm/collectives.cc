@@ -38,7 +38,7 @@ bool HasRoot(CollectiveKind k) {
 // Meta words of the direct paths (RankControl::meta).
 constexpr int kPathWord = GroupSegment::kMetaWords - 1;  // first rounds: 1 = direct
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
-constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4;
+constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
 // Work unit of the direct reductions: the accumulator stays in cache while
@@ -240,8 +240,9 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
 
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count, size_t chunk,
-                                      absl::Time deadline, Write write, Read read) {
-  size_t off = 0;
+                                      absl::Time deadline, Write write, Read read, size_t start) {
+  if (start > 0 && start >= count) return absl::OkStatus();
+  size_t off = start;
   bool first = true;
   do {  // at least one round, so zero-length collectives still synchronize
     size_t len = std::min(chunk, count - off);
@@ -260,23 +261,29 @@ bool ShmCommunicator::GoesDirect(size_t bytes) const {
          bytes >= std::min(direct_.mapped_min_bytes, direct_.cma_min_bytes);
 }
 
+template <typename WriteFirst, typename ReadFirst>
 absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
-    const OpSignature& signature, const void* source, size_t bytes, int root, absl::Time deadline) {
+    const OpSignature& signature, const void* source, size_t bytes, int root, absl::Time deadline,
+    WriteFirst write_first, ReadFirst read_first) {
   path_tag_ = 1;
   peer_maps_.Sweep();
   Direct mode = Direct::kSlots;
   absl::Status s = Round(
       &signature, deadline,
-      [&](char*) {
+      [&](char* slot) {
         uint64_t* meta = segment_->rank(rank_).meta;
         SharedRef ref;
         bool shared = FindSharedAllocation(source, bytes, &ref);
-        meta[kFlags] =
-            (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
-            (bytes >= direct_.cma_min_bytes && (!oversubscribed_ || direct_.cma_oversubscribed)
-                 ? kAcceptCma
-                 : 0) |
-            (shared ? kShared : 0);
+        bool needed = root < 0 || root == rank_;
+        bool cma =
+            bytes >= direct_.cma_min_bytes && (!oversubscribed_ || direct_.cma_oversubscribed);
+        // Ranks whose buffer will not be read directly write the slot
+        // path's first round now: when no rank is shared, that round is
+        // done (no extra round for ordinary buffers).
+        bool write = !cma && !(shared && needed);
+        if (write) write_first(slot);
+        meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
+                       (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
         meta[kInode] = shared ? ref.inode : 0;
@@ -285,17 +292,22 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
       },
       [&] {
         // Every rank computes the same answer from the same words.
-        bool mapped = true, cma = true;
+        bool mapped = true, cma = true, wrote = true;
         for (int j = 0; j < size_; ++j) {
           uint64_t flags = segment_->rank(j).meta[kFlags];
           bool needed = root < 0 || j == root;
           mapped &= (flags & kAcceptMapped) != 0 && (!needed || (flags & kShared) != 0);
           cma &= (flags & kAcceptCma) != 0;
+          wrote &= (flags & kWroteFirst) != 0;
         }
-        mode = mapped ? Direct::kMapped : cma ? Direct::kCma : Direct::kSlots;
+        mode = mapped  ? Direct::kMapped
+               : cma   ? Direct::kCma
+               : wrote ? Direct::kSlotsFirstDone
+                       : Direct::kSlots;
+        if (mode == Direct::kSlotsFirstDone) return read_first();
         reached_ = true;
         sources_.assign(size_, PeerSource{});
-        for (int j = 0; j < size_ && mode != Direct::kSlots; ++j) {
+        for (int j = 0; j < size_ && (mode == Direct::kMapped || mode == Direct::kCma); ++j) {
           if (j == rank_ || (root >= 0 && j != root)) continue;
           const uint64_t* meta = segment_->rank(j).meta;
           PeerSource& p = sources_[j];
@@ -402,11 +414,60 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   const OpSignature* first = &sig;
+  // The slot paths. Small: one round; every rank reduces the whole chunk
+  // from all slots. Large: reduce-scatter then all-gather per chunk. Each
+  // slot is split in an input half and an output half; rank r reduces
+  // segment r of the chunk from every input half into its output half (1/n
+  // of the work), then everyone copies all segments out. Two rounds per
+  // chunk instead of one, but each rank moves ~3 chunk sizes instead of n+2.
+  bool small = size_ == 1 || count * es <= segment_->slot_bytes() / 2;
+  size_t half = segment_->slot_bytes() / 2;
+  size_t chunk = small ? segment_->slot_bytes() / es : half / es;
+  auto segment = [this](size_t len, int r, size_t* seg_off) {
+    size_t seg = len / size_;
+    *seg_off = seg * r;
+    return r == size_ - 1 ? len - seg * r : seg;
+  };
+  auto copy_in = [&](char* slot, size_t off, size_t len) {
+    std::memcpy(slot, bytes + off * es, len * es);
+  };
+  auto reduce_all = [&](size_t off, size_t len) {
+    char* acc = bytes + off * es;
+    ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
+    for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+    ReduceFinish(acc, len, dtype, op, size_);
+    return absl::OkStatus();
+  };
+  auto reduce_segment = [&](size_t, size_t len) {
+    size_t seg_off;
+    size_t seg_len = segment(len, rank_, &seg_off);
+    char* acc = segment_->slot(rank_) + half + seg_off * es;
+    ReduceInit(acc, segment_->slot(0) + seg_off * es, seg_len, dtype, op, scale);
+    for (int j = 1; j < size_; ++j) {
+      ReduceInto(acc, segment_->slot(j) + seg_off * es, seg_len, dtype, op, scale);
+    }
+    ReduceFinish(acc, seg_len, dtype, op, size_);
+    return absl::OkStatus();
+  };
+  auto gather_segments = [&](size_t off, size_t len) {
+    for (int j = 0; j < size_; ++j) {
+      size_t seg_off;
+      size_t seg_len = segment(len, j, &seg_off);
+      std::memcpy(bytes + (off + seg_off) * es, segment_->slot(j) + half + seg_off * es,
+                  seg_len * es);
+    }
+    return absl::OkStatus();
+  };
+  size_t first_len = std::min(chunk, count);
+  size_t start = 0;  // elements whose first round the exchange round was
   if (GoesDirect(count * es)) {
-    auto mode = ExchangeSources(sig, data, count * es, -1, deadline);
+    auto mode = ExchangeSources(
+        sig, data, count * es, -1, deadline, [&](char* slot) { copy_in(slot, 0, first_len); },
+        [&] { return small ? reduce_all(0, first_len) : reduce_segment(0, first_len); });
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
-    if (*mode != Direct::kSlots) {
+    if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       // Rank r reduces part r of every rank's buffer into its own buffer,
       // in rank order, block by block through a cached accumulator. Ranks
       // 0 and 1 accumulate in their own buffer: for ops whose combine is
@@ -466,61 +527,19 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
       }
     }
   }
-  if (size_ == 1 || count * es <= segment_->slot_bytes() / 2) {
-    // Small: one round; every rank reduces the whole chunk from all slots.
-    return Finish(Chunked(
-        first, count, segment_->slot_bytes() / es, deadline,
-        [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
-        [&](size_t off, size_t len) {
-          char* acc = bytes + off * es;
-          ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) {
-            ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
-          }
-          ReduceFinish(acc, len, dtype, op, size_);
-          return absl::OkStatus();
-        }));
-  }
-  // Large: reduce-scatter then all-gather per chunk. Each slot is split in
-  // an input half and an output half; rank r reduces segment r of the chunk
-  // from every input half into its output half (1/n of the work), then
-  // everyone copies all segments out. Two rounds per chunk instead of one,
-  // but each rank moves ~3 chunk sizes instead of n+2.
-  size_t half = segment_->slot_bytes() / 2;
-  size_t chunk = half / es;
-  auto segment = [this](size_t len, int r, size_t* seg_off) {
-    size_t seg = len / size_;
-    *seg_off = seg * r;
-    return r == size_ - 1 ? len - seg * r : seg;
-  };
+  if (small) return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start));
   size_t off = 0;
   while (off < count) {
     size_t len = std::min(chunk, count - off);
-    absl::Status s = Round(
-        first, deadline, [&](char* slot) { std::memcpy(slot, bytes + off * es, len * es); },
-        [&] {
-          size_t seg_off;
-          size_t seg_len = segment(len, rank_, &seg_off);
-          char* acc = segment_->slot(rank_) + half + seg_off * es;
-          ReduceInit(acc, segment_->slot(0) + seg_off * es, seg_len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) {
-            ReduceInto(acc, segment_->slot(j) + seg_off * es, seg_len, dtype, op, scale);
-          }
-          ReduceFinish(acc, seg_len, dtype, op, size_);
-          return absl::OkStatus();
-        });
-    if (!s.ok()) return Finish(s);
+    absl::Status s;
+    if (off > 0 || start == 0) {  // else the exchange round was this round
+      s = Round(
+          first, deadline, [&](char* slot) { copy_in(slot, off, len); },
+          [&] { return reduce_segment(off, len); });
+      if (!s.ok()) return Finish(s);
+    }
     s = Round(
-        nullptr, deadline, [](char*) {},
-        [&] {
-          for (int j = 0; j < size_; ++j) {
-            size_t seg_off;
-            size_t seg_len = segment(len, j, &seg_off);
-            std::memcpy(bytes + (off + seg_off) * es, segment_->slot(j) + half + seg_off * es,
-                        seg_len * es);
-          }
-          return absl::OkStatus();
-        });
+        nullptr, deadline, [](char*) {}, [&] { return gather_segments(off, len); });
     if (!s.ok()) return Finish(s);
     first = nullptr;
     off += len;
@@ -535,11 +554,24 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   const OpSignature* first = &sig;
+  size_t chunk = segment_->slot_bytes() / es;
+  auto write = [&](char* slot, size_t off, size_t len) {
+    if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
+  };
+  auto read = [&](size_t off, size_t len) {
+    if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
+    return absl::OkStatus();
+  };
+  size_t first_len = std::min(chunk, count);
+  size_t start = 0;
   if (GoesDirect(count * es)) {
-    auto mode = ExchangeSources(sig, data, count * es, root, deadline);
+    auto mode = ExchangeSources(
+        sig, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },
+        [&] { return read(0, first_len); });
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
-    if (*mode != Direct::kSlots) {
+    if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       bool fallback = false;
       absl::Status s = DirectRound(deadline, &fallback, [&] {
         return rank_ == root ? absl::OkStatus() : ReadSource(root, 0, count * es, bytes);
@@ -548,15 +580,7 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(
-      first, count, segment_->slot_bytes() / es, deadline,
-      [&](char* slot, size_t off, size_t len) {
-        if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
-      },
-      [&](size_t off, size_t len) {
-        if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
-        return absl::OkStatus();
-      }));
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
 }
 
 absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -586,11 +610,26 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const OpSignature* first = &sig;
+  size_t chunk = segment_->slot_bytes() / es;
+  auto write = [&](char* slot, size_t off, size_t len) {
+    std::memcpy(slot, src + off * es, len * es);
+  };
+  auto read = [&](size_t off, size_t len) {
+    for (int j = 0; j < size_; ++j) {
+      std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+    }
+    return absl::OkStatus();
+  };
+  size_t first_len = std::min(chunk, count);
+  size_t start = 0;
   if (GoesDirect(count * es)) {
-    auto mode = ExchangeSources(sig, in, count * es, -1, deadline);
+    auto mode = ExchangeSources(
+        sig, in, count * es, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
+        [&] { return read(0, first_len); });
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
-    if (*mode != Direct::kSlots) {
+    if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       bool fallback = false;
       absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
         for (int j = 0; j < size_; ++j) {
@@ -607,15 +646,7 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(
-      first, count, segment_->slot_bytes() / es, deadline,
-      [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
-      [&](size_t off, size_t len) {
-        for (int j = 0; j < size_; ++j) {
-          std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
-        }
-        return absl::OkStatus();
-      }));
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
 }
 
 absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
@@ -666,11 +697,31 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const OpSignature* first = &sig;
+  auto write = [&](char* slot, size_t off, size_t len) {
+    for (int j = 0; j < size_; ++j) {
+      std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
+    }
+  };
+  auto read = [&](size_t off, size_t len) {
+    char* acc = dst + off * es;
+    size_t region = rank_ * chunk * es;
+    ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
+    for (int j = 1; j < size_; ++j) {
+      ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
+    }
+    ReduceFinish(acc, len, dtype, op, size_);
+    return absl::OkStatus();
+  };
+  size_t first_len = std::min(chunk, count);
+  size_t start = 0;
   if (GoesDirect(count * es * size_)) {
-    auto mode = ExchangeSources(sig, in, count * es * size_, -1, deadline);
+    auto mode = ExchangeSources(
+        sig, in, count * es * size_, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
+        [&] { return read(0, first_len); });
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
-    if (*mode != Direct::kSlots) {
+    if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       // Block r of every rank's input, reduced in rank order into `out`.
       bool fallback = false;
       absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
@@ -696,23 +747,7 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(
-      first, count, chunk, deadline,
-      [&](char* slot, size_t off, size_t len) {
-        for (int j = 0; j < size_; ++j) {
-          std::memcpy(slot + j * chunk * es, src + (j * count + off) * es, len * es);
-        }
-      },
-      [&](size_t off, size_t len) {
-        char* acc = dst + off * es;
-        size_t region = rank_ * chunk * es;
-        ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
-        for (int j = 1; j < size_; ++j) {
-          ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
-        }
-        ReduceFinish(acc, len, dtype, op, size_);
-        return absl::OkStatus();
-      }));
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
 }
 
 absl::Status ShmCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,

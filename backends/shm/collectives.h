@@ -73,12 +73,14 @@ std::string DescribeSignature(const OpSignature& s);
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.
   size_t mapped_min_bytes = 64 << 10;
-  // Ordinary buffers: peers read them with process_vm_readv. SIZE_MAX: never.
-  size_t cma_min_bytes = 1 << 20;
-  // Also when the group has more ranks than the node has CPUs. Measured on
-  // 2 vCPUs (docs/benchmarks.md): CMA beats the slots at world 2 from
-  // 1 MiB up, and loses at world 4 (page pinning and more system calls
-  // for the same bytes, with every CPU already busy).
+  // Ordinary buffers: peers read them with process_vm_readv. SIZE_MAX:
+  // never, the default: on the 2-vCPU VM of docs/benchmarks.md the slots
+  // (one copy in, one out) were as fast or faster at every size from
+  // 1 to 64 MiB except 4 MiB at world 2.
+  size_t cma_min_bytes = SIZE_MAX;
+  // Also when the group has more ranks than the node has CPUs (measured
+  // on 2 vCPUs: CMA loses clearly at world 4, page pinning and more system
+  // calls for the same bytes with every CPU already busy).
   bool cma_oversubscribed = false;
   // The defaults, overridden by MUSTER_SHM_MAPPED_MIN_BYTES and
   // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"); setting the latter
@@ -141,19 +143,26 @@ class ShmCommunicator : public Communicator {
   // write(slot, offset, length) and read(offset, length) handle one piece.
   // `signature` (the first round's) is null when an earlier round of the
   // collective already carried it.
+  // `start`: elements already moved (by the exchange round).
   template <typename Write, typename Read>
   absl::Status Chunked(const OpSignature* signature, size_t count, size_t chunk,
-                       absl::Time deadline, Write write, Read read);
+                       absl::Time deadline, Write write, Read read, size_t start = 0);
 
-  enum class Direct { kSlots, kMapped, kCma };
+  // kSlotsFirstDone: the slots, and the exchange round already was the
+  // slot path's first round (no rank's buffer is read directly).
+  enum class Direct { kSlots, kSlotsFirstDone, kMapped, kCma };
   // Whether a collective of `bytes` per rank exchanges its sources first.
   bool GoesDirect(size_t bytes) const;
   // The first round of a direct collective: publishes this rank's source
   // buffer, agrees on the path; `root` >= 0: only the root's buffer is
   // read. Maps or probes the peers' sources (reached_ says whether it
-  // worked) for the next round.
+  // worked) for the next round. Ranks whose buffer is not read directly
+  // also run write_first(slot) (the slot path's first write); if every
+  // rank did, the round ends with read_first() and returns kSlotsFirstDone.
+  template <typename WriteFirst, typename ReadFirst>
   absl::StatusOr<Direct> ExchangeSources(const OpSignature& signature, const void* source,
-                                         size_t bytes, int root, absl::Time deadline);
+                                         size_t bytes, int root, absl::Time deadline,
+                                         WriteFirst write_first, ReadFirst read_first);
   // A round whose read runs `work` only if every rank reached its peers'
   // sources; sets *fallback (and skips `work`) otherwise.
   template <typename Fn>

@@ -187,17 +187,19 @@ TEST_CASE("every dtype x reduce op goes through all_reduce identically on all ra
   }
 }
 
-// The three ways a collective moves data, forced by thresholds: through
-// the slots, reading peers' shared allocations in place, or reading peers'
-// ordinary buffers with process_vm_readv.
-enum class Path { kSlots, kMapped, kCma };
+// The ways a collective moves data, forced by thresholds: through the
+// slots, reading peers' shared allocations in place, or reading peers'
+// ordinary buffers with process_vm_readv; kExchange: ordinary buffers over
+// the mapped threshold, so the slots after a round that exchanges the
+// buffers' addresses and doubles as the slot path's first round.
+enum class Path { kSlots, kMapped, kCma, kExchange };
 const char* PathName(Path p) {
-  return p == Path::kSlots ? "slots" : p == Path::kMapped ? "mapped" : "cma";
+  return p == Path::kMapped ? "mapped" : p == Path::kCma ? "cma" : "slots";
 }
 
 DirectOptions Force(Path p) {
   DirectOptions o;
-  o.mapped_min_bytes = p == Path::kMapped ? 1 : SIZE_MAX;
+  o.mapped_min_bytes = p == Path::kMapped || p == Path::kExchange ? 1 : SIZE_MAX;
   o.cma_min_bytes = p == Path::kCma ? 1 : SIZE_MAX;
   o.cma_oversubscribed = true;  // world 3 and 4 on small machines too
   return o;
@@ -257,7 +259,7 @@ struct Errors {
 TEST_CASE(
     "every reducing op x dtype x reduce op, broadcast and all_gather at world 1-4 match a "
     "reference over the slots, shared buffers and cross-memory attach") {
-  for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
+  for (Path path : {Path::kSlots, Path::kMapped, Path::kCma, Path::kExchange}) {
     for (int world = 1; world <= 4; ++world) {
       INFO(PathName(path) << " world " << world);
       Errors errors;
