@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -203,7 +204,14 @@ class DlCudaDriver : public CudaDriver {
 
 }  // namespace
 
+namespace {
+std::atomic<CudaDriver*> testing_driver{nullptr};
+}  // namespace
+
+void SetCudaDriverForTesting(CudaDriver* driver) { testing_driver = driver; }
+
 absl::StatusOr<CudaDriver*> SystemCudaDriver() {
+  if (CudaDriver* fake = testing_driver.load(); fake != nullptr) return fake;
   static std::once_flag once;
   static DlCudaDriver* driver = nullptr;
   static absl::Status* status = nullptr;

@@ -49,6 +49,10 @@ class CudaDriver {
 // loader's message) where there is no CUDA driver.
 absl::StatusOr<CudaDriver*> SystemCudaDriver();
 
+// Tests without a GPU: makes SystemCudaDriver() return `driver` (not owned;
+// null restores the real one). Call before the first CUDA collective.
+void SetCudaDriverForTesting(CudaDriver* driver);
+
 }  // namespace muster
 
 #endif  // MUSTER_CLIENT_CUDA_DRIVER_H_

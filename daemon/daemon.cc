@@ -69,7 +69,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->registry_ = std::make_unique<Registry>(registry_options);
   daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get());
   daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());
-  daemon->gpu_service_ = std::make_unique<GpuService>(daemon->registry_.get(), options.store.token);
+  daemon->gpu_service_ = std::make_unique<GpuService>(
+      daemon->registry_.get(), options.store.token,
+      options.gpu_runtime ? options.gpu_runtime() : std::unique_ptr<GpuRuntime>());
 
   Daemon* self = daemon.get();
   daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });

@@ -9,6 +9,7 @@
 #ifndef MUSTER_DAEMON_DAEMON_H_
 #define MUSTER_DAEMON_DAEMON_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,7 @@ class AdminService;
 class GroupsService;
 class Registry;
 class GpuService;
+class GpuRuntime;
 class SessionService;
 class SocketLock;
 class StoreService;
@@ -47,6 +49,9 @@ struct DaemonOptions {
   StoreServerOptions store;
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
+  // Test builds: the GPU runtime musterd's NCCL engine uses (default: the
+  // real CUDA/NCCL one).
+  std::function<std::unique_ptr<GpuRuntime>()> gpu_runtime;
 };
 
 class Daemon {

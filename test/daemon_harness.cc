@@ -15,7 +15,7 @@ absl::StatusOr<std::unique_ptr<TestDaemon>> TestDaemon::Start(TestDaemonOptions 
   daemon->socket_path_ =
       options.socket_path.empty() ? daemon->dir_->File("musterd.sock") : options.socket_path;
   daemon->ready_file_ = daemon->dir_->File("ready.json");
-  std::vector<std::string> argv = {RunfilePath("daemon/musterd"),
+  std::vector<std::string> argv = {RunfilePath(options.binary),
                                    "--socket=" + daemon->socket_path_,
                                    "--grpc-port=0",
                                    "--store-port=0",

@@ -25,6 +25,8 @@ struct TestDaemonOptions {
   // on the first one's socket).
   std::string socket_path;
   absl::Duration ready_timeout = absl::Seconds(20);
+  // Runfile path of the daemon binary (test builds of musterd).
+  std::string binary = "daemon/musterd";
 };
 
 class TestDaemon {

@@ -1,6 +1,11 @@
 #include "backends/nccl/fake_gpu_runtime.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <set>
@@ -11,6 +16,29 @@
 
 namespace muster {
 
+namespace {
+constexpr char kShmMagic[4] = {'F', 'K', 'S', 'H'};
+constexpr char kEventMagic[4] = {'F', 'K', 'E', 'V'};
+}  // namespace
+
+std::string FakeShmHandle(int pid, int fd, uint64_t size, uint32_t generation) {
+  std::string handle(64, '\0');
+  std::memcpy(handle.data(), kShmMagic, 4);
+  int32_t p = pid, f = fd;
+  std::memcpy(handle.data() + 4, &p, 4);
+  std::memcpy(handle.data() + 8, &f, 4);
+  std::memcpy(handle.data() + 12, &size, 8);
+  std::memcpy(handle.data() + 20, &generation, 4);
+  return handle;
+}
+
+std::string FakeShmEventHandle(uint64_t id) {
+  std::string handle(64, '\0');
+  std::memcpy(handle.data(), kEventMagic, 4);
+  std::memcpy(handle.data() + 4, &id, 8);
+  return handle;
+}
+
 std::string FakeIpcHandle(const void* ptr) {
   std::string handle(64, '\0');
   uintptr_t value = reinterpret_cast<uintptr_t>(ptr);
@@ -19,6 +47,11 @@ std::string FakeIpcHandle(const void* ptr) {
 }
 
 namespace {
+
+
+bool HasMagic(const std::string& handle, const char (&magic)[4]) {
+  return handle.size() >= 4 && std::memcmp(handle.data(), magic, 4) == 0;
+}
 
 void* DecodeHandle(const std::string& handle) {
   uintptr_t value = 0;
@@ -188,6 +221,29 @@ absl::StatusOr<void*> FakeGpuRuntime::DeviceAlloc(size_t bytes) {
 void FakeGpuRuntime::DeviceFree(void* ptr) { std::free(ptr); }
 
 absl::StatusOr<void*> FakeGpuRuntime::OpenMemHandle(const std::string& handle) {
+  if (HasMagic(handle, kShmMagic)) {
+    int32_t pid, fd;
+    uint64_t size;
+    std::memcpy(&pid, handle.data() + 4, 4);
+    std::memcpy(&fd, handle.data() + 8, 4);
+    std::memcpy(&size, handle.data() + 12, 8);
+    std::string path = absl::StrCat("/proc/", pid, "/fd/", fd);
+    int local = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
+    if (local < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("fake IPC: cannot open ", path, ": ", std::strerror(errno)));
+    }
+    void* ptr = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, local, 0);
+    ::close(local);
+    if (ptr == MAP_FAILED) {
+      return absl::InvalidArgumentError(absl::StrCat("fake IPC: cannot map ", path));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    shm_maps_[ptr] = size;
+    ++open_mem_[ptr];
+    ++mem_opens_;
+    return ptr;
+  }
   void* ptr = DecodeHandle(handle);
   if (ptr == nullptr) return absl::InvalidArgumentError("null fake IPC handle");
   std::lock_guard<std::mutex> lock(mu_);
@@ -200,6 +256,11 @@ void FakeGpuRuntime::CloseMemHandle(void* base) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = open_mem_.find(base);
   if (it != open_mem_.end() && --it->second == 0) open_mem_.erase(it);
+  auto shm = shm_maps_.find(base);
+  if (shm != shm_maps_.end()) {
+    ::munmap(base, shm->second);
+    shm_maps_.erase(shm);
+  }
 }
 
 int FakeGpuRuntime::open_mem_handles() const {
@@ -208,6 +269,14 @@ int FakeGpuRuntime::open_mem_handles() const {
 }
 
 absl::StatusOr<void*> FakeGpuRuntime::OpenEventHandle(const std::string& handle) {
+  if (HasMagic(handle, kEventMagic)) {
+    uint64_t id;
+    std::memcpy(&id, handle.data() + 4, 8);
+    std::lock_guard<std::mutex> lock(mu_);
+    auto* event = new FakeEvent{absl::StrCat("shm-event", id)};
+    local_events_.insert(event);
+    return static_cast<void*>(event);
+  }
   void* ptr = DecodeHandle(handle);
   if (ptr == nullptr) return absl::InvalidArgumentError("null fake IPC event handle");
   return ptr;

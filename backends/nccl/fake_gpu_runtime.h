@@ -26,6 +26,15 @@ namespace muster {
 // 64-byte handle bytes for a host pointer (what a fake rank sends).
 std::string FakeIpcHandle(const void* ptr);
 
+// Cross-process fake "device memory": a memfd of a rank process, opened by
+// the fake runtime through /proc/<pid>/fd/<fd> and mapped shared, so that a
+// test musterd can run real rank processes without a GPU. `generation`
+// tells apart successive allocations that reuse an fd.
+std::string FakeShmHandle(int pid, int fd, uint64_t size, uint32_t generation);
+// A cross-process fake event handle (events do nothing across processes:
+// the fake executes collectives before Launch's caller is answered).
+std::string FakeShmEventHandle(uint64_t id);
+
 // A rank's interprocess event; its handle is FakeIpcHandle(&event).
 struct FakeEvent {
   std::string name;
@@ -91,6 +100,7 @@ class FakeGpuRuntime : public GpuRuntime {
   std::map<void*, int> open_mem_;
   std::vector<Comm*> comms_;
   std::set<void*> local_events_;
+  std::map<void*, size_t> shm_maps_;  // FakeShmHandle mappings
   std::vector<std::string> log_;
   uint64_t next_id_ = 1;
 };

@@ -467,10 +467,19 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   }
   if (abort != nullptr) runtime_->AbortComm(abort);
   if (!launched.ok()) {
-    std::string reason = absl::StrCat(what, " failed on rank ", slot.global_rank, ": ",
-                                      launched.message(), "; NCCL communicator aborted");
-    if (!absl::IsAborted(launched)) Fail(slot, reason, /*break_group=*/true);
-    return done(absl::IsAborted(launched) ? launched : absl::AbortedError(reason));
+    // A peer's failure usually reaches NCCL before the registry names it:
+    // give the registry a moment, its reason says which rank died and how.
+    std::string broken;
+    for (int i = 0; i < 50 && (broken = directory_->BrokenReason(slot.job, slot.group)).empty();
+         ++i) {
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    std::string reason = !broken.empty()
+                             ? broken
+                             : absl::StrCat(what, " failed on rank ", slot.global_rank, ": ",
+                                            launched.message(), "; NCCL communicator aborted");
+    Fail(slot, reason, /*break_group=*/broken.empty());
+    return done(absl::AbortedError(reason));
   }
   if (finished != nullptr) {
     if (absl::Status s = runtime_->RecordEvent(finished, slot.stream); !s.ok()) return done(s);

@@ -1,0 +1,246 @@
+#include "daemon/musterd_cli.h"
+
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "common/flags.h"
+#include "common/logging.h"
+#include "common/paths.h"
+#include "common/version.h"
+#include "daemon/daemon.h"
+
+namespace {
+
+bool SetLogLevel(const std::string& name) {
+  if (name == "debug") {
+    muster::SetMinLogLevel(muster::LogLevel::kDebug);
+  } else if (name == "info") {
+    muster::SetMinLogLevel(muster::LogLevel::kInfo);
+  } else if (name == "warning") {
+    muster::SetMinLogLevel(muster::LogLevel::kWarning);
+  } else if (name == "error") {
+    muster::SetMinLogLevel(muster::LogLevel::kError);
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// Reads the store token: the file's content without surrounding whitespace.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read --store-token-file ", path, ": ", std::strerror(errno)));
+  }
+  std::string data;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+  struct stat st;
+  bool loose = ::fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0;
+  std::fclose(f);
+  std::string token(absl::StripAsciiWhitespace(data));
+  if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
+  if (token.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": token longer than 4096 bytes"));
+  }
+  if (loose) {
+    MLOG(WARNING) << "--store-token-file " << path
+                  << " is readable by group or others; chmod 600 it";
+  }
+  return token;
+}
+
+// Thousands of store connections need more than the usual 1024 fds.
+void RaiseFileLimit() {
+  rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    ::setrlimit(RLIMIT_NOFILE, &limit);
+  }
+}
+
+}  // namespace
+
+namespace muster {
+
+int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>& customize) {
+  muster::SetLogProgramName("musterd");
+  muster::DaemonOptions options;
+  int64_t grpc_port = options.grpc_port;
+  double grace_seconds = absl::ToDoubleSeconds(options.shutdown_grace);
+  std::string log_level = "info";
+  bool print_version = false;
+  int64_t store_port = options.store.port;
+  std::string token_file;
+  std::string allow_unauthenticated;
+  int64_t max_key_bytes = options.store.limits.max_key_bytes;
+  int64_t max_value_bytes = options.store.limits.max_value_bytes;
+  int64_t max_keys_per_request = options.store.limits.max_keys_per_request;
+  int64_t max_request_bytes = options.store.limits.max_request_bytes;
+  int64_t max_connections = options.store.max_connections;
+  int64_t max_total_bytes = options.store.max_total_bytes;
+  int64_t shm_slot_bytes = options.shm_slot_bytes;
+
+  muster::FlagSet flags(
+      "musterd",
+      "musterd: the per-node muster daemon (rendezvous store, process groups, collectives).\n"
+      "Usage: musterd [flags]\n"
+      "Serves gRPC on a unix socket (local ranks, musterctl) and on TCP (peer daemons).\n"
+      "Stops gracefully on SIGTERM or SIGINT (exit 0).");
+  flags.AddString("socket", &options.socket_path,
+                  "Unix socket for local ranks and musterctl. Empty means the default:\n"
+                  "/run/muster/musterd.sock as root, else $XDG_RUNTIME_DIR/muster/musterd.sock,\n"
+                  "else /tmp/muster-<uid>/musterd.sock.");
+  flags.AddString("listen", &options.listen_address,
+                  "Address the TCP gRPC server binds to (0.0.0.0, 127.0.0.1, ::, ...).");
+  flags.AddInt("grpc-port", &grpc_port, "TCP port of the gRPC server; 0 picks a free port.");
+  flags.AddString(
+      "ready-file", &options.ready_file,
+      "Once serving, write {\"pid\",\"grpc_port\",\"store_port\",\"socket\",\"version\"}\n"
+      "as one JSON object to this path (atomically); removed on shutdown.");
+  flags.AddDouble("shutdown-grace-seconds", &grace_seconds,
+                  "On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are\n"
+                  "cancelled (0 to 60).");
+  flags.AddString("log-level", &log_level, "Least severe log level: debug, info, warning, error.");
+  flags.AddBool("version", &print_version, "Print the version and exit.");
+  flags.AddBool("store", &options.store_enabled,
+                "Run the TCP key-value store (PyTorch TCPStore compatible); --store=false\n"
+                "for a daemon that only serves its local ranks.");
+  flags.AddInt("store-port", &store_port,
+               "TCP port of the key-value store (PyTorch's MASTER_PORT); 0 picks a free port.\n"
+               "It listens on --listen (0.0.0.0 or :: mean every IPv4 and IPv6 address).");
+  flags.AddString("store-token-file", &token_file,
+                  "File holding a secret token; clients must present it (muster's clients do)\n"
+                  "before any other command. Unauthenticated connections are refused.");
+  flags.AddString("store-allow-unauthenticated", &allow_unauthenticated,
+                  "With --store-token-file: comma-separated CIDRs whose clients may skip the\n"
+                  "token (e.g. unmodified PyTorch ranks on 10.0.0.0/8).");
+  flags.AddInt("store-max-key-bytes", &max_key_bytes, "Largest key accepted.");
+  flags.AddInt("store-max-value-bytes", &max_value_bytes, "Largest value accepted.");
+  flags.AddInt("store-max-keys-per-request", &max_keys_per_request,
+               "Most keys in one WAIT, CHECK, MULTI_GET or MULTI_SET.");
+  flags.AddInt("store-max-request-bytes", &max_request_bytes,
+               "Largest request (sum of its keys and values).");
+  flags.AddInt("store-max-connections", &max_connections,
+               "Most simultaneous store connections; more are refused.");
+  flags.AddInt("store-max-total-bytes", &max_total_bytes,
+               "Most bytes the store holds (keys + values); writes beyond are refused.");
+  flags.AddString("state-dir", &options.store.state_dir,
+                  "Keep the store durable: an append-only log in this directory, replayed at\n"
+                  "start (a torn last record is dropped). Empty: memory only.");
+  flags.AddInt("shm-slot-bytes", &shm_slot_bytes,
+               "Shared memory per rank of each node-local group: the most one collective\n"
+               "round moves per rank (larger buffers take several rounds).");
+  flags.AddBool("store-fsync", &options.store.fsync,
+                "With --state-dir: fsync the log before acknowledging writes (survives power\n"
+                "loss, slower). Without it writes survive a crash of musterd, not of the host.");
+  std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
+
+  if (print_version) {
+    std::printf("musterd %s\n", muster::kVersion);
+    return 0;
+  }
+  if (!positional.empty()) {
+    std::fprintf(stderr, "musterd: unexpected argument '%s' (see musterd --help)\n",
+                 positional[0].c_str());
+    return 2;
+  }
+  if (!SetLogLevel(log_level)) {
+    std::fprintf(stderr, "musterd: --log-level must be debug, info, warning or error, got '%s'\n",
+                 log_level.c_str());
+    return 2;
+  }
+  if (!(grace_seconds >= 0 && grace_seconds <= 60)) {
+    std::fprintf(stderr, "musterd: --shutdown-grace-seconds must be in [0, 60]\n");
+    return 2;
+  }
+  if (grpc_port < 0 || grpc_port > 65535) {
+    std::fprintf(stderr, "musterd: --grpc-port must be in [0, 65535], got %lld\n",
+                 static_cast<long long>(grpc_port));
+    return 2;
+  }
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"store-max-key-bytes", max_key_bytes},
+                             {"store-max-value-bytes", max_value_bytes},
+                             {"store-max-keys-per-request", max_keys_per_request},
+                             {"store-max-request-bytes", max_request_bytes},
+                             {"store-max-connections", max_connections},
+                             {"store-max-total-bytes", max_total_bytes}}) {
+    if (value <= 0) {
+      std::fprintf(stderr, "musterd: --%s must be positive, got %lld\n", name,
+                   static_cast<long long>(value));
+      return 2;
+    }
+  }
+  if (store_port < 0 || store_port > 65535) {
+    std::fprintf(stderr, "musterd: --store-port must be in [0, 65535], got %lld\n",
+                 static_cast<long long>(store_port));
+    return 2;
+  }
+  options.store.port = static_cast<int>(store_port);
+  options.store.limits.max_key_bytes = max_key_bytes;
+  options.store.limits.max_value_bytes = max_value_bytes;
+  options.store.limits.max_keys_per_request = max_keys_per_request;
+  options.store.limits.max_request_bytes = max_request_bytes;
+  options.store.max_connections = max_connections;
+  options.store.max_total_bytes = max_total_bytes;
+  options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
+  if (!token_file.empty()) {
+    auto token = ReadTokenFile(token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "musterd: %s\n", std::string(token.status().message()).c_str());
+      return 2;
+    }
+    options.store.token = *token;
+  }
+  auto cidrs = muster::CidrSet::Parse(allow_unauthenticated);
+  if (!cidrs.ok()) {
+    std::fprintf(stderr, "musterd: --store-allow-unauthenticated: %s\n",
+                 std::string(cidrs.status().message()).c_str());
+    return 2;
+  }
+  if (!cidrs->empty() && token_file.empty()) {
+    std::fprintf(stderr,
+                 "musterd: --store-allow-unauthenticated needs --store-token-file (without a "
+                 "token every client is allowed)\n");
+    return 2;
+  }
+  options.store.allow_unauthenticated = *cidrs;
+  RaiseFileLimit();
+  options.grpc_port = static_cast<int>(grpc_port);
+  options.shutdown_grace = absl::Seconds(grace_seconds);
+  if (options.socket_path.empty()) options.socket_path = muster::DefaultSocketPath();
+
+  // Block the stop signals in every thread (gRPC's threads inherit this
+  // mask); the main thread collects them with sigwait below.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  if (customize) customize(options);
+  auto daemon = muster::Daemon::Start(options);
+  if (!daemon.ok()) {
+    std::fprintf(stderr, "musterd: %s\n", std::string(daemon.status().message()).c_str());
+    return 1;
+  }
+  int signal_number = 0;
+  sigwait(&stop_signals, &signal_number);
+  MLOG(INFO) << "received " << strsignal(signal_number) << ", stopping";
+  (*daemon)->Shutdown();
+  return 0;
+}
+
+}  // namespace muster
