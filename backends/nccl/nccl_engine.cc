@@ -17,6 +17,9 @@ struct NcclEngine::Slot {
   int64_t generation = 0;
   absl::Duration timeout;
   std::string origin = "init";
+  // How many communicators this rank created for the group before (a
+  // destroyed group re-created under its name): part of the unique-id key.
+  int64_t epoch = 0;
 
   std::thread worker;
   std::mutex mu;
@@ -201,6 +204,7 @@ std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
   slot->group_size = static_cast<int>(view.ranks.size());
   slot->generation = view.generation;
   slot->timeout = view.timeout;
+  slot->epoch = epochs_[key]++;
   StartWorker(slot);
   slots_[key] = slot;
   *created = true;
@@ -335,7 +339,7 @@ void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
   // A new communicator: the unique id through the job's store.
   absl::StatusOr<std::shared_ptr<Store>> store = directory_->JobStore(slot.job);
   if (!store.ok()) return finish(store.status());
-  const std::string key = UniqueIdKey(slot.job, slot.generation, slot.group, 0);
+  const std::string key = UniqueIdKey(slot.job, slot.generation, slot.group, slot.epoch);
   absl::StatusOr<std::string> id = ExchangeUniqueId(
       **store, key, slot.group_rank == 0, runtime_->UniqueIdBytes(),
       [this] { return runtime_->NewUniqueId(); }, deadline,
@@ -648,6 +652,7 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       child->generation = parent->generation;
       child->timeout = parent->timeout;
       child->origin = "split";
+      child->epoch = epochs_[SlotKey{job_id, group, rank}]++;
       StartWorker(child);
       slots_[SlotKey{job_id, group, rank}] = child;
       Post(*child, [this, c = child.get()] { InitComm(*c, ""); });

@@ -145,6 +145,7 @@ class NcclEngine {
   std::condition_variable watchdog_cv_;
   bool stopping_ = false;
   std::map<SlotKey, std::shared_ptr<Slot>> slots_;
+  std::map<SlotKey, int64_t> epochs_;  // communicators created per slot key
   // Slots removed from slots_ whose workers still run until drained.
   std::vector<std::shared_ptr<Slot>> retired_;
   // Breaks requested by the registry, applied by the watchdog thread.

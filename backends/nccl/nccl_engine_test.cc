@@ -434,6 +434,33 @@ TEST_CASE("a subgroup is split from a healthy world communicator") {
   CHECK(data[1][0] == 9.0f);
 }
 
+TEST_CASE("a destroyed group's name can be used again: a fresh unique id, a new communicator") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  auto round = [&] {
+    return OnRanks({0, 1}, [&](int r) -> absl::Status {
+      auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+      *req.add_inputs() = Buffer(data[r].data(), 4);
+      return Call(engine, req).status();
+    });
+  };
+  auto first = round();
+  REQUIRE(first[0].ok());
+  REQUIRE(first[1].ok());
+  engine.GroupDestroyed("job", "world", 0);
+  engine.GroupDestroyed("job", "world", 1);
+  REQUIRE(Eventually([&] { return runtime.destroys() == 2; }));
+  auto second = round();
+  CHECK(second[0].ok());
+  CHECK(second[1].ok());
+  CHECK(data[0][0] == 4.0f);
+  CHECK(runtime.live_comms() == 2);
+}
+
 TEST_CASE("bad requests are clear errors and break nothing") {
   FakeGpuRuntime runtime;
   FakeDirectory directory;
