@@ -2,7 +2,13 @@
 // `muster-bench --help` lists every flag. Benchmarks: `muster-bench store`
 // (see tools/bench_store.h) and `muster-bench collectives`, run under
 // muster-run (see tools/bench_collectives.h).
+#include <unistd.h>
+
+#include <cerrno>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -27,10 +33,56 @@ bool ParseIntList(const std::string& text, std::vector<int64_t>* out) {
   return true;
 }
 
+// `collectives --device cuda` runs in muster-bench-gpu (it links CUDA and
+// NCCL; muster-bench never does): $MUSTER_BENCH_GPU, else next to this
+// binary in bazel-bin (tools/ -> backends/nccl/), else in the same folder.
+std::string FindBenchGpu() {
+  if (const char* env = std::getenv("MUSTER_BENCH_GPU"); env != nullptr && *env != '\0') {
+    return env;
+  }
+  std::error_code ec;
+  std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const std::filesystem::path& c : {self.parent_path() / "../backends/nccl/muster-bench-gpu",
+                                         self.parent_path() / "muster-bench-gpu"}) {
+    if (::access(c.c_str(), X_OK) == 0) return c.lexically_normal().string();
+  }
+  return "";
+}
+
+// True when the arguments ask for --device cuda (either spelling).
+bool WantsCuda(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--") break;
+    if (a == "--device=cuda" ||
+        (a == "--device" && i + 1 < argc && std::string(argv[i + 1]) == "cuda")) {
+      return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   namespace bench = muster::bench;
+  if (WantsCuda(argc, argv)) {
+    const std::string gpu = FindBenchGpu();
+    if (gpu.empty()) {
+      std::fprintf(stderr,
+                   "muster-bench: --device cuda runs muster-bench-gpu, which was not found next "
+                   "to muster-bench; build it (bazel build //backends/nccl:muster-bench-gpu) or "
+                   "set MUSTER_BENCH_GPU\n");
+      return 2;
+    }
+    std::vector<char*> args = {const_cast<char*>(gpu.c_str())};
+    for (int i = 1; i < argc; ++i) args.push_back(argv[i]);
+    args.push_back(nullptr);
+    ::execv(gpu.c_str(), args.data());
+    std::fprintf(stderr, "muster-bench: cannot run %s: %s\n", gpu.c_str(), std::strerror(errno));
+    return 2;
+  }
   bench::StoreBenchOptions defaults;
   std::string ops = absl::StrJoin(bench::AllLatencyOps(), ",");
   std::string clients = "1,16,64,256";
@@ -59,6 +111,7 @@ int main(int argc, char** argv) {
   std::string coll_pin = cdefaults.pin;
   bool verify = false;
   bool coll_shared = false;
+  std::string coll_device = "cpu";
 
   muster::FlagSet flags(
       "muster-bench",
@@ -88,8 +141,13 @@ int main(int argc, char** argv) {
       "the input of reduce_scatter. Exit status: 0, 1 if a collective failed or\n"
       "--verify found a wrong element, 2 for bad usage.\n"
       "\n"
+      "collectives --device cuda (run it directly, not under muster-run): all_reduce on\n"
+      "CUDA buffers through in-process NCCL and through musterd side by side, one rank\n"
+      "process per GPU; muster-bench execs muster-bench-gpu (next to it in bazel-bin, or\n"
+      "$MUSTER_BENCH_GPU) with the same flags: see muster-bench-gpu --help.\n"
+      "\n"
       "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --shared\n"
-      "--pin --json --quick. The others are store's.");
+      "--pin --json --quick --device. The others are store's.");
   flags.AddString("ops", &ops,
                   "Latency workload: comma-separated ops, each timed from one client.\n"
                   "Known: set, get, add, compare_set, check, wait, delete_key, num_keys.\n"
@@ -156,7 +214,14 @@ int main(int argc, char** argv) {
   flags.AddString("pin", &coll_pin,
                   "collectives: none (the scheduler places the ranks) or rank (rank r runs on\n"
                   "allowed CPU local_rank mod #CPUs, all its threads included).");
+  flags.AddString("device", &coll_device,
+                  "collectives: cpu (this binary, under muster-run) or cuda (muster-bench-gpu,\n"
+                  "run directly; see above).");
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
+  if (coll_device != "cpu") {
+    std::fprintf(stderr, "muster-bench: --device must be cpu or cuda\n");
+    return 2;
+  }
 
   if (positional.empty()) {
     std::fprintf(stderr,
