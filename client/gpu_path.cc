@@ -67,9 +67,10 @@ absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
 }
 
 GpuPath::GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
-                 std::string group)
+                 std::string group, GpuStatusCheck status_check)
     : driver_(driver),
       transport_(std::move(transport)),
+      status_check_(std::move(status_check)),
       job_id_(std::move(job_id)),
       global_rank_(global_rank),
       group_(std::move(group)),
@@ -173,12 +174,12 @@ absl::StatusOr<GpuPath::Launched> GpuPath::Run(const GpuCall& call) {
   return Launched{sequence_, *marker};
 }
 
-absl::Status GpuPath::Synchronize(void* event, absl::Time deadline) {
+absl::Status GpuPath::Synchronize(void* event, uint64_t sequence, absl::Time deadline) {
   int spins = 0;
   while (true) {
     absl::StatusOr<bool> done = driver_->EventDone(event);
     if (!done.ok()) return done.status();
-    if (*done) return absl::OkStatus();
+    if (*done) return status_check_ ? status_check_(sequence) : absl::OkStatus();
     if (absl::Now() > deadline) {
       return absl::DeadlineExceededError(
           absl::StrCat("GPU collective on group ", group_, " has not finished on the GPU"));

@@ -85,10 +85,15 @@ struct GpuCall {
 using GpuTransport =
     std::function<absl::StatusOr<v1::GpuCollectiveResponse>(const v1::GpuCollectiveRequest&)>;
 
+// Asks musterd whether collective `sequence` of this rank's communicator
+// failed after it was enqueued (Gpu.CollectiveStatus).
+using GpuStatusCheck = std::function<absl::Status(uint64_t sequence)>;
+
 class GpuPath {
  public:
+  // `status_check` may be empty (no check after Synchronize).
   GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
-          std::string group);
+          std::string group, GpuStatusCheck status_check = nullptr);
   ~GpuPath();
 
   struct Launched {
@@ -99,8 +104,10 @@ class GpuPath {
   };
   // Enqueues `call` through musterd.
   absl::StatusOr<Launched> Run(const GpuCall& call);
-  // Blocks until the GPU passed `event` or `deadline` (DEADLINE_EXCEEDED).
-  absl::Status Synchronize(void* event, absl::Time deadline);
+  // Blocks until the GPU passed `event` (DEADLINE_EXCEEDED at `deadline`),
+  // then reports whether collective `sequence` failed asynchronously (the
+  // communicator was aborted before it finished: ABORTED with the reason).
+  absl::Status Synchronize(void* event, uint64_t sequence, absl::Time deadline);
   void Release(void* event);
 
  private:
@@ -108,6 +115,7 @@ class GpuPath {
 
   CudaDriver* const driver_;
   const GpuTransport transport_;
+  const GpuStatusCheck status_check_;
   const std::string job_id_;
   const int global_rank_;
   const std::string group_;

@@ -195,7 +195,7 @@ TEST_CASE("GpuPath runs collectives through the NCCL engine and orders them on t
         status[r] = a.status();
         return;
       }
-      status[r] = path.Synchronize(a->marker, absl::Now() + absl::Seconds(5));
+      status[r] = path.Synchronize(a->marker, a->sequence, absl::Now() + absl::Seconds(5));
       path.Release(a->marker);
       GpuCall all_gather;
       all_gather.op = v1::GPU_ALL_GATHER;
@@ -247,6 +247,44 @@ TEST_CASE("GpuPath runs collectives through the NCCL engine and orders them on t
   CHECK(count_prefix(daemon_log, "record ipc") == 6);
   CHECK(driver.markers_ == 6);
   CHECK(driver.destroyed_ == 6 + 4);  // the markers, then each path's two events
+}
+
+TEST_CASE("Synchronize reports a collective that failed after it was enqueued") {
+  FakeCudaDriver driver;
+  GpuTransport transport =
+      [](const v1::GpuCollectiveRequest&) -> absl::StatusOr<v1::GpuCollectiveResponse> {
+    return v1::GpuCollectiveResponse();
+  };
+  std::vector<uint64_t> asked;
+  GpuStatusCheck check = [&asked](uint64_t sequence) -> absl::Status {
+    asked.push_back(sequence);
+    if (sequence == 2) return absl::AbortedError("NCCL error on rank 1 of group world: remote");
+    return absl::OkStatus();
+  };
+  GpuPath path(&driver, transport, "job", 0, "world", check);
+  std::vector<float> data(4);
+  driver.Allocate(data.data(), 16);
+  GpuCall call;
+  call.op = v1::GPU_ALL_REDUCE;
+  call.count = 4;
+  call.inputs = {Cuda(data.data(), 4, DType::kFloat32)};
+  auto first = path.Run(call);
+  auto second = path.Run(call);
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(path.Synchronize(first->marker, first->sequence, absl::Now() + absl::Seconds(1)).ok());
+  absl::Status failed =
+      path.Synchronize(second->marker, second->sequence, absl::Now() + absl::Seconds(1));
+  CHECK(absl::IsAborted(failed));
+  CHECK(failed.message().find("NCCL error on rank 1") != std::string::npos);
+  CHECK(asked == std::vector<uint64_t>{1, 2});
+  // The GPU has not passed it yet: the CPU waits, up to the deadline.
+  driver.done_ = false;
+  absl::Status late =
+      path.Synchronize(first->marker, first->sequence, absl::Now() + absl::Milliseconds(50));
+  CHECK(absl::IsDeadlineExceeded(late));
+  path.Release(first->marker);
+  path.Release(second->marker);
 }
 
 TEST_CASE("a daemon error comes back as the call's status; a bad buffer never leaves the rank") {

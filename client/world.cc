@@ -430,8 +430,24 @@ std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
         }
         return response;
       };
+      GpuStatusCheck status_check = [stub, job = world_->job_id(), rank = world_->rank(),
+                                     group = name_](uint64_t sequence) -> absl::Status {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+        v1::CollectiveStatusRequest request;
+        request.mutable_caller()->set_job_id(job);
+        request.mutable_caller()->set_global_rank(rank);
+        request.set_group(group);
+        request.set_sequence(sequence);
+        v1::CollectiveStatusResponse response;
+        grpc::Status s = stub->CollectiveStatus(&context, request, &response);
+        if (!s.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+        }
+        return absl::OkStatus();
+      };
       gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_->job_id(),
-                                       world_->rank(), name_);
+                                       world_->rank(), name_, std::move(status_check));
     }
     path = gpu_;
   }
@@ -440,8 +456,8 @@ std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
   auto work = std::make_shared<Work>();
   work->sequence_ = launched->sequence;
   std::shared_ptr<void> marker(launched->marker, [path](void* e) { path->Release(e); });
-  work->synchronize_ = [path, marker](absl::Time deadline) {
-    return path->Synchronize(marker.get(), deadline);
+  work->synchronize_ = [path, marker, sequence = launched->sequence](absl::Time deadline) {
+    return path->Synchronize(marker.get(), sequence, deadline);
   };
   work->Complete(absl::OkStatus());
   return work;

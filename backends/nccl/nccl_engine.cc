@@ -36,6 +36,7 @@ struct NcclEngine::Slot {
   bool comm_ready = false;  // comm (or comm_status) delivered
   absl::Status comm_status;
   uint64_t launched = 0, completed = 0;
+  uint64_t last_launched_sequence = 0;
   struct Pending {
     void* event;
     uint64_t sequence;
@@ -507,6 +508,7 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   {
     std::lock_guard<std::mutex> lock(slot.mu);
     slot.pending.push_back({marker, request.sequence(), absl::Now(), what});
+    slot.last_launched_sequence = std::max(slot.last_launched_sequence, request.sequence());
     count = ++slot.launched;
   }
   done(count);
@@ -770,6 +772,39 @@ void NcclEngine::RankGone(const std::string& job_id, int global_rank) {
     pending_releases_.push_back(Owner(job_id, global_rank));
   }
   watchdog_cv_.notify_all();
+}
+
+absl::Status NcclEngine::CollectiveStatus(const std::string& job_id, const std::string& group,
+                                          int global_rank, uint64_t sequence, bool* finished) {
+  *finished = false;
+  std::shared_ptr<Slot> slot;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = slots_.find(SlotKey{job_id, group, global_rank});
+    if (it == slots_.end()) {
+      return absl::NotFoundError(
+          absl::StrCat("rank ", global_rank, " has no NCCL communicator for group ", group));
+    }
+    slot = it->second;
+  }
+  std::lock_guard<std::mutex> lock(slot->mu);
+  for (const Slot::Pending& p : slot->pending) {
+    if (p.sequence != sequence) continue;
+    absl::StatusOr<bool> done = runtime_->EventDone(p.event);
+    if (done.ok() && *done) {
+      *finished = true;
+      return absl::OkStatus();
+    }
+    if (slot->failed) return absl::AbortedError(slot->error);
+    return absl::OkStatus();  // still running on a healthy communicator
+  }
+  // Not pending: it finished (the watchdog retired it), or was never
+  // launched because the communicator had already failed.
+  if (slot->failed && sequence > slot->last_launched_sequence) {
+    return absl::AbortedError(slot->error);
+  }
+  *finished = sequence <= slot->last_launched_sequence;
+  return absl::OkStatus();
 }
 
 v1::ListCommunicatorsResponse NcclEngine::List(const std::string& job_id) {

@@ -96,6 +96,12 @@ class NcclEngine {
   // launched on the GPU or failed.
   void Collective(v1::GpuCollectiveRequest request, Done done);
 
+  // Whether collective `sequence` of (job, group, rank) finished without
+  // error; see Gpu.CollectiveStatus. `finished` tells whether the GPU is
+  // known to have passed it.
+  absl::Status CollectiveStatus(const std::string& job_id, const std::string& group,
+                                int global_rank, uint64_t sequence, bool* finished);
+
   v1::ListCommunicatorsResponse List(const std::string& job_id);
 
   // Registry events.

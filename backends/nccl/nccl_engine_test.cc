@@ -121,6 +121,10 @@ TEST_CASE("a first all_reduce creates the communicators through the store and re
     }
     return true;
   }));
+  bool finished = false;
+  CHECK(engine.CollectiveStatus("job", "world", 2, 1, &finished).ok());
+  CHECK(finished);
+  CHECK(absl::IsNotFound(engine.CollectiveStatus("job", "nope", 0, 1, &finished)));
 }
 
 TEST_CASE("every GPU collective gives the reference result on three ranks") {
@@ -386,6 +390,12 @@ TEST_CASE("a collective that never finishes on the GPU times out and aborts") {
             .find("collective #1 (ALL_REDUCE float32 x 1) on group world "
                   "did not finish on the GPU") != std::string::npos);
   CHECK(runtime.aborts() >= 1);
+  // The collective was enqueued but never finished: its status is the abort.
+  bool finished = true;
+  absl::Status status = engine.CollectiveStatus("job", "world", 0, 1, &finished);
+  CHECK(absl::IsAborted(status));
+  CHECK_FALSE(finished);
+  CHECK(status.message().find("did not finish on the GPU") != std::string::npos);
 }
 
 TEST_CASE("a subgroup is split from a healthy world communicator") {

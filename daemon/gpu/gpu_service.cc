@@ -41,6 +41,19 @@ grpc::ServerUnaryReactor* GpuService::Collective(grpc::CallbackServerContext* co
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GpuService::CollectiveStatus(grpc::CallbackServerContext* context,
+                                                       const v1::CollectiveStatusRequest* request,
+                                                       v1::CollectiveStatusResponse* response) {
+  bool finished = false;
+  absl::Status s =
+      engine_->CollectiveStatus(request->caller().job_id(), request->group(),
+                                request->caller().global_rank(), request->sequence(), &finished);
+  response->set_finished(finished);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpc(s));
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* GpuService::ListCommunicators(grpc::CallbackServerContext* context,
                                                         const v1::ListCommunicatorsRequest* request,
                                                         v1::ListCommunicatorsResponse* response) {

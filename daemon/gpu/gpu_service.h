@@ -35,6 +35,9 @@ class GpuService final : public v1::Gpu::CallbackService,
   grpc::ServerUnaryReactor* Collective(grpc::CallbackServerContext* context,
                                        const v1::GpuCollectiveRequest* request,
                                        v1::GpuCollectiveResponse* response) override;
+  grpc::ServerUnaryReactor* CollectiveStatus(grpc::CallbackServerContext* context,
+                                             const v1::CollectiveStatusRequest* request,
+                                             v1::CollectiveStatusResponse* response) override;
   grpc::ServerUnaryReactor* ListCommunicators(grpc::CallbackServerContext* context,
                                               const v1::ListCommunicatorsRequest* request,
                                               v1::ListCommunicatorsResponse* response) override;
