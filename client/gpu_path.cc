@@ -161,8 +161,29 @@ absl::StatusOr<GpuPath::Launched> GpuPath::Run(const GpuCall& call) {
 
   // The daemon's stream starts after the work already on ours...
   if (absl::Status s = driver_->RecordEvent(ready_, stream, context); !s.ok()) return s;
-  absl::StatusOr<v1::GpuCollectiveResponse> response = transport_(request);
-  if (!response.ok()) return response.status();
+  absl::Status sent = absl::UnavailableError("no channel");
+  if (channel_ != nullptr) {
+    std::string bytes = request.SerializeAsString();
+    absl::StatusOr<uint64_t> launched =
+        channel_->Call(bytes, absl::Now() + absl::Hours(1));  // the daemon bounds it
+    if (launched.ok()) {
+      ++channel_calls_;
+      sent = absl::OkStatus();
+    } else if (absl::IsUnavailable(launched.status()) ||
+               absl::IsResourceExhausted(launched.status())) {
+      if (channel_->closed()) channel_.reset();  // the daemon closed it: gRPC says why
+    } else {
+      return launched.status();
+    }
+  }
+  if (!sent.ok()) {
+    absl::StatusOr<v1::GpuCollectiveResponse> response = transport_(request);
+    if (!response.ok()) return response.status();
+    if (channel_ == nullptr && !response->channel().empty()) {
+      absl::StatusOr<std::unique_ptr<GpuChannel>> channel = GpuChannel::Open(response->channel());
+      if (channel.ok()) channel_ = std::move(*channel);  // else gRPC stays the path
+    }
+  }
   // ...and ours continues after the collective.
   if (absl::Status s = driver_->StreamWaitEvent(stream, done_, context); !s.ok()) return s;
   absl::StatusOr<void*> marker = driver_->CreateEvent(context);

@@ -11,7 +11,10 @@
 //  - GpuPath, one per group: records an interprocess "ready" event on the
 //    tensors' stream, sends the request, and makes the stream wait on the
 //    "done" event the daemon recorded after the NCCL launch. The CPU does
-//    not wait for the GPU unless Work::Synchronize() asks.
+//    not wait for the GPU unless Work::Synchronize() asks. The first request
+//    goes through gRPC; later ones through the communicator's shared-memory
+//    channel (GpuChannel) that the first reply names, falling back to gRPC
+//    if the channel closes.
 //
 // DeviceBufferExporter is thread-compatible; GpuPath is thread-safe (one
 // collective at a time per group, in call order).
@@ -27,6 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backends/nccl/gpu_channel.h"
 #include "client/cuda_driver.h"
 #include "muster/world.h"
 #include "proto/gpu.pb.h"
@@ -127,6 +131,15 @@ class GpuPath {
   void* done_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string ready_handle_ ABSL_GUARDED_BY(mu_);
   std::string done_handle_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<GpuChannel> channel_ ABSL_GUARDED_BY(mu_);
+  uint64_t channel_calls_ ABSL_GUARDED_BY(mu_) = 0;
+
+ public:
+  // Requests answered through the shared-memory channel (for tests).
+  uint64_t channel_calls() {
+    absl::MutexLock lock(&mu_);
+    return channel_calls_;
+  }
 };
 
 }  // namespace muster

@@ -19,9 +19,12 @@
 //   free        free a buffer, allocate another, all_reduce again
 //   crash       exit at once without leaving the job (a dead rank)
 //   afterdeath  all_reduce until it fails; OK if ABORTED naming rank 1
+//   latency     2000 one-float all_reduces; prints "LATENCY p50_us=.. p90_us=.."
+//               (what the daemon path adds: the fake runtime does no work)
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <numeric>
@@ -239,9 +242,10 @@ absl::Status Run(World& world, const std::string& step) {
     grpc::Status s = stub->ListCommunicators(&context, request, &response);
     if (!s.ok()) return absl::UnavailableError(s.error_message());
     for (const auto& c : response.communicators()) {
-      std::printf("COMM job=%s group=%s rank=%d origin=%s state=%s launched=%llu\n",
+      std::printf("COMM job=%s group=%s rank=%d origin=%s state=%s launched=%llu channel=%llu\n",
                   c.job_id().c_str(), c.group().c_str(), c.global_rank(), c.origin().c_str(),
-                  c.state().c_str(), static_cast<unsigned long long>(c.launched()));
+                  c.state().c_str(), static_cast<unsigned long long>(c.launched()),
+                  static_cast<unsigned long long>(c.channel_requests()));
     }
     return absl::OkStatus();
   }
@@ -275,6 +279,18 @@ absl::Status Run(World& world, const std::string& step) {
       }
       driver.Free(x);
     }
+    return absl::OkStatus();
+  }
+  if (step == "latency") {
+    float* x = Device<float>(1);
+    std::vector<double> us;
+    for (int i = 0; i < 2200; ++i) {
+      absl::Time start = absl::Now();
+      if (absl::Status s = g.AllReduce(Cuda(x, 1, DType::kFloat32))->Wait(); !s.ok()) return s;
+      if (i >= 200) us.push_back(absl::ToDoubleMicroseconds(absl::Now() - start));
+    }
+    std::sort(us.begin(), us.end());
+    std::printf("LATENCY p50_us=%.1f p90_us=%.1f\n", us[us.size() / 2], us[us.size() * 9 / 10]);
     return absl::OkStatus();
   }
   if (step == "crash") {

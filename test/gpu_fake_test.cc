@@ -5,8 +5,10 @@
 // rank death -> abort) and the engine, across processes.
 #include <catch2/catch.hpp>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "test/daemon_harness.h"
 #include "test/subprocess.h"
 
@@ -75,6 +77,19 @@ TEST_CASE("every collective on CUDA tensors runs through musterd on three real r
   CHECK(comms.find("COMM job=gpujob group=pair rank=2 origin=split state=ready") !=
         std::string::npos);
   CHECK(comms.find("COMM job=gpujob group=pair rank=1") == std::string::npos);
+  // After the first request (gRPC), the world communicators were fed through
+  // the shared-memory channel: launched = 1 + channel for each.
+  for (const std::string& line : std::vector<std::string>(absl::StrSplit(comms, '\n'))) {
+    if (line.find("group=world") == std::string::npos) continue;
+    INFO(line);
+    int64_t launched = -1, channel = -1;
+    for (absl::string_view word : absl::StrSplit(line, ' ')) {
+      if (absl::ConsumePrefix(&word, "launched=")) CHECK(absl::SimpleAtoi(word, &launched));
+      if (absl::ConsumePrefix(&word, "channel=")) CHECK(absl::SimpleAtoi(word, &channel));
+    }
+    CHECK(launched > 5);
+    CHECK(channel == launched - 1);
+  }
 }
 
 TEST_CASE("a rank that dies aborts the GPU communicators; the daemon serves the next job") {

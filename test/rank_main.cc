@@ -419,9 +419,9 @@ int main(int argc, char** argv) {
           iv[i] = value(me, i);
           fv[i] = value(me, i) + 0.5;
         }
-        absl::Status st =
-            floating ? g->AllReduce({fv.data(), kCount, DType::kFloat64}, op, 0.25)->Wait()
-                     : g->AllReduce({iv.data(), kCount, DType::kInt64}, op)->Wait();
+        absl::Status st = floating
+                              ? g->AllReduce({fv.data(), kCount, DType::kFloat64}, op, 0.25)->Wait()
+                              : g->AllReduce({iv.data(), kCount, DType::kInt64}, op)->Wait();
         bool right = true;
         for (size_t i = 0; i < kCount; ++i) {
           int64_t want = value(0, i);
@@ -429,14 +429,29 @@ int main(int argc, char** argv) {
           for (int j = 1; j < n; ++j) {
             int64_t x = value(j, i);
             switch (op) {
-              case ReduceOp::kSum: want += x; break;
-              case ReduceOp::kProduct: want *= x; break;
-              case ReduceOp::kMin: want = std::min(want, x); break;
-              case ReduceOp::kMax: want = std::max(want, x); break;
-              case ReduceOp::kBand: want &= x; break;
-              case ReduceOp::kBor: want |= x; break;
-              case ReduceOp::kBxor: want ^= x; break;
-              default: fwant += x + 0.5;
+              case ReduceOp::kSum:
+                want += x;
+                break;
+              case ReduceOp::kProduct:
+                want *= x;
+                break;
+              case ReduceOp::kMin:
+                want = std::min(want, x);
+                break;
+              case ReduceOp::kMax:
+                want = std::max(want, x);
+                break;
+              case ReduceOp::kBand:
+                want &= x;
+                break;
+              case ReduceOp::kBor:
+                want |= x;
+                break;
+              case ReduceOp::kBxor:
+                want ^= x;
+                break;
+              default:
+                fwant += x + 0.5;
             }
           }
           if (op == ReduceOp::kAvg) fwant /= n;
@@ -491,9 +506,9 @@ int main(int argc, char** argv) {
         std::vector<int32_t> in(2 * n);
         for (int j = 0; j < 2 * n; ++j) in[j] = (me + 1) * (j + 1);
         int32_t out[2] = {-1, -1};
-        absl::Status st = g->ReduceScatterTensor({out, 2, DType::kInt32},
-                                                 {in.data(), in.size(), DType::kInt32})
-                              ->Wait();
+        absl::Status st =
+            g->ReduceScatterTensor({out, 2, DType::kInt32}, {in.data(), in.size(), DType::kInt32})
+                ->Wait();
         int sum = n * (n + 1) / 2;
         line("reduce_scatter", st, out[0] == sum * (2 * me + 1) && out[1] == sum * (2 * me + 2));
       }

@@ -539,6 +539,8 @@ int RunGpu(const CtlOptions& options) {
           .Int(static_cast<int64_t>(c.completed()))
           .Key("open_buffers")
           .Int(c.open_buffers())
+          .Key("channel_requests")
+          .Int(static_cast<int64_t>(c.channel_requests()))
           .Key("error")
           .String(c.error())
           .EndObject();

@@ -48,7 +48,6 @@ std::string FakeIpcHandle(const void* ptr) {
 
 namespace {
 
-
 bool HasMagic(const std::string& handle, const char (&magic)[4]) {
   return handle.size() >= 4 && std::memcmp(handle.data(), magic, 4) == 0;
 }

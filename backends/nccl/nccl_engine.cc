@@ -1,5 +1,7 @@
 #include "backends/nccl/nccl_engine.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 
 #include "absl/strings/match.h"
@@ -37,6 +39,7 @@ struct NcclEngine::Slot {
   absl::Status comm_status;
   uint64_t launched = 0, completed = 0;
   uint64_t last_launched_sequence = 0;
+  uint64_t channel_requests = 0;
   struct Pending {
     void* event;
     uint64_t sequence;
@@ -47,11 +50,15 @@ struct NcclEngine::Slot {
   std::vector<void*> spare_events;
   std::string bus_id;
   int device = -1;
+  bool initialized = false;  // InitComm finished (the channel may be served)
+
+  // The rank's fast path (null if shared memory failed); the pointer is set
+  // before the worker starts and never changes.
+  std::unique_ptr<GpuChannel> channel;
 
   // Worker only.
   void* stream = nullptr;
   void* scratch = nullptr;
-  bool initialized = false;
   absl::Status init_status;
 };
 
@@ -122,6 +129,7 @@ void NcclEngine::Shutdown() {
       slot->stopping = true;
     }
     slot->cv.notify_all();
+    if (slot->channel != nullptr) slot->channel->Wake();
     if (slot->worker.joinable()) slot->worker.join();
   }
   // Every worker is gone: close what the ranks' handles opened.
@@ -140,22 +148,78 @@ void NcclEngine::Post(Slot& slot, std::function<void()> task) {
     slot.tasks.push_back(std::move(task));
   }
   slot.cv.notify_all();
+  if (slot.channel != nullptr) slot.channel->Wake();
+}
+
+void NcclEngine::AttachChannel(Slot& slot) {
+  std::string name = absl::StrCat("/muster.", ::getpid(), ".gpu.", next_channel_++);
+  absl::StatusOr<std::unique_ptr<GpuChannel>> channel = GpuChannel::Create(name);
+  if (!channel.ok()) {
+    MLOG(WARNING) << "no shared-memory channel for group " << slot.group << " rank "
+                  << slot.global_rank << " (gRPC only): " << channel.status().message();
+    return;
+  }
+  slot.channel = std::move(*channel);
+}
+
+void NcclEngine::ServeChannelRequest(Slot& slot, const std::string& bytes) {
+  v1::GpuCollectiveRequest request;
+  if (!request.ParseFromString(bytes)) {
+    slot.channel->Complete(absl::InvalidArgumentError("malformed GPU collective request"), 0);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    ++slot.channel_requests;
+  }
+  // The channel speaks for its own communicator only.
+  request.mutable_caller()->set_job_id(slot.job);
+  request.mutable_caller()->set_global_rank(slot.global_rank);
+  request.set_group(slot.group);
+  GpuChannel* channel = slot.channel.get();
+  RunCollective(slot, request, [channel](absl::StatusOr<uint64_t> launched) {
+    channel->Complete(launched.status(), launched.ok() ? *launched : 0);
+  });
 }
 
 void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
   Slot* s = slot.get();
   s->worker = std::thread([this, s] {
+    absl::Time last_request = absl::InfinitePast();
     while (true) {
       std::function<void()> task;
+      bool serve_channel = false;
       {
         std::unique_lock<std::mutex> lock(s->mu);
-        s->cv.wait(lock, [s] { return s->stopping || !s->tasks.empty(); });
-        if (s->tasks.empty()) break;  // stopping and drained
-        task = std::move(s->tasks.front());
-        s->tasks.pop_front();
+        s->cv.wait(lock, [s] {
+          return s->stopping || !s->tasks.empty() || (s->channel != nullptr && s->initialized);
+        });
+        if (!s->tasks.empty()) {
+          task = std::move(s->tasks.front());
+          s->tasks.pop_front();
+        } else if (s->stopping) {
+          break;  // stopping and drained
+        } else {
+          serve_channel = s->channel != nullptr && s->initialized;
+        }
       }
-      task();
+      if (task) {
+        task();
+        continue;
+      }
+      if (!serve_channel) continue;
+      // Requests on the channel: spin a little while the rank is busy
+      // issuing collectives, sleep on the futex otherwise (Post wakes it).
+      std::string request;
+      const bool hot = absl::Now() - last_request < absl::Milliseconds(5);
+      if (s->channel->Poll(&request, hot ? absl::Microseconds(200) : absl::ZeroDuration())) {
+        ServeChannelRequest(*s, request);
+        last_request = absl::Now();
+        continue;
+      }
+      s->channel->WaitForRequest(absl::Milliseconds(20));
     }
+    if (s->channel != nullptr) s->channel->Close();
     // Teardown on the worker: the stream, scratch and events belong to it.
     void* comm = nullptr;
     std::vector<void*> events;
@@ -206,6 +270,7 @@ std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
   slot->generation = view.generation;
   slot->timeout = view.timeout;
   slot->epoch = epochs_[key]++;
+  AttachChannel(*slot);
   StartWorker(slot);
   slots_[key] = slot;
   *created = true;
@@ -281,7 +346,10 @@ void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
   const std::string name = absl::StrCat("NCCL communicator of group ", slot.group, " (rank ",
                                         slot.group_rank, " of ", slot.group_size, ")");
   auto finish = [&](absl::Status status) {
-    slot.initialized = true;
+    {
+      std::lock_guard<std::mutex> lock(slot.mu);
+      slot.initialized = true;
+    }
     slot.init_status = status;
     if (!status.ok()) {
       Fail(slot, std::string(status.message()), /*break_group=*/!absl::IsAborted(status));
@@ -531,6 +599,8 @@ void NcclEngine::Fail(Slot& slot, const std::string& reason, bool break_group) {
     }
   }
   slot.cv.notify_all();
+  // The rank's next call goes through gRPC, which says why.
+  if (slot.channel != nullptr) slot.channel->Close();
   if (abort != nullptr) runtime_->AbortComm(abort);
   if (first) {
     MLOG(WARNING) << "NCCL communicator of group " << slot.group << " (job " << slot.job
@@ -655,6 +725,7 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       child->timeout = parent->timeout;
       child->origin = "split";
       child->epoch = epochs_[SlotKey{job_id, group, rank}]++;
+      AttachChannel(*child);
       StartWorker(child);
       slots_[SlotKey{job_id, group, rank}] = child;
       Post(*child, [this, c = child.get()] { InitComm(*c, ""); });
@@ -742,6 +813,7 @@ void NcclEngine::GroupDestroyed(const std::string& job_id, const std::string& gr
     slot->stopping = true;
   }
   slot->cv.notify_all();
+  if (slot->channel != nullptr) slot->channel->Wake();
 }
 
 void NcclEngine::RankGone(const std::string& job_id, int global_rank) {
@@ -764,6 +836,7 @@ void NcclEngine::RankGone(const std::string& job_id, int global_rank) {
       slot->stopping = true;
     }
     slot->cv.notify_all();
+    if (slot->channel != nullptr) slot->channel->Wake();
   }
   // The rank's IPC handles close once its workers drained (the watchdog
   // checks; this call must not block).
@@ -807,6 +880,16 @@ absl::Status NcclEngine::CollectiveStatus(const std::string& job_id, const std::
   return absl::OkStatus();
 }
 
+std::string NcclEngine::ChannelName(const std::string& job_id, const std::string& group,
+                                    int global_rank) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(SlotKey{job_id, group, global_rank});
+  if (it == slots_.end() || it->second->channel == nullptr || it->second->channel->closed()) {
+    return "";
+  }
+  return it->second->channel->name();
+}
+
 v1::ListCommunicatorsResponse NcclEngine::List(const std::string& job_id) {
   v1::ListCommunicatorsResponse response;
   response.set_unavailable(runtime_->Unavailable());
@@ -828,6 +911,7 @@ v1::ListCommunicatorsResponse NcclEngine::List(const std::string& job_id) {
     info->set_origin(slot->origin);
     info->set_launched(slot->launched);
     info->set_completed(slot->completed);
+    info->set_channel_requests(slot->channel_requests);
   }
   return response;
 }

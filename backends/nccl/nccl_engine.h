@@ -41,6 +41,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "backends/nccl/gpu_channel.h"
 #include "backends/nccl/gpu_runtime.h"
 #include "backends/nccl/ipc_cache.h"
 #include "muster/store.h"
@@ -102,6 +103,10 @@ class NcclEngine {
   absl::Status CollectiveStatus(const std::string& job_id, const std::string& group,
                                 int global_rank, uint64_t sequence, bool* finished);
 
+  // The shared-memory channel of (job, group, rank)'s communicator ("" if
+  // none); see GpuChannel.
+  std::string ChannelName(const std::string& job_id, const std::string& group, int global_rank);
+
   v1::ListCommunicatorsResponse List(const std::string& job_id);
 
   // Registry events.
@@ -123,6 +128,10 @@ class NcclEngine {
   std::shared_ptr<Slot> FindOrCreateSlot(const v1::GpuCollectiveRequest& request,
                                          const GpuGroupView& view, int group_rank, bool* created);
   void StartWorker(const std::shared_ptr<Slot>& slot);
+  // Gives a new slot its shared-memory channel (best effort).
+  void AttachChannel(Slot& slot);
+  // A request that arrived on the slot's channel.
+  void ServeChannelRequest(Slot& slot, const std::string& bytes);
   static void Post(Slot& slot, std::function<void()> task);
   // Worker tasks.
   void InitComm(Slot& slot, const std::string& bus_id);
@@ -152,6 +161,7 @@ class NcclEngine {
   bool stopping_ = false;
   std::map<SlotKey, std::shared_ptr<Slot>> slots_;
   std::map<SlotKey, int64_t> epochs_;  // communicators created per slot key
+  uint64_t next_channel_ = 1;
   // Slots removed from slots_ whose workers still run until drained.
   std::vector<std::shared_ptr<Slot>> retired_;
   // Breaks requested by the registry, applied by the watchdog thread.

@@ -34,10 +34,15 @@ grpc::ServerUnaryReactor* GpuService::Collective(grpc::CallbackServerContext* co
                                                  const v1::GpuCollectiveRequest* request,
                                                  v1::GpuCollectiveResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  engine_->Collective(*request, [reactor, response](absl::StatusOr<uint64_t> launched) {
-    if (launched.ok()) response->set_launched(*launched);
-    reactor->Finish(ToGrpc(launched.status()));
-  });
+  engine_->Collective(
+      *request, [this, reactor, request, response](absl::StatusOr<uint64_t> launched) {
+        if (launched.ok()) {
+          response->set_launched(*launched);
+          response->set_channel(engine_->ChannelName(request->caller().job_id(), request->group(),
+                                                     request->caller().global_rank()));
+        }
+        reactor->Finish(ToGrpc(launched.status()));
+      });
   return reactor;
 }
 

@@ -1,0 +1,96 @@
+// GpuChannel: a rank thread and a daemon thread exchanging requests through
+// the shared-memory channel; closing, oversized requests, bad segments.
+#include "backends/nccl/gpu_channel.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace muster {
+namespace {
+
+std::string Name(const char* what) {
+  static int n = 0;
+  return absl::StrCat("/muster.", ::getpid(), ".gputest.", what, ++n);
+}
+
+TEST_CASE("requests and replies go through the channel in order, with statuses") {
+  auto daemon = GpuChannel::Create(Name("rr"));
+  REQUIRE(daemon.ok());
+  auto rank = GpuChannel::Open((*daemon)->name());
+  REQUIRE(rank.ok());
+  std::vector<std::string> served;
+  std::thread server([&] {
+    std::string request;
+    for (int i = 0; i < 1000;) {
+      if (!(*daemon)->Poll(&request, absl::Microseconds(100))) {
+        (*daemon)->WaitForRequest(absl::Milliseconds(20));
+        continue;
+      }
+      served.push_back(request);
+      if (request == "fail") {
+        (*daemon)->Complete(absl::AbortedError("rank 2 died"), 0);
+      } else {
+        (*daemon)->Complete(absl::OkStatus(), 1000 + i);
+      }
+      ++i;
+    }
+  });
+  std::vector<absl::StatusOr<uint64_t>> replies;
+  for (int i = 0; i < 1000; ++i) {
+    // Some requests find the daemon asleep on the futex.
+    if (i % 100 == 0) absl::SleepFor(absl::Milliseconds(30));
+    replies.push_back(
+        (*rank)->Call(i == 500 ? "fail" : absl::StrCat("req", i), absl::Now() + absl::Seconds(10)));
+  }
+  server.join();
+  REQUIRE(served.size() == 1000);
+  for (int i = 0; i < 1000; ++i) {
+    INFO(i);
+    if (i == 500) {
+      CHECK(served[i] == "fail");
+      CHECK(absl::IsAborted(replies[i].status()));
+      CHECK(replies[i].status().message() == "rank 2 died");
+    } else {
+      CHECK(served[i] == absl::StrCat("req", i));
+      REQUIRE(replies[i].ok());
+      CHECK(*replies[i] == static_cast<uint64_t>(1000 + i));
+    }
+  }
+}
+
+TEST_CASE("a closed channel answers Unavailable, also to a caller already waiting") {
+  auto daemon = GpuChannel::Create(Name("close"));
+  REQUIRE(daemon.ok());
+  auto rank = GpuChannel::Open((*daemon)->name());
+  REQUIRE(rank.ok());
+  absl::Status waiting;
+  std::thread caller(
+      [&] { waiting = (*rank)->Call("never answered", absl::Now() + absl::Seconds(30)).status(); });
+  absl::SleepFor(absl::Milliseconds(100));
+  (*daemon)->Close();
+  caller.join();
+  CHECK(absl::IsUnavailable(waiting));
+  CHECK((*rank)->closed());
+  CHECK(absl::IsUnavailable((*rank)->Call("later", absl::Now() + absl::Seconds(1)).status()));
+}
+
+TEST_CASE("bad input: oversized requests, missing or foreign segments, no answer in time") {
+  auto daemon = GpuChannel::Create(Name("bad"));
+  REQUIRE(daemon.ok());
+  auto rank = GpuChannel::Open((*daemon)->name());
+  REQUIRE(rank.ok());
+  std::string huge(GpuChannel::kMaxRequestBytes + 1, 'x');
+  CHECK(absl::IsResourceExhausted((*rank)->Call(huge, absl::Now() + absl::Seconds(1)).status()));
+  auto late = (*rank)->Call("nobody serves", absl::Now() + absl::Milliseconds(50));
+  CHECK(absl::IsDeadlineExceeded(late.status()));
+  CHECK(absl::IsUnavailable(GpuChannel::Open("/muster.no.such.channel").status()));
+  // Creating over an existing name is refused (no hijacking).
+  CHECK_FALSE(GpuChannel::Create((*daemon)->name()).ok());
+}
+
+}  // namespace
+}  // namespace muster
