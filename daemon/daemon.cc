@@ -9,6 +9,7 @@
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/admin_service.h"
+#include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/gpu/gpu_service.h"
 #include "daemon/ready_file.h"
 #include "daemon/registry/registry.h"
@@ -71,7 +72,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());
   daemon->gpu_service_ = std::make_unique<GpuService>(
       daemon->registry_.get(), options.store.token,
-      options.gpu_runtime ? options.gpu_runtime() : std::unique_ptr<GpuRuntime>());
+      options.gpu_runtime ? options.gpu_runtime() : LoadGpuRuntime(options.gpu_plugin));
 
   Daemon* self = daemon.get();
   daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });

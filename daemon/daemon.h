@@ -51,6 +51,9 @@ struct DaemonOptions {
   uint64_t shm_slot_bytes = 4 << 20;
   // Test builds: the GPU runtime musterd's NCCL engine uses (default: the
   // real CUDA/NCCL one).
+  // The CUDA/NCCL runtime plugin (libmuster_cuda.so); "" = look in the
+  // default places (see daemon/gpu/gpu_runtime_loader.h).
+  std::string gpu_plugin;
   std::function<std::unique_ptr<GpuRuntime>()> gpu_runtime;
 };
 

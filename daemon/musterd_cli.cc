@@ -145,6 +145,10 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddBool("store-fsync", &options.store.fsync,
                 "With --state-dir: fsync the log before acknowledging writes (survives power\n"
                 "loss, slower). Without it writes survive a crash of musterd, not of the host.");
+  flags.AddString("gpu-plugin", &options.gpu_plugin,
+                  "The CUDA/NCCL plugin (libmuster_cuda.so) that runs GPU collectives. Empty:\n"
+                  "next to musterd, the Bazel output tree, then /usr/lib/muster. Without it (or\n"
+                  "without CUDA) musterd runs and GPU requests fail saying why.");
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
 
   if (print_version) {

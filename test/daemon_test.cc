@@ -215,5 +215,22 @@ TEST_CASE("musterd fails clearly when its gRPC port is taken") {
                           "cannot serve gRPC on 127.0.0.1:" + std::to_string(first->grpc_port())));
 }
 
+TEST_CASE("musterd runs without its GPU plugin; musterctl gpu says why GPUs are unavailable") {
+  TestDaemonOptions options;
+  options.extra_args = {"--gpu-plugin=/nonexistent/libmuster_cuda.so"};
+  auto daemon = StartDaemon(options);
+  auto gpu = Run({Musterctl(), daemon->SocketFlag(), "gpu", "--json"});
+  REQUIRE(gpu.ok());
+  INFO(gpu->out);
+  CHECK(gpu->exit.code == 0);
+  CHECK(gpu->out.find("\"unavailable\":\"cannot load musterd's GPU plugin "
+                      "/nonexistent/libmuster_cuda.so") != std::string::npos);
+  CHECK(gpu->out.find("\"communicators\":[]") != std::string::npos);
+  // The rest of the daemon is unaffected.
+  auto status = Run({Musterctl(), daemon->SocketFlag(), "status"});
+  REQUIRE(status.ok());
+  CHECK(status->exit.code == 0);
+}
+
 }  // namespace
 }  // namespace muster::testing

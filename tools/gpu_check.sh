@@ -60,7 +60,7 @@ TARGETS=(//backends/nccl:muster-gpu-info //backends/nccl:muster-gpu-rank
 FILES=(backends/nccl/muster-gpu-info backends/nccl/muster-gpu-rank
        backends/nccl/muster-bench-gpu backends/nccl/gpu_smoke_test
        backends/nccl/gpu_collectives_test backends/nccl/gpu_abort_test
-       daemon/musterd tools/musterctl tools/muster-bench)
+       backends/nccl/libmuster_cuda.so daemon/musterd tools/musterctl tools/muster-bench)
 
 say() { echo "gpu_check: $*" >&2; }
 

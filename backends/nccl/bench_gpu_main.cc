@@ -58,6 +58,7 @@
 #include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/time.h"
+#include "backends/nccl/nccl_errors.h"
 #include "backends/nccl/nccl_mapping.h"
 #include "backends/shm/reduce.h"
 #include "common/flags.h"

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "backends/nccl/nccl_errors.h"
 #include "backends/nccl/nccl_mapping.h"
 
 namespace muster {

@@ -1,5 +1,5 @@
-// How muster's dtypes and reduce ops map onto NCCL, and how NCCL and CUDA
-// error codes become absl::Status values naming what failed.
+// How muster's dtypes and reduce ops map onto NCCL's types and ops
+// (nccl.h's constants only: nothing here links NCCL or CUDA).
 //
 // Reductions follow PyTorch's NCCL backend: SUM/PRODUCT/MIN/MAX/AVG map to
 // NCCL's ops; PREMUL_SUM uses a per-call NCCL op
@@ -14,7 +14,6 @@
 #ifndef MUSTER_BACKENDS_NCCL_NCCL_MAPPING_H_
 #define MUSTER_BACKENDS_NCCL_NCCL_MAPPING_H_
 
-#include <cuda_runtime_api.h>
 #include <nccl.h>
 
 #include <cstddef>
@@ -46,16 +45,6 @@ absl::StatusOr<NcclReduction> MapReduction(DType dtype, ReduceOp op, size_t coun
 // The premul scalar in NCCL's `type` (half/bfloat16/float/double), written
 // to `storage` (at least 8 bytes); what ncclRedOpCreatePreMulSum reads.
 void EncodePremulScalar(ncclDataType_t type, double scale, void* storage);
-
-// ncclSuccess -> OK. Otherwise a status whose code reflects the error
-// (invalid usage/argument -> InvalidArgument, remote/system errors ->
-// Aborted or Unavailable, in progress -> Unavailable) and whose message
-// reads "<what>: <ncclGetErrorString>[: <detail>]".
-absl::Status NcclStatus(ncclResult_t result, absl::string_view what, absl::string_view detail = "");
-
-// cudaSuccess -> OK; otherwise "<what>: <cudaGetErrorName> (<string>)",
-// FailedPrecondition for "no device / driver" errors, Internal otherwise.
-absl::Status CudaStatus(cudaError_t error, absl::string_view what);
 
 }  // namespace muster
 

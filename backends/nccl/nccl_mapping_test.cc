@@ -1,8 +1,11 @@
-// The dtype/op mapping onto NCCL and the translation of NCCL/CUDA errors.
+// The dtype/op mapping onto NCCL (nccl_mapping) and the translation of
+// NCCL/CUDA errors (nccl_errors).
 #include "backends/nccl/nccl_mapping.h"
 
 #include <catch2/catch.hpp>
 #include <cstring>
+
+#include "backends/nccl/nccl_errors.h"
 
 namespace muster {
 namespace {

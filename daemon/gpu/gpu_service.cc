@@ -1,7 +1,7 @@
 #include "daemon/gpu/gpu_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "backends/nccl/cuda_nccl_runtime.h"
+#include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/registry/job_coordinator.h"
 #include "muster/tcp_store.h"
 
@@ -18,7 +18,7 @@ grpc::Status ToGrpc(const absl::Status& s) {
 GpuService::GpuService(Registry* registry, std::string store_token,
                        std::unique_ptr<GpuRuntime> runtime)
     : registry_(registry), store_token_(std::move(store_token)), runtime_(std::move(runtime)) {
-  if (runtime_ == nullptr) runtime_ = std::make_unique<CudaNcclRuntime>();
+  if (runtime_ == nullptr) runtime_ = UnavailableGpuRuntime("no GPU runtime");
   engine_ = std::make_unique<NcclEngine>(runtime_.get(), this);
   registry_->SetObserver(this);
 }

@@ -22,8 +22,8 @@ class GpuService final : public v1::Gpu::CallbackService,
                          public GpuGroupDirectory,
                          public RegistryObserver {
  public:
-  // `runtime` null: the real CUDA/NCCL runtime. `store_token`: the token
-  // for the jobs' stores (the unique-id exchange).
+  // `runtime`: see LoadGpuRuntime (null: GPUs unavailable). `store_token`:
+  // the token for the jobs' stores (the unique-id exchange).
   GpuService(Registry* registry, std::string store_token,
              std::unique_ptr<GpuRuntime> runtime = nullptr);
   ~GpuService() override;
