@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -100,6 +101,9 @@ struct FakeGpuRuntime::Comm {
   uint64_t splits = 0;
   enum { kNone, kInit, kLaunch, kSplit, kChild } pending = kNone;
   uint64_t pending_index = 0;
+  // The thread that issued the pending operation (NCCL: one thread drives a
+  // communicator at a time).
+  std::thread::id issuer;
 };
 
 namespace {
@@ -331,6 +335,7 @@ absl::StatusOr<void*> FakeGpuRuntime::CommInit(int nranks, const std::string& un
   comm->clique = clique;
   comm->rank = rank;
   comm->pending = Comm::kInit;
+  comm->issuer = std::this_thread::get_id();
   ++clique->joined;
   comms_.push_back(comm);
   return static_cast<void*>(comm);
@@ -344,10 +349,12 @@ absl::StatusOr<void*> FakeGpuRuntime::CommSplit(void* parent_ptr, int color, int
   pc.splits[index][parent->rank] = {color, key};
   parent->pending = Comm::kSplit;
   parent->pending_index = index;
+  parent->issuer = std::this_thread::get_id();
   Comm* child = nullptr;
   if (color >= 0) {
     child = new Comm;
     child->pending = Comm::kChild;
+    child->issuer = std::this_thread::get_id();
     comms_.push_back(child);
   }
   pc.split_children[index][parent->rank] = child;
@@ -377,6 +384,9 @@ absl::StatusOr<void*> FakeGpuRuntime::CommSplit(void* parent_ptr, int color, int
 absl::Status FakeGpuRuntime::PollComm(void* comm_ptr) {
   std::lock_guard<std::mutex> lock(mu_);
   Comm* comm = static_cast<Comm*>(comm_ptr);
+  if (comm->pending != Comm::kNone && comm->issuer != std::this_thread::get_id()) {
+    ++foreign_polls_;
+  }
   if (comm->pending == Comm::kChild) return absl::UnavailableError("split in progress");
   Clique& c = *comm->clique;
   if (!c.error.empty()) return absl::AbortedError(absl::StrCat("remote process error: ", c.error));
@@ -427,6 +437,7 @@ absl::Status FakeGpuRuntime::Launch(void* comm_ptr, const std::vector<NcclPrimit
   c.launches[index][comm->rank] = primitives;
   comm->pending = Comm::kLaunch;
   comm->pending_index = index;
+  comm->issuer = std::this_thread::get_id();
   if (static_cast<int>(c.launches[index].size()) == c.size) {
     std::string error = Execute(c.launches[index], c.size);
     if (!error.empty()) c.error = error;

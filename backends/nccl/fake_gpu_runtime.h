@@ -83,6 +83,10 @@ class FakeGpuRuntime : public GpuRuntime {
   int aborts() const { return aborts_; }
   int destroys() const { return destroys_; }
   int live_comms() const;
+  // PollComm calls on a communicator whose operation another thread issued
+  // and has not yet seen complete (NCCL allows one thread at a time on a
+  // communicator; the engine's worker owns it while an operation runs).
+  int foreign_polls() const { return foreign_polls_; }
   // Events recorded / waited on, in order: "wait <event>" / "record <event>"
   // / "launch"; for ordering checks.
   std::vector<std::string> log() const;
@@ -94,7 +98,7 @@ class FakeGpuRuntime : public GpuRuntime {
   void Append(std::string entry);
   std::string unavailable_;
   std::atomic<bool> hang_{false};
-  std::atomic<int> mem_opens_{0}, aborts_{0}, destroys_{0};
+  std::atomic<int> mem_opens_{0}, aborts_{0}, destroys_{0}, foreign_polls_{0};
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Clique>> cliques_;  // by unique id
   std::map<void*, int> open_mem_;

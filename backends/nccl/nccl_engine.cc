@@ -663,7 +663,10 @@ void NcclEngine::Watchdog() {
       {
         std::lock_guard<std::mutex> slot_lock(s.mu);
         if (s.failed) continue;
-        if (s.comm != nullptr && s.state == "ready") {
+        // Not while the worker is inside an NCCL operation on the comm
+        // (busy): NCCL allows one thread at a time on a communicator, and
+        // the worker polls that operation itself.
+        if (s.comm != nullptr && s.state == "ready" && !s.busy) {
           absl::Status async = runtime_->PollComm(s.comm);
           if (!async.ok() && !absl::IsUnavailable(async)) {
             failure = absl::StrCat("NCCL error on rank ", s.global_rank, " of group ", s.group,

@@ -512,5 +512,35 @@ TEST_CASE("bad requests are clear errors and break nothing") {
   CHECK(s3.status().message().find("no CUDA device") != std::string::npos);
 }
 
+TEST_CASE("the watchdog never polls a communicator while its worker drives an operation on it") {
+  // NCCL allows one thread at a time on a communicator: while the worker
+  // waits for a launch (a peer is late), the watchdog must leave it alone.
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngineOptions options;
+  options.watchdog_interval = absl::Milliseconds(1);
+  NcclEngine engine(&runtime, &directory, options);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  auto all_reduce = [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  };
+  auto first = OnRanks({0, 1}, all_reduce);
+  REQUIRE(first[0].ok());
+  REQUIRE(first[1].ok());
+  // Rank 1 arrives late: rank 0's worker polls its launch meanwhile.
+  auto late = OnRanks({0, 1}, [&](int r) {
+    if (r == 1) absl::SleepFor(absl::Milliseconds(200));
+    return all_reduce(r);
+  });
+  CHECK(late[0].ok());
+  CHECK(late[1].ok());
+  CHECK(runtime.foreign_polls() == 0);
+  CHECK(directory.breaks().empty());
+}
+
 }  // namespace
 }  // namespace muster
