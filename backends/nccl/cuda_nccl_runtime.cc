@@ -180,12 +180,37 @@ absl::Status CudaNcclRuntime::PollComm(void* comm) {
   ncclResult_t async = ncclSuccess;
   ncclResult_t r = ncclCommGetAsyncError(static_cast<ncclComm_t>(comm), &async);
   if (r != ncclSuccess) return Nccl(r, "ncclCommGetAsyncError", static_cast<ncclComm_t>(comm));
+  if (async == ncclSuccess) DestroyDeferredOps(comm);
   return Nccl(async, "NCCL", static_cast<ncclComm_t>(comm));
 }
 
-void CudaNcclRuntime::AbortComm(void* comm) { ncclCommAbort(static_cast<ncclComm_t>(comm)); }
+void CudaNcclRuntime::DestroyDeferredOps(void* comm) {
+  std::vector<int> ops;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = deferred_ops_.find(comm);
+    if (it == deferred_ops_.end()) return;
+    ops = std::move(it->second);
+    deferred_ops_.erase(it);
+  }
+  for (int op : ops) ncclRedOpDestroy(static_cast<ncclRedOp_t>(op), static_cast<ncclComm_t>(comm));
+}
+
+void CudaNcclRuntime::DropDeferredOps(void* comm) {
+  std::lock_guard<std::mutex> lock(mu_);
+  deferred_ops_.erase(comm);
+}
+
+void CudaNcclRuntime::AbortComm(void* comm) {
+  DropDeferredOps(comm);  // the abort frees them
+  ncclCommAbort(static_cast<ncclComm_t>(comm));
+}
 
 void CudaNcclRuntime::DestroyComm(void* comm) {
+  // Ops of a launch whose completion was never polled: destroying them now
+  // would be a call on a communicator still in progress; the destroy (or
+  // abort) below frees them with it.
+  DropDeferredOps(comm);
   // Finalize flushes outstanding work (non-blocking: poll it, bounded);
   // a communicator that does not finalize in time is aborted instead.
   ncclComm_t c = static_cast<ncclComm_t>(comm);
@@ -253,7 +278,19 @@ absl::Status CudaNcclRuntime::Launch(void* comm_ptr, const std::vector<NcclPrimi
     }
   }
   r = ncclGroupEnd();
-  for (ncclRedOp_t op : created_ops) ncclRedOpDestroy(op, comm);
+  if (r == ncclInProgress && first_error == ncclSuccess) {
+    // Non-blocking: no NCCL call on `comm` until PollComm sees it done.
+    if (!created_ops.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<int>& deferred = deferred_ops_[comm_ptr];
+      for (ncclRedOp_t op : created_ops) deferred.push_back(static_cast<int>(op));
+    }
+    return absl::UnavailableError("in progress");
+  }
+  if (r == ncclSuccess) {
+    for (ncclRedOp_t op : created_ops) ncclRedOpDestroy(op, comm);
+  }
+  // On an error the engine aborts the communicator, which frees the ops.
   if (first_error != ncclSuccess) return Nccl(first_error, "enqueueing NCCL operations", comm);
   if (r == ncclInProgress) return absl::UnavailableError("in progress");
   return Nccl(r, "ncclGroupEnd", comm);

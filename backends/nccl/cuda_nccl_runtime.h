@@ -8,9 +8,11 @@
 #ifndef MUSTER_BACKENDS_NCCL_CUDA_NCCL_RUNTIME_H_
 #define MUSTER_BACKENDS_NCCL_CUDA_NCCL_RUNTIME_H_
 
+#include <map>
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/nccl/gpu_runtime.h"
 
@@ -45,8 +47,16 @@ class CudaNcclRuntime : public GpuRuntime {
                       void* stream) override;
 
  private:
+  // PreMulSum ops of a launch whose ncclGroupEnd returned ncclInProgress:
+  // NCCL allows no other call on the communicator (ncclRedOpDestroy
+  // included) until its state is ncclSuccess, so they are destroyed by the
+  // PollComm that sees it (or dropped with the communicator).
+  void DestroyDeferredOps(void* comm);
+  void DropDeferredOps(void* comm);
+
   std::mutex mu_;
   std::optional<std::string> unavailable_;
+  std::map<void*, std::vector<int>> deferred_ops_;  // comm -> ncclRedOp_t
 };
 
 }  // namespace muster
