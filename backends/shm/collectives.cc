@@ -723,23 +723,31 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
     if (*mode == Direct::kSlotsFirstDone) start = first_len;
     if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       // Block r of every rank's input, reduced in rank order into `out`.
+      // An output inside this rank's own input (in place: out = block r of
+      // in) is only written after a block's contributions were all read,
+      // so the accumulator is then scratch memory.
+      auto lo = reinterpret_cast<uintptr_t>(src), hi = lo + count * es * size_;
+      auto out_lo = reinterpret_cast<uintptr_t>(dst), out_hi = out_lo + count * es;
+      bool aliased = out_lo < hi && lo < out_hi;
       bool fallback = false;
       absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
         size_t block = std::max<size_t>(1, kBlockBytes / es);
-        scratch_.resize(block * es);
+        scratch_.resize((aliased ? 2 : 1) * block * es);
+        char* tmp = scratch_.data();
         for (size_t done = 0; done < count; done += block) {
           size_t len = std::min(block, count - done);
           size_t off = (rank_ * count + done) * es;
-          char* acc = dst + done * es;
+          char* acc = aliased ? scratch_.data() + block * es : dst + done * es;
           auto c0 = Source(0, src, off, len * es, acc);
           if (!c0.ok()) return c0.status();
           ReduceInit(acc, *c0, len, dtype, op, scale);
           for (int j = 1; j < size_; ++j) {
-            auto cj = Source(j, src, off, len * es, scratch_.data());
+            auto cj = Source(j, src, off, len * es, tmp);
             if (!cj.ok()) return cj.status();
             ReduceInto(acc, *cj, len, dtype, op, scale);
           }
           ReduceFinish(acc, len, dtype, op, size_);
+          if (aliased) std::memcpy(dst + done * es, acc, len * es);
         }
         return absl::OkStatus();
       });

@@ -399,6 +399,46 @@ TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else t
   }
 }
 
+TEST_CASE("in-place reduce_scatter (output = own block of the input) is right on every path") {
+  for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
+    for (int world = 2; world <= 4; ++world) {
+      INFO(PathName(path) << " world " << world);
+      Errors errors;
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(path));
+        int r = c.rank(), n = c.size();
+        const size_t count = 1500;
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+          Buffer in(path == Path::kMapped, count * n * 8, 0);
+          if (!in.ok()) return errors.Add("allocation failed");
+          auto* v = reinterpret_cast<int64_t*>(in.data());
+          auto value = [](int rank, size_t i) { return static_cast<int64_t>(i * 3 + rank * 7); };
+          for (size_t i = 0; i < count * n; ++i) v[i] = value(r, i);
+          int64_t* out = v + r * count;  // aliases this rank's own block
+          absl::Status s = c.ReduceScatter(v, out, count, DType::kInt64, op, 1, Soon());
+          if (!s.ok() || c.last_path() != std::string(PathName(path))) {
+            errors.Add(absl::StrCat("rank ", r, " ", s.ToString(), " path ", c.last_path()));
+          }
+          for (size_t i = 0; i < count; ++i) {
+            int64_t want = value(0, r * count + i);
+            for (int j = 1; j < n; ++j) {
+              int64_t x = value(j, r * count + i);
+              want = op == ReduceOp::kSum ? want + x : std::max(want, x);
+            }
+            if (out[i] != want) {
+              errors.Add(absl::StrCat("rank ", r, " ", ReduceOpName(op), " element ", i, " = ",
+                                      out[i], ", want ", want));
+              break;
+            }
+          }
+        }
+      });
+      INFO(errors.first);
+      CHECK(errors.count == 0);
+    }
+  }
+}
+
 TEST_CASE(
     "ranks with different direct-path thresholds fail with FAILED_PRECONDITION, not garbage") {
   std::vector<absl::Status> results(2);
