@@ -67,13 +67,14 @@ absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
 }
 
 GpuPath::GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
-                 std::string group, GpuStatusCheck status_check)
+                 std::string group, GpuStatusCheck status_check, absl::Duration call_timeout)
     : driver_(driver),
       transport_(std::move(transport)),
       status_check_(std::move(status_check)),
       job_id_(std::move(job_id)),
       global_rank_(global_rank),
       group_(std::move(group)),
+      call_timeout_(call_timeout),
       exporter_(driver) {}
 
 GpuPath::~GpuPath() {
@@ -164,8 +165,7 @@ absl::StatusOr<GpuPath::Launched> GpuPath::Run(const GpuCall& call) {
   absl::Status sent = absl::UnavailableError("no channel");
   if (channel_ != nullptr) {
     std::string bytes = request.SerializeAsString();
-    absl::StatusOr<uint64_t> launched =
-        channel_->Call(bytes, absl::Now() + absl::Hours(1));  // the daemon bounds it
+    absl::StatusOr<uint64_t> launched = channel_->Call(bytes, absl::Now() + call_timeout_);
     if (launched.ok()) {
       ++channel_calls_;
       sent = absl::OkStatus();
@@ -173,6 +173,10 @@ absl::StatusOr<GpuPath::Launched> GpuPath::Run(const GpuCall& call) {
                absl::IsResourceExhausted(launched.status())) {
       if (channel_->closed()) channel_.reset();  // the daemon closed it: gRPC says why
     } else {
+      // Unanswered (DeadlineExceeded): the daemon may still read this
+      // request from the segment, so the next one must not overwrite it
+      // there; gRPC carries the rank's later requests.
+      if (absl::IsDeadlineExceeded(launched.status())) channel_.reset();
       return launched.status();
     }
   }

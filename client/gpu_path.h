@@ -96,8 +96,13 @@ using GpuStatusCheck = std::function<absl::Status(uint64_t sequence)>;
 class GpuPath {
  public:
   // `status_check` may be empty (no check after Synchronize).
+  // `call_timeout` bounds a request on the shared-memory channel (as the
+  // transport's deadline bounds a gRPC one): a daemon that died never
+  // answers there. A channel call that times out retires the channel (the
+  // daemon may still read that request), so later requests use gRPC.
   GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
-          std::string group, GpuStatusCheck status_check = nullptr);
+          std::string group, GpuStatusCheck status_check = nullptr,
+          absl::Duration call_timeout = absl::Hours(1));
   ~GpuPath();
 
   struct Launched {
@@ -123,6 +128,7 @@ class GpuPath {
   const std::string job_id_;
   const int global_rank_;
   const std::string group_;
+  const absl::Duration call_timeout_;
   absl::Mutex mu_;
   DeviceBufferExporter exporter_ ABSL_GUARDED_BY(mu_);
   uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;

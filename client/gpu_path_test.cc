@@ -3,12 +3,15 @@
 // a fake CUDA driver whose "device memory" is host memory.
 #include "client/gpu_path.h"
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <future>
 #include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "backends/nccl/fake_directory.h"
 #include "backends/nccl/fake_gpu_runtime.h"
 
@@ -309,6 +312,44 @@ TEST_CASE("a daemon error comes back as the call's status; a bad buffer never le
   call.inputs = {Cuda(host.data(), 4, DType::kFloat32)};
   CHECK(absl::IsInvalidArgument(path.Run(call).status()));
   CHECK(calls == 1);
+}
+
+TEST_CASE("a channel request left unanswered times out and later requests go through gRPC") {
+  // A "daemon" that names a channel but never serves it (it died, or hangs).
+  auto daemon = GpuChannel::Create(absl::StrCat("/muster.", ::getpid(), ".gpupathtest.1"));
+  REQUIRE(daemon.ok());
+  FakeCudaDriver driver;
+  int calls = 0;
+  GpuTransport transport =
+      [&](const v1::GpuCollectiveRequest&) -> absl::StatusOr<v1::GpuCollectiveResponse> {
+    ++calls;
+    v1::GpuCollectiveResponse response;
+    response.set_launched(calls);
+    response.set_channel((*daemon)->name());
+    return response;
+  };
+  GpuPath path(&driver, transport, "job", 0, "world", nullptr, absl::Milliseconds(100));
+  std::vector<float> data(4);
+  driver.Allocate(data.data(), 16);
+  GpuCall call;
+  call.op = v1::GPU_ALL_REDUCE;
+  call.count = 4;
+  call.inputs = {Cuda(data.data(), 4, DType::kFloat32)};
+  auto first = path.Run(call);  // gRPC; the reply names the channel
+  REQUIRE(first.ok());
+  path.Release(first->marker);
+  CHECK(calls == 1);
+  const absl::Time start = absl::Now();
+  auto unanswered = path.Run(call);  // the channel: nobody answers
+  CHECK(absl::IsDeadlineExceeded(unanswered.status()));
+  CHECK(absl::Now() - start < absl::Seconds(10));
+  // The unanswered request may still be read from the segment: the next
+  // one goes through gRPC instead of overwriting it there.
+  auto third = path.Run(call);
+  REQUIRE(third.ok());
+  path.Release(third->marker);
+  CHECK(calls == 2);
+  CHECK(path.channel_calls() == 0);
 }
 
 }  // namespace

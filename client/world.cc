@@ -447,7 +447,7 @@ std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
         return absl::OkStatus();
       };
       gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_->job_id(),
-                                       world_->rank(), name_, std::move(status_check));
+                                       world_->rank(), name_, std::move(status_check), deadline);
     }
     path = gpu_;
   }
