@@ -529,6 +529,16 @@ TEST_CASE("an abort from outside wakes sleeping ranks with the reason") {
   GroupSegment::Unlink(name);
 }
 
+TEST_CASE("a shared allocation too large for the header page is refused, not wrapped around") {
+  for (size_t bytes : {SIZE_MAX, SIZE_MAX - SharedAllocation::kHeaderBytes + 1}) {
+    auto a = SharedAllocation::Create(bytes);
+    INFO(bytes << ": " << (a.ok() ? "ok" : a.status().ToString()));
+    REQUIRE_FALSE(a.ok());
+    CHECK(a.status().code() == absl::StatusCode::kResourceExhausted);
+    CHECK(std::string(a.status().message()).find(std::to_string(bytes)) != std::string::npos);
+  }
+}
+
 TEST_CASE("bad roots and dtype/op pairs are rejected before any data moves") {
   std::string name = UniqueName();
   auto seg = GroupSegment::Create(name, 1, 4096);

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <limits>
 #include <new>
 #include <vector>
 
@@ -36,6 +37,15 @@ Registry& GetRegistry() {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SharedAllocation>> SharedAllocation::Create(size_t bytes) {
+  // The header page plus `bytes` must fit in a file size (else the sum wraps
+  // around and the mapping would be smaller than size() claims).
+  constexpr uint64_t kLargest =
+      static_cast<uint64_t>(std::numeric_limits<off_t>::max()) - kHeaderBytes;
+  if (static_cast<uint64_t>(bytes) > kLargest) {
+    return absl::ResourceExhaustedError(absl::StrCat("a shared allocation of ", bytes,
+                                                     " bytes is larger than the largest memfd (",
+                                                     kLargest, " bytes)"));
+  }
   int fd = ::memfd_create(absl::StrCat("muster.", ::getpid()).c_str(), MFD_CLOEXEC);
   if (fd < 0) return ErrnoToStatus(errno, "memfd_create for a shared allocation");
   size_t total = kHeaderBytes + bytes;
