@@ -29,6 +29,7 @@ struct NcclEngine::Slot {
   // Guarded by mu.
   std::deque<std::function<void()>> tasks;
   bool stopping = false;
+  bool drained = false;  // the worker took its last task: Post refuses
   bool exited = false;
   std::string state = "initializing";
   std::string error;
@@ -142,13 +143,15 @@ std::string NcclEngine::Owner(const std::string& job_id, int global_rank) const 
   return absl::StrCat(job_id, "/", global_rank);
 }
 
-void NcclEngine::Post(Slot& slot, std::function<void()> task) {
+bool NcclEngine::Post(Slot& slot, std::function<void()> task) {
   {
     std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.drained) return false;
     slot.tasks.push_back(std::move(task));
   }
   slot.cv.notify_all();
   if (slot.channel != nullptr) slot.channel->Wake();
+  return true;
 }
 
 void NcclEngine::AttachChannel(Slot& slot) {
@@ -198,7 +201,8 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
           task = std::move(s->tasks.front());
           s->tasks.pop_front();
         } else if (s->stopping) {
-          break;  // stopping and drained
+          s->drained = true;  // later Posts are refused, not lost
+          break;
         } else {
           serve_channel = s->channel != nullptr && s->initialized;
         }
@@ -311,11 +315,19 @@ void NcclEngine::Collective(v1::GpuCollectiveRequest request, Done done) {
   }
   if (created) {
     std::string bus_id = request.pci_bus_id();
-    Post(*slot, [this, s = slot.get(), bus_id] { InitComm(*s, bus_id); });
+    (void)Post(*slot, [this, s = slot.get(), bus_id] { InitComm(*s, bus_id); });
   }
-  Post(*slot, [this, s = slot.get(), request = std::move(request), done = std::move(done)] {
-    RunCollective(*s, request, done);
-  });
+  // The slot may have been destroyed (group destroyed, rank gone, shutdown)
+  // since it was found, its worker gone: then the caller is answered here.
+  auto shared_done = std::make_shared<Done>(std::move(done));
+  const std::string group = request.group();
+  if (!Post(*slot, [this, s = slot.get(), request = std::move(request), shared_done] {
+        RunCollective(*s, request, *shared_done);
+      })) {
+    (*shared_done)(absl::AbortedError(
+        absl::StrCat("rank ", rank, "'s NCCL communicator for group ", group,
+                     " was closed (group destroyed, rank gone or musterd shutting down)")));
+  }
 }
 
 absl::Status NcclEngine::AwaitComm(Slot& slot, void* comm, absl::Time deadline,
@@ -731,11 +743,12 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       AttachChannel(*child);
       StartWorker(child);
       slots_[SlotKey{job_id, group, rank}] = child;
-      Post(*child, [this, c = child.get()] { InitComm(*c, ""); });
+      (void)Post(*child, [this, c = child.get()] { InitComm(*c, ""); });
     }
     const int color = member ? 0 : -1;
     const int key = member ? static_cast<int>(pos - members.begin()) : 0;
-    Post(*parent, [this, p = parent.get(), child, color, key, group] {
+    // The parent is in slots_ (under mu_): its worker runs this.
+    (void)Post(*parent, [this, p = parent.get(), child, color, key, group] {
       absl::Status status;
       void* new_comm = nullptr;
       void* comm = nullptr;

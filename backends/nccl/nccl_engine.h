@@ -132,7 +132,9 @@ class NcclEngine {
   void AttachChannel(Slot& slot);
   // A request that arrived on the slot's channel.
   void ServeChannelRequest(Slot& slot, const std::string& bytes);
-  static void Post(Slot& slot, std::function<void()> task);
+  // Queues `task` for the slot's worker; false (the task dropped) once the
+  // worker has drained its queue for good.
+  [[nodiscard]] static bool Post(Slot& slot, std::function<void()> task);
   // Worker tasks.
   void InitComm(Slot& slot, const std::string& bus_id);
   void RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request, const Done& done);

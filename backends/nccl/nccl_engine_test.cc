@@ -542,5 +542,38 @@ TEST_CASE("the watchdog never polls a communicator while its worker drives an op
   CHECK(directory.breaks().empty());
 }
 
+TEST_CASE("a collective racing its group's destruction is always answered") {
+  // Destroying the group may retire the slot, and its worker may drain and
+  // exit, between the engine finding the slot and queueing the request:
+  // the caller must still get an answer (never a gRPC call left hanging).
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("solo", {0});
+  NcclEngine engine(&runtime, &directory);
+  FakeRank rank(0);
+  std::vector<float> data(1, 1.0f);
+  int answered = 0, aborted = 0;
+  for (int i = 0; i < 300; ++i) {
+    auto req = Request(rank, "solo", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data.data(), 4);
+    auto promise = std::make_shared<std::promise<absl::Status>>();
+    auto future = promise->get_future();
+    std::thread destroyer([&] { engine.GroupDestroyed("job", "solo", 0); });
+    engine.Collective(req,
+                      [promise](absl::StatusOr<uint64_t> s) { promise->set_value(s.status()); });
+    destroyer.join();
+    engine.GroupDestroyed("job", "solo", 0);
+    REQUIRE(future.wait_for(std::chrono::seconds(20)) == std::future_status::ready);
+    absl::Status s = future.get();
+    ++answered;
+    if (!s.ok()) {
+      CHECK(absl::IsAborted(s));
+      ++aborted;
+    }
+  }
+  CHECK(answered == 300);
+  INFO("aborted " << aborted);
+}
+
 }  // namespace
 }  // namespace muster
