@@ -55,7 +55,14 @@ bool Work::IsCompleted() const {
 absl::Status Work::Wait(absl::Duration timeout) {
   absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
-  if (group_ != nullptr) group_->RunUntil(this, deadline);
+  // A completed Work never touches its group again: it may outlive it (the
+  // group's destructor completes every Work it still holds).
+  ProcessGroup* group = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) group = group_;
+  }
+  if (group != nullptr) group->RunUntil(this, deadline);
   absl::MutexLock lock(&mu_);
   if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(

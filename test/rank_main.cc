@@ -11,6 +11,8 @@
 //   enumerate A,B/C,D          NewSubgroupsByEnumeration
 //   barrier NAME [TIMEOUT_MS]  Barrier on a group ("world" is the world)
 //   destroy NAME               DestroyProcessGroup
+//   keepwork NAME              all_reduce on NAME, drop the group (destroying
+//                              it), then Wait() and IsCompleted() on the Work
 //   backend NAME               register a third-party backend NAME (cpu)
 //   groupb NAME R,R,.. BACKEND NewGroup with a backend config
 //   store                      set/get through World::store()
@@ -188,6 +190,20 @@ int main(int argc, char** argv) {
       absl::Status s = it == groups.end() ? absl::NotFoundError("no such group in this rank")
                                           : it->second->Barrier(absl::Milliseconds(ms));
       report(step, s, absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+    } else if (cmd == "keepwork") {
+      auto it = groups.find(words[1]);
+      if (it == groups.end()) {
+        report(step, absl::NotFoundError("no such group"), "");
+        continue;
+      }
+      std::vector<float> data(4, 1.0f);
+      std::shared_ptr<muster::Work> work =
+          it->second->AllReduce({data.data(), data.size(), muster::DType::kFloat32});
+      absl::Status first = work->Wait();
+      groups.erase(it);  // the last reference: the ProcessGroup is destroyed
+      absl::Status again = work->Wait(absl::Seconds(1));
+      report(step, first.ok() ? again : first,
+             absl::StrCat("completed=", work->IsCompleted(), " sum=", data[0]));
     } else if (cmd == "destroy") {
       auto it = groups.find(words[1]);
       report(step,

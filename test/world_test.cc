@@ -347,6 +347,17 @@ TEST_CASE("musterctl abort fails a job's pending operations with the operator's 
   CHECK(code == 1);
 }
 
+TEST_CASE("a Work outlives its group: Wait after the group was destroyed returns its status") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "keep", 2);
+  job.Start(0, "init;group pair 0,1;keepwork pair");
+  job.Start(1, "init;group pair 0,1;keepwork pair");
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(absl::StrContains(out, "rank 0: keepwork pair ok completed=1 sum=2"));
+  CHECK(absl::StrContains(out, "rank 1: keepwork pair ok completed=1 sum=2"));
+}
+
 TEST_CASE("local synchronization, tags, rank lookups, destroy and the c10d-style API") {
   auto daemon = StartDaemon();
   Job job(*daemon, "misc", 3);
