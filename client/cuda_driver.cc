@@ -64,6 +64,14 @@ class DlCudaDriver : public CudaDriver {
           "buffer at 0x", absl::Hex(p), " is not CUDA device memory (CUDA tensors must be)"));
     }
     Allocation a;
+    if (absl::Status s =
+            Check(pointer_attribute_(&a.context, kAttributeContext, p), "cuPointerGetAttribute");
+        !s.ok()) {
+      return s;
+    }
+    // cuMemGetAddressRange needs a current context (CUDA_ERROR_INVALID_CONTEXT
+    // otherwise): the caller's thread may have none, or another device's.
+    ContextScope scope(this, a.context);
     CUdeviceptr base = 0;
     size_t size = 0;
     if (absl::Status s = Check(address_range_(&base, &size, p), "cuMemGetAddressRange"); !s.ok()) {
@@ -71,11 +79,6 @@ class DlCudaDriver : public CudaDriver {
     }
     a.base = base;
     a.size = size;
-    if (absl::Status s =
-            Check(pointer_attribute_(&a.context, kAttributeContext, p), "cuPointerGetAttribute");
-        !s.ok()) {
-      return s;
-    }
     int ordinal = 0;
     if (absl::Status s = Check(pointer_attribute_(&ordinal, kAttributeDeviceOrdinal, p),
                                "cuPointerGetAttribute");
@@ -94,6 +97,7 @@ class DlCudaDriver : public CudaDriver {
   }
 
   absl::StatusOr<std::string> ExportAllocation(const Allocation& allocation) override {
+    ContextScope scope(this, allocation.context);  // as for cuMemGetAddressRange
     CUipcHandle handle;
     if (absl::Status s = Check(ipc_mem_handle_(&handle, allocation.base),
                                "cuIpcGetMemHandle (allocations from cudaMallocAsync or "
