@@ -762,14 +762,19 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
           p->busy = true;
         }
       }
+      // Whether the world communicator itself failed (or is stuck in the
+      // split): no later collective may follow it, so it is aborted.
+      bool parent_failed = false;
       if (comm != nullptr) {
         absl::StatusOr<void*> split = runtime_->CommSplit(comm, color, key);
         if (!split.ok() && !absl::IsUnavailable(split.status())) {
           status = split.status();
+          parent_failed = true;
         } else {
           new_comm = split.ok() ? *split : nullptr;
           const absl::Time deadline = absl::Now() + p->timeout;
           status = AwaitComm(*p, comm, deadline, absl::StrCat("splitting group ", group));
+          parent_failed = !status.ok();
           if (status.ok() && new_comm != nullptr && child != nullptr) {
             status = AwaitComm(*child, new_comm, deadline,
                                absl::StrCat("creating group ", group, " by split"));
@@ -785,6 +790,13 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
           }
         }
         if (abort != nullptr) runtime_->AbortComm(abort);
+        if (parent_failed) {
+          Fail(*p,
+               absl::StrCat("splitting group ", group, " from the world communicator of rank ",
+                            p->global_rank, " failed: ", status.message(),
+                            "; NCCL communicator aborted"),
+               /*break_group=*/true);
+        }
       }
       if (!status.ok() && new_comm != nullptr) {
         runtime_->AbortComm(new_comm);

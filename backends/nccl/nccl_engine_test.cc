@@ -10,6 +10,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "backends/nccl/fake_directory.h"
 #include "backends/nccl/fake_gpu_runtime.h"
 #include "muster/hash_store.h"
@@ -573,6 +574,47 @@ TEST_CASE("a collective racing its group's destruction is always answered") {
   }
   CHECK(answered == 300);
   INFO("aborted " << aborted);
+}
+
+TEST_CASE("a split that never completes aborts the world communicator it is stuck on") {
+  // Only ranks 0 and 1 split (rank 2's daemon never does): their world
+  // communicators are left with a split in progress, which no later world
+  // collective may follow, so they are aborted and the world group breaks.
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2}, absl::Milliseconds(300));
+  directory.AddGroup("pair", {0, 1}, absl::Milliseconds(300));
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
+  auto first = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  REQUIRE(first[0].ok());
+  engine.GroupFormed("job", "pair", {0, 1}, false, "cpu:gloo,cuda:nccl", {0, 1});
+  REQUIRE(Eventually([&] {
+    for (const std::string& b : directory.breaks()) {
+      if (absl::StartsWith(b, "world: ")) return true;
+    }
+    return false;
+  }));
+  bool named = false;
+  for (const std::string& b : directory.breaks()) {
+    named = named ||
+            (absl::StartsWith(b, "world: ") && b.find("splitting group pair") != std::string::npos);
+  }
+  CHECK(named);
+  int aborted = 0;
+  v1::ListCommunicatorsResponse list = engine.List("job");
+  for (const auto& c : list.communicators()) {
+    if (c.group() == "world" && c.global_rank() != 2) aborted += c.state() == "aborted";
+  }
+  CHECK(aborted == 2);
+  auto req = Request(ranks[0], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  *req.add_inputs() = Buffer(data[0].data(), 4);
+  CHECK(absl::IsAborted(Call(engine, req).status()));
 }
 
 }  // namespace
