@@ -9,9 +9,19 @@
 namespace muster {
 namespace {
 
-// Slots of point-to-point messages: a prefix no Gloo collective uses (they
-// use small prefixes in the top byte), then the tag.
+// Slots of point-to-point messages: prefixes no Gloo collective uses (they
+// use small prefixes in the top byte), then the tag. Data, the sender's size
+// (sender -> receiver), the receiver's size (receiver -> sender).
 constexpr uint64_t kP2PSlotPrefix = uint64_t{0xE7} << 56;
+constexpr uint64_t kSendSizeSlotPrefix = uint64_t{0xE8} << 56;
+constexpr uint64_t kRecvSizeSlotPrefix = uint64_t{0xE9} << 56;
+
+std::chrono::milliseconds Left(absl::Time deadline) {
+  absl::Duration left = deadline - absl::Now();
+  if (left < absl::Milliseconds(1)) left = absl::Milliseconds(1);
+  if (left > absl::Hours(24)) left = absl::Hours(24);
+  return std::chrono::milliseconds(absl::ToInt64Milliseconds(left));
+}
 
 }  // namespace
 
@@ -26,14 +36,16 @@ GlooP2P::~GlooP2P() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
+    // A waiter may be in any of its waits (or about to start one): every
+    // one of them returns false from now on.
     for (auto& op : waiting_) {
-      if (op->send) {
-        op->buffer->abortWaitSend();
-      } else {
-        op->buffer->abortWaitRecv();
+      for (auto* b : {op->header.get(), op->buffer.get()}) {
+        b->abortWaitSend();
+        b->abortWaitRecv();
       }
     }
     threads.swap(threads_);
+    unposted_.clear();
   }
   for (auto& t : threads) t.join();
   // Operations never picked up by a waiter.
@@ -83,51 +95,141 @@ void GlooP2P::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, 
     op->done(s);
     return;
   }
+  op->sizes[0] = bytes;
   try {
     op->buffer = context_->createUnboundBuffer(data, bytes);
-    if (send) {
-      op->buffer->send(peer, kP2PSlotPrefix | tag, 0, bytes);
-    } else {
-      op->buffer->recv(peer, kP2PSlotPrefix | tag, 0, bytes);
-    }
+    op->header = context_->createUnboundBuffer(op->sizes, sizeof(op->sizes));
   } catch (const std::exception& e) {
     op->done(absl::AbortedError(
         absl::StrCat(Describe(*op), " on group '", group_name_, "' failed over gloo: ", e.what())));
     return;
   }
+  absl::Status failed;
   {
     absl::MutexLock lock(&mu_);
     if (!stopping_) {
-      queue_.push_back(op);
-      // Every queued operation needs a waiter of its own.
-      if (queue_.size() > static_cast<size_t>(idle_)) {
-        threads_.emplace_back([this] { Waiter(); });
+      // Posted under mu_ so that the sizes go out in the order of unposted_.
+      // The receive first: once the match has our size, it can send us its.
+      try {
+        uint64_t in = send ? kRecvSizeSlotPrefix : kSendSizeSlotPrefix;
+        uint64_t out = send ? kSendSizeSlotPrefix : kRecvSizeSlotPrefix;
+        op->header->recv(peer, in | tag, sizeof(uint64_t), sizeof(uint64_t));
+        op->header->send(peer, out | tag, 0, sizeof(uint64_t));
+      } catch (const std::exception& e) {
+        failed = absl::AbortedError(absl::StrCat(Describe(*op), " on group '", group_name_,
+                                                 "' failed over gloo: ", e.what()));
       }
-      return;
+      if (failed.ok()) {
+        unposted_[Key(peer, tag, send)].push_back(op);
+        queue_.push_back(op);
+        // Every queued operation needs a waiter of its own.
+        if (queue_.size() > static_cast<size_t>(idle_)) {
+          threads_.emplace_back([this] { Waiter(); });
+        }
+        return;
+      }
+    } else {
+      // The destructor runs concurrently: not ours to wait for any more.
+      failed = absl::CancelledError(
+          absl::StrCat(Describe(*op), ": group '", group_name_, "' was destroyed"));
     }
   }
-  // The destructor runs concurrently: not ours to wait for any more.
-  op->done(absl::CancelledError(
-      absl::StrCat(Describe(*op), ": group '", group_name_, "' was destroyed")));
+  op->done(std::move(failed));
 }
 
-absl::Status GlooP2P::Wait(Pending& op) {
-  absl::Duration left = op.deadline - absl::Now();
-  if (left < absl::Milliseconds(1)) left = absl::Milliseconds(1);
-  if (left > absl::Hours(24)) left = absl::Hours(24);
-  auto timeout = std::chrono::milliseconds(absl::ToInt64Milliseconds(left));
-  std::string where = absl::StrCat(Describe(op), " on group '", group_name_, "'");
-  try {
-    bool completed = op.send ? op.buffer->waitSend(timeout) : op.buffer->waitRecv(timeout);
-    if (!completed) return absl::CancelledError(absl::StrCat(where, ": the group was destroyed"));
-  } catch (const std::exception& e) {
+void GlooP2P::PostReady(const Key& key) {
+  auto it = unposted_.find(key);
+  if (it == unposted_.end()) return;
+  auto& ops = it->second;
+  while (!ops.empty() && ops.front()->header_done) {
+    std::shared_ptr<Pending> op = std::move(ops.front());
+    ops.pop_front();
+    op->data_posted = true;
+    if (!op->status.ok()) continue;
+    uint64_t theirs = op->sizes[1];
+    if (theirs != op->bytes) {
+      // Both sides see both sizes: neither posts the data.
+      op->status = absl::InvalidArgumentError(
+          absl::StrCat(Describe(*op), " on group '", group_name_, "': the matching ",
+                       op->send ? "receive" : "send", " is ", theirs,
+                       " bytes (a receive must have the size ", "of the message it matches)"));
+      continue;
+    }
+    if (op->bytes == 0) continue;
+    try {
+      if (op->send) {
+        op->buffer->send(op->peer, kP2PSlotPrefix | op->tag, 0, op->bytes);
+      } else {
+        op->buffer->recv(op->peer, kP2PSlotPrefix | op->tag, 0, op->bytes);
+      }
+    } catch (const std::exception& e) {
+      op->status = absl::AbortedError(absl::StrCat(Describe(*op), " on group '", group_name_,
+                                                   "' failed over gloo: ", e.what()));
+    }
+  }
+  if (ops.empty()) unposted_.erase(it);
+}
+
+absl::Status GlooP2P::Wait(const std::shared_ptr<Pending>& op) {
+  std::string where = absl::StrCat(Describe(*op), " on group '", group_name_, "'");
+  auto cancelled = [&] {
+    return absl::CancelledError(absl::StrCat(where, ": the group was destroyed"));
+  };
+  auto fail = [&](const std::exception& e) {
     std::string message = absl::StrCat(where, " failed over gloo: ", e.what());
     if (message.find("imed out") != std::string::npos) {
       return absl::DeadlineExceededError(message);
     }
     return absl::AbortedError(message);
+  };
+  Key key(op->peer, op->tag, op->send);
+  // 1. The match's size.
+  absl::Status status;
+  try {
+    if (!op->header->waitRecv(Left(op->deadline))) status = cancelled();
+  } catch (const std::exception& e) {
+    status = fail(e);
   }
-  return absl::OkStatus();
+  {
+    absl::MutexLock lock(&mu_);
+    op->header_done = true;
+    op->status = status;
+    PostReady(key);
+    // 2. Our data posted once every earlier operation of the key posted its.
+    auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return op->data_posted || stopping_; };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&posted), op->deadline)) {
+      auto it = unposted_.find(key);
+      if (it != unposted_.end()) {
+        auto& ops = it->second;
+        for (auto i = ops.begin(); i != ops.end(); ++i) {
+          if (*i == op) {
+            ops.erase(i);
+            break;
+          }
+        }
+        if (ops.empty()) unposted_.erase(it);
+      }
+      return absl::DeadlineExceededError(absl::StrCat(
+          where, ": an earlier operation with the same peer and tag is still pending"));
+    }
+    if (!op->data_posted) return cancelled();
+    status = op->status;
+  }
+  // A size mismatch still waits for our size to be delivered (it lives in
+  // `op`); other failures broke the pairs.
+  if (!status.ok() && status.code() != absl::StatusCode::kInvalidArgument) return status;
+  try {
+    // 3. The data, then our size delivered.
+    if (status.ok() && op->bytes > 0) {
+      bool completed = op->send ? op->buffer->waitSend(Left(op->deadline))
+                                : op->buffer->waitRecv(Left(op->deadline));
+      if (!completed) return cancelled();
+    }
+    if (!op->header->waitSend(Left(op->deadline))) return cancelled();
+  } catch (const std::exception& e) {
+    return fail(e);
+  }
+  return status;
 }
 
 void GlooP2P::Waiter() {
@@ -145,7 +247,7 @@ void GlooP2P::Waiter() {
       queue_.pop_front();
       waiting_.push_back(op);
     }
-    absl::Status status = Wait(*op);
+    absl::Status status = Wait(op);
     {
       absl::MutexLock lock(&mu_);
       waiting_.remove(op);

@@ -5,11 +5,18 @@
 // Semantics (those of c10d's gloo backend): a message is matched by
 // (peer, tag); messages from one rank to another with the same tag arrive
 // in the order they were sent; a receive must have the size of the message
-// it matches (else both sides fail). Tags are below 2^56. Operations are
-// posted to Gloo at once and progress on Gloo's own I/O thread, so two
-// ranks that send each other large messages before receiving never
-// deadlock. Each posted operation is waited for on a waiter thread of its
-// own (threads are reused; there are as many as operations outstanding at
+// it matches, else both sides fail with INVALID_ARGUMENT naming both sizes
+// (and no data moves). Tags are below 2^56.
+//
+// Protocol: each operation first exchanges sizes with its match (8 bytes
+// each way: the sender's size on one slot, the receiver's on another, both
+// per tag); the data (on a third slot) is posted once the sizes agree, in
+// the order the operations were posted per (peer, tag, direction), so a
+// mismatch never reaches Gloo (whose I/O thread aborts the process when a
+// message is longer than its receive). Operations are posted to Gloo at
+// once and progress on Gloo's own I/O thread, so two ranks that send each
+// other large messages before receiving never deadlock. Each posted operation is waited for on a
+// waiter thread of its own (threads are reused; there are as many as operations outstanding at
 // once), so an operation's completion is reported as soon as it happens
 // whatever else is pending.
 //
@@ -28,9 +35,11 @@
 #include <deque>
 #include <functional>
 #include <list>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -75,11 +84,24 @@ class GlooP2P {
     uint64_t tag = 0;
     size_t bytes = 0;
     absl::Time deadline;
+    // sizes[0]: this side's size (sent), sizes[1]: the match's (received).
+    uint64_t sizes[2] = {0, 0};
+    std::unique_ptr<gloo::transport::UnboundBuffer> header;
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
     Done done;
+    // Guarded by mu_: the sizes arrived (or the exchange failed); the data
+    // was posted (or will not be: `status` says why).
+    bool header_done = false;
+    bool data_posted = false;
+    absl::Status status;
   };
+  // (peer, tag, send): operations whose data is not posted yet, in order.
+  using Key = std::tuple<int, uint64_t, bool>;
   void Waiter();
-  absl::Status Wait(Pending& op);
+  absl::Status Wait(const std::shared_ptr<Pending>& op);
+  // Posts the data of the operations at the front of `key`'s queue whose
+  // sizes have arrived.
+  void PostReady(const Key& key) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::string Describe(const Pending& op) const;
 
   std::shared_ptr<gloo::Context> context_;
@@ -90,6 +112,7 @@ class GlooP2P {
   std::deque<std::shared_ptr<Pending>> queue_ ABSL_GUARDED_BY(mu_);
   // Operations a waiter is blocked on (aborted by the destructor).
   std::list<std::shared_ptr<Pending>> waiting_ ABSL_GUARDED_BY(mu_);
+  std::map<Key, std::deque<std::shared_ptr<Pending>>> unposted_ ABSL_GUARDED_BY(mu_);
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);

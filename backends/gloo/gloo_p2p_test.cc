@@ -128,6 +128,40 @@ TEST_CASE("a completed operation is reported while an earlier one is still pendi
   CHECK(failures[1] == std::vector<std::string>{});
 }
 
+TEST_CASE("a receive of another size than its message fails on both sides, naming both sizes") {
+  auto failures = RunRanks(2, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    int64_t big[2] = {5, 6}, small = 0, ok = 0, more[2] = {0, 0};
+    auto expect = [&](absl::Status s, const std::string& what) {
+      if (s.code() != absl::StatusCode::kInvalidArgument ||
+          s.message().find(what) == absl::string_view::npos) {
+        fail.push_back(s.ToString());
+      }
+    };
+    if (r == 0) {
+      // 16 bytes into an 8-byte receive (Gloo itself would abort the
+      // receiving process), then 8 into 16, then a good one on the same tag.
+      Async a, b;
+      a.Post(p2p, true, 1, 4, big, sizeof(big));
+      b.Post(p2p, false, 1, 4, more, sizeof(more));
+      expect(a.Get(), "send to rank 11 (tag 4, 16 bytes) on group 'g': the matching receive is 8");
+      expect(b.Get(), "recv from rank 11 (tag 4, 16 bytes) on group 'g': the matching send is 8");
+      int64_t seven = 7;
+      if (!Blocking(p2p, true, 1, 4, &seven, sizeof(seven)).ok()) fail.push_back("send after");
+    } else {
+      expect(Blocking(p2p, false, 0, 4, &small, sizeof(small)),
+             "recv from rank 10 (tag 4, 8 bytes) on group 'g': the matching send is 16 bytes");
+      int64_t eight = 8;
+      expect(Blocking(p2p, true, 0, 4, &eight, sizeof(eight)), "the matching receive is 16 bytes");
+      if (small != 0) fail.push_back("data moved");
+      if (!Blocking(p2p, false, 0, 4, &ok, sizeof(ok)).ok() || ok != 7)
+        fail.push_back("recv after");
+    }
+    if (more[0] != 0 || more[1] != 0) fail.push_back("data moved");
+  });
+  CHECK(failures[0] == std::vector<std::string>{});
+  CHECK(failures[1] == std::vector<std::string>{});
+}
+
 TEST_CASE("bad peers and tags are refused; destroying cancels pending operations") {
   auto store = std::make_shared<HashStore>();
   auto comm = GlooCommunicator::Connect(store, 0, 1, "127.0.0.1", absl::Seconds(20));
