@@ -381,11 +381,43 @@ absl::Status GlooCommunicator::ReduceScatter(const void* in, void* out, size_t c
 absl::Status GlooCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,
                                         void* out, const std::vector<size_t>& recv_counts,
                                         DType dtype, absl::Time deadline) {
-  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllToAll), dtype, size_, -1,
-                                 ReduceOp::kSum, deadline));
   if (send_counts.size() != static_cast<size_t>(size_) ||
       recv_counts.size() != static_cast<size_t>(size_)) {
-    return absl::InvalidArgumentError("all_to_all: one count per rank");
+    return absl::InvalidArgumentError(
+        absl::StrCat("all_to_all needs ", size_, " send and receive counts (one per rank)"));
+  }
+  RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllToAll), dtype, size_, -1,
+                                 ReduceOp::kSum, deadline));
+  // Every rank's counts (also without the signature exchange: the
+  // hierarchical communicator's all_to_all runs here), so that splits that
+  // do not match fail on every rank instead of in Gloo, which aborts the
+  // process on a message longer than its receive.
+  std::vector<uint64_t> mine(2 * size_);
+  for (int j = 0; j < size_; ++j) {
+    mine[j] = send_counts[j];
+    mine[size_ + j] = recv_counts[j];
+  }
+  std::vector<uint64_t> all(2 * size_ * size_);  // rank i: sends then expects, per rank
+  try {
+    gloo::AllgatherOptions opts(context_);
+    opts.setInput(mine.data(), mine.size());
+    opts.setOutput(all.data(), all.size());
+    opts.setTag(NextTag());
+    opts.setTimeout(Left(deadline));
+    gloo::allgather(opts);
+  } catch (const std::exception& e) {
+    return FromGloo(e, "exchanging all_to_all counts");
+  }
+  for (int j = 0; j < size_; ++j) {
+    for (int i = 0; i < size_; ++i) {
+      uint64_t sends = all[2 * size_ * i + j];            // rank i sends to rank j
+      uint64_t expects = all[2 * size_ * j + size_ + i];  // rank j expects from rank i
+      if (sends != expects) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all: group rank ", i, " sends ",
+                                                       sends, " elements to group rank ", j,
+                                                       ", which expects ", expects));
+      }
+    }
   }
   try {
     gloo::AlltoallvOptions opts(context_);

@@ -109,6 +109,48 @@ TEST_CASE("mismatched collectives across nodes fail on every rank, naming both c
         "4, SUM) but group rank 1 called broadcast #1(float32, count 4, root 0)");
 }
 
+TEST_CASE("all_to_all splits that do not match fail on every rank, naming them") {
+  // Without the signature exchange too: the hierarchical all_to_all runs on
+  // such a mesh. Before, Gloo's I/O thread aborted the receiving process.
+  bool check_signatures = GENERATE(true, false);
+  auto store = std::make_shared<HashStore>();
+  std::vector<absl::Status> result(2), after(2), counts(2);
+  std::vector<std::vector<int8_t>> got(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      auto comm =
+          GlooCommunicator::Connect(store, r, 2, "127.0.0.1", absl::Seconds(20), check_signatures);
+      if (!comm.ok()) {
+        result[r] = comm.status();
+        return;
+      }
+      absl::Time d = absl::Now() + absl::Seconds(20);
+      int8_t src[6] = {1, 2, 3, 4, 5, 6}, dst[6] = {};
+      // Rank 0 sends 4 elements to rank 1, which expects 2.
+      std::vector<size_t> send = r == 0 ? std::vector<size_t>{2, 4} : std::vector<size_t>{2, 2};
+      result[r] = (*comm)->AllToAll(src, send, dst, {2, 2}, DType::kInt8, d);
+      counts[r] = (*comm)->AllToAll(src, {2}, dst, {2}, DType::kInt8, d);
+      // Still usable.
+      for (int8_t& x : src) x = static_cast<int8_t>(x + 10 * r);
+      after[r] = (*comm)->AllToAll(src, {2, 2}, dst, {2, 2}, DType::kInt8, d);
+      got[r].assign(dst, dst + 4);
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << result[r].ToString());
+    CHECK(result[r].code() == absl::StatusCode::kInvalidArgument);
+    CHECK(std::string(result[r].message()) ==
+          "all_to_all: group rank 0 sends 4 elements to group rank 1, which expects 2");
+    CHECK(std::string(counts[r].message()) ==
+          "all_to_all needs 2 send and receive counts (one per rank)");
+    CHECK(after[r].ok());
+  }
+  CHECK(got[0] == std::vector<int8_t>{1, 2, 11, 12});
+  CHECK(got[1] == std::vector<int8_t>{3, 4, 13, 14});
+}
+
 TEST_CASE("a bad root is refused before any data moves") {
   auto store = std::make_shared<HashStore>();
   auto comm = GlooCommunicator::Connect(store, 0, 1, "127.0.0.1", absl::Seconds(20));
