@@ -88,15 +88,17 @@ absl::Status HierarchicalCommunicator::CheckRoot(int root) const {
   return absl::OkStatus();
 }
 
-absl::Status HierarchicalCommunicator::Break(absl::Status status) {
-  if (!Fatal(status)) return status;
-  if (segment_ != nullptr && !segment_->aborted()) {
+absl::Status HierarchicalCommunicator::Break(absl::Status status, bool local_stage_failed) {
+  if (status.ok()) return status;
+  bool fatal = Fatal(status);
+  if (!fatal && !local_stage_failed) return status;
+  if (fatal && segment_ != nullptr && !segment_->aborted()) {
     // A Gloo peer went away or timed out. If a member died, musterd is about
     // to abort the segment with a reason naming it: prefer that.
     absl::Time until = absl::Now() + absl::Seconds(1);
     while (!segment_->aborted() && absl::Now() < until) absl::SleepFor(absl::Milliseconds(5));
   }
-  if (segment_ != nullptr && segment_->aborted()) {
+  if (fatal && segment_ != nullptr && segment_->aborted()) {
     std::string reason = segment_->abort_reason();
     if (status.message().find(reason) == absl::string_view::npos) {
       status = absl::AbortedError(
@@ -113,7 +115,9 @@ absl::Status HierarchicalCommunicator::Break(absl::Status status) {
 template <typename F>
 absl::Status HierarchicalCommunicator::Run(F&& f) {
   if (!broken_.ok()) return broken_;
-  return Break(f());
+  local_stage_failed_ = false;
+  absl::Status status = f();
+  return Break(std::move(status), local_stage_failed_);
 }
 
 absl::Status HierarchicalCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64_t count,
@@ -191,7 +195,7 @@ absl::Status HierarchicalCommunicator::RawAllReduce(void* data, size_t count, DT
   ReduceOp local_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
   ReduceOp leader_op = op == ReduceOp::kAvg || op == ReduceOp::kPremulSum ? ReduceOp::kSum : op;
   if (many_local) {
-    RETURN_IF_ERROR(local_->Reduce(data, count, dtype, local_op, scale, 0, deadline));
+    RETURN_IF_ERROR(Local(local_->Reduce(data, count, dtype, local_op, scale, 0, deadline)));
   } else if (op == ReduceOp::kPremulSum) {
     ReduceInit(data, data, count, dtype, op, scale);
   }
@@ -201,7 +205,7 @@ absl::Status HierarchicalCommunicator::RawAllReduce(void* data, size_t count, DT
     }
     if (op == ReduceOp::kAvg) ReduceFinish(data, count, dtype, op, size_);
   }
-  if (many_local) RETURN_IF_ERROR(local_->Broadcast(data, count, dtype, 0, deadline));
+  if (many_local) RETURN_IF_ERROR(Local(local_->Broadcast(data, count, dtype, 0, deadline)));
   return absl::OkStatus();
 }
 
@@ -227,13 +231,14 @@ absl::Status HierarchicalCommunicator::Broadcast(void* data, size_t count, DType
     // The root's node first (its leader included), then the other leaders,
     // then their nodes.
     if (node_ == root_node && many_local) {
-      RETURN_IF_ERROR(local_->Broadcast(data, count, dtype, topology_.local_index[root], deadline));
+      RETURN_IF_ERROR(
+          Local(local_->Broadcast(data, count, dtype, topology_.local_index[root], deadline)));
     }
     if (is_leader() && leaders_ != nullptr) {
       RETURN_IF_ERROR(leaders_->Broadcast(data, count, dtype, root_node, deadline));
     }
     if (node_ != root_node && many_local) {
-      RETURN_IF_ERROR(local_->Broadcast(data, count, dtype, 0, deadline));
+      RETURN_IF_ERROR(Local(local_->Broadcast(data, count, dtype, 0, deadline)));
     }
     return absl::OkStatus();
   });
@@ -253,7 +258,8 @@ absl::Status HierarchicalCommunicator::Reduce(void* data, size_t count, DType dt
     ReduceOp local_op = op == ReduceOp::kAvg ? ReduceOp::kSum : op;
     ReduceOp leader_op = op == ReduceOp::kAvg || op == ReduceOp::kPremulSum ? ReduceOp::kSum : op;
     if (many_local) {
-      RETURN_IF_ERROR(local_->Reduce(copy.data(), count, dtype, local_op, scale, 0, deadline));
+      RETURN_IF_ERROR(
+          Local(local_->Reduce(copy.data(), count, dtype, local_op, scale, 0, deadline)));
     } else if (op == ReduceOp::kPremulSum) {
       ReduceInit(copy.data(), copy.data(), count, dtype, op, scale);
     }
@@ -266,7 +272,7 @@ absl::Status HierarchicalCommunicator::Reduce(void* data, size_t count, DType dt
       if (op == ReduceOp::kAvg) ReduceFinish(copy.data(), count, dtype, op, size_);
     }
     if (node_ == root_node && topology_.local_index[root] != 0) {
-      RETURN_IF_ERROR(local_->Broadcast(copy.data(), count, dtype, 0, deadline));
+      RETURN_IF_ERROR(Local(local_->Broadcast(copy.data(), count, dtype, 0, deadline)));
     }
     if (rank_ == root) std::memcpy(data, copy.data(), copy.size());
     return absl::OkStatus();
@@ -284,7 +290,7 @@ absl::Status HierarchicalCommunicator::AllGather(const void* in, void* out, size
     // This node's inputs, in local order, at its leader.
     std::string mine(is_leader() ? block * n_local : 0, '\0');
     if (n_local > 1) {
-      RETURN_IF_ERROR(local_->Gather(in, mine.data(), count, dtype, 0, deadline));
+      RETURN_IF_ERROR(Local(local_->Gather(in, mine.data(), count, dtype, 0, deadline)));
     } else {
       std::memcpy(mine.data(), in, block);
     }
@@ -308,7 +314,7 @@ absl::Status HierarchicalCommunicator::AllGather(const void* in, void* out, size
       }
     }
     if (n_local > 1) {
-      RETURN_IF_ERROR(local_->Broadcast(out, count * size_, dtype, 0, deadline));
+      RETURN_IF_ERROR(Local(local_->Broadcast(out, count * size_, dtype, 0, deadline)));
     }
     return absl::OkStatus();
   });

@@ -29,7 +29,8 @@
 // collectives all fail with FAILED_PRECONDITION naming both ranks and both
 // calls, and the group stays usable.
 //
-// Failures: an ABORTED or DEADLINE_EXCEEDED from any stage breaks the
+// Failures: an ABORTED or DEADLINE_EXCEEDED from any stage, or any failure
+// of a node-local stage after the signature exchange, breaks the
 // communicator: it aborts the node's segment (the node's other members stop
 // waiting) and closes its Gloo connections (the other nodes' leaders, and
 // through them their nodes, stop waiting). When the failure came from Gloo,
@@ -113,7 +114,18 @@ class HierarchicalCommunicator : public Communicator {
   // Runs one collective: refuses if broken, breaks on ABORTED/DEADLINE_EXCEEDED.
   template <typename F>
   absl::Status Run(F&& f);
-  absl::Status Break(absl::Status status);
+  // Breaks the communicator on ABORTED/DEADLINE_EXCEEDED, or on any failure
+  // when `local_stage_failed` (see Local).
+  absl::Status Break(absl::Status status, bool local_stage_failed = false);
+  // Wraps a node-local stage that runs after the signature exchange: the
+  // other nodes passed the exchange too and wait for this node in the next
+  // stage, so any failure here (e.g. ranks of this node disagreeing on the
+  // shared-memory direct path) breaks the communicator, failing them now
+  // instead of at their deadline.
+  absl::Status Local(absl::Status status) {
+    if (!status.ok()) local_stage_failed_ = true;
+    return status;
+  }
   int local_size() const;
 
   int rank_;
@@ -127,6 +139,7 @@ class HierarchicalCommunicator : public Communicator {
   std::string group_name_;
   std::vector<int> global_ranks_;
   uint64_t sequence_ = 0;
+  bool local_stage_failed_ = false;
   absl::Status broken_;
 };
 

@@ -13,6 +13,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -77,6 +78,7 @@ struct FakeJob {
     for (int m : topology.members[node]) local_global.push_back(100 + m);
     auto local = std::make_unique<ShmCommunicator>(segments[node].get(), topology.local_index[r],
                                                    "g", local_global);
+    if (configure) configure(r, *local);
     return std::make_unique<HierarchicalCommunicator>(r, topology, std::move(local),
                                                       segments[node].get(), std::move(leaders),
                                                       std::move(*flat), "g", global);
@@ -85,6 +87,8 @@ struct FakeJob {
   std::vector<std::string> ids;
   NodeTopology topology;
   std::vector<std::unique_ptr<GroupSegment>> segments;
+  // Called on each rank's ShmCommunicator before use.
+  std::function<void(int, ShmCommunicator&)> configure;
   std::shared_ptr<HashStore> store = std::make_shared<HashStore>();
 };
 
@@ -315,6 +319,42 @@ TEST_CASE("bad arguments are refused before any data moves") {
     CHECK(got[r][1].code() == absl::StatusCode::kInvalidArgument);
     CHECK(got[r][2].code() == absl::StatusCode::kInvalidArgument);
     CHECK(got[r][3].ok());
+  }
+}
+
+TEST_CASE("a local stage failing after the signature exchange fails the other nodes at once") {
+  // The root's node disagrees on the shared-memory direct path (thresholds
+  // differ between its ranks): its local broadcast fails after every node
+  // passed the signature exchange. The other node's leader must not wait
+  // for the leaders' broadcast until its deadline.
+  FakeJob job({"a", "a", "b"});
+  job.configure = [](int r, ShmCommunicator& local) {
+    if (r == 1) {
+      DirectOptions o = local.direct_options();
+      o.mapped_min_bytes = 8192;  // the broadcast, not the signature exchange
+      local.set_direct_options(o);
+    }
+  };
+  std::vector<absl::Status> result(3), again(3);
+  std::vector<absl::Duration> took(3);
+  job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
+    std::vector<float> v(4096, static_cast<float>(r));
+    absl::Time start = absl::Now();
+    result[r] =
+        c.Broadcast(v.data(), v.size(), DType::kFloat32, 0, absl::Now() + absl::Seconds(20));
+    took[r] = absl::Now() - start;
+    again[r] = c.Barrier(Deadline());
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << result[r].ToString() << " after " << took[r]);
+    CHECK(!result[r].ok());
+    CHECK(took[r] < absl::Seconds(5));
+    CHECK(again[r].code() == result[r].code());  // broken
+    if (r < 2) {
+      CHECK(std::string(result[r].message()).find("direct path") != std::string::npos);
+    } else {
+      CHECK(result[r].code() == absl::StatusCode::kAborted);
+    }
   }
 }
 
