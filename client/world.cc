@@ -1,5 +1,3 @@
-#include "muster/world.h"
-
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 #include "common/status_macros.h"
 #include "muster/prefix_store.h"
 #include "muster/tcp_store.h"
+#include "muster/world.h"
 #include "proto/gpu.grpc.pb.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
@@ -220,10 +219,38 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> World::ConnectGloo(ProcessGrou
   o.timeout = timeout;
   auto tcp = TcpStore::Connect(o);
   if (!tcp.ok()) return tcp.status();
-  auto store =
-      std::make_shared<PrefixStore>(absl::StrCat("muster-gloo/", options_.job_id, "/",
-                                                 options_.generation, "/", group.name_, mesh),
-                                    std::shared_ptr<Store>(std::move(*tcp)));
+  std::shared_ptr<Store> base(std::move(*tcp));
+  std::string group_key =
+      absl::StrCat("muster-gloo/", options_.job_id, "/", options_.generation, "/", group.name_);
+  if (mesh == "/flat" || mesh == "/hier") {
+    // The mesh of all members: first every member says how it runs the
+    // group's collectives. A node whose musterd could not create the
+    // group's segment runs them flat, as does a rank with
+    // MUSTER_HIERARCHICAL=0; mixed with hierarchical members they would
+    // wait for meshes the others never join (the mode is also in the key).
+    PrefixStore modes(absl::StrCat(group_key, "/mode"), base);
+    const char* mine = mesh == "/flat" ? "flat" : "hierarchical";
+    if (absl::Status s = modes.Set(std::to_string(rank), mine); !s.ok()) {
+      return Annotate(s, absl::StrCat("group '", group.name_, "': publishing its mode"));
+    }
+    std::vector<std::string> keys;
+    for (int i = 0; i < size; ++i) keys.push_back(std::to_string(i));
+    auto all = modes.MultiGet(keys, timeout);
+    if (!all.ok()) {
+      return Annotate(all.status(),
+                      absl::StrCat("group '", group.name_, "': waiting for every member's mode"));
+    }
+    for (int i = 1; i < size; ++i) {
+      if ((*all)[i] != (*all)[0]) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "group '", group.name_, "': group rank 0 (rank ", group.ranks_[0], ") runs ", (*all)[0],
+            " collectives but group rank ", i, " (rank ", group.ranks_[i], ") runs ", (*all)[i],
+            " ones; all members must run the same (MUSTER_HIERARCHICAL differs "
+            "between ranks, or a node's musterd could not create the group's shared memory)"));
+      }
+    }
+  }
+  auto store = std::make_shared<PrefixStore>(absl::StrCat(group_key, mesh), base);
   auto comm = GlooCommunicator::Connect(store, rank, size, *address, timeout, check_signatures);
   if (!comm.ok()) {
     return Annotate(comm.status(), absl::StrCat("group '", group.name_, "'", mesh));
@@ -250,11 +277,12 @@ absl::Status World::ConnectSpanning(ProcessGroup& group, const std::vector<std::
   ASSIGN_OR_RETURN(auto segment, GroupSegment::Open(shm_name, static_cast<int>(mine.size())));
   // Every member joins the flat mesh (point to point, gather/scatter/
   // all_to_all); then the leaders connect theirs.
-  ASSIGN_OR_RETURN(auto flat, ConnectGloo(group, "", group.rank_, group.size(), timeout, false));
+  ASSIGN_OR_RETURN(auto flat,
+                   ConnectGloo(group, "/hier", group.rank_, group.size(), timeout, false));
   std::unique_ptr<GlooCommunicator> leaders;
   if (topology.local_index[group.rank_] == 0) {
     ASSIGN_OR_RETURN(leaders,
-                     ConnectGloo(group, "/leaders", node, topology.nodes(), timeout, false));
+                     ConnectGloo(group, "/hier/leaders", node, topology.nodes(), timeout, false));
   }
   std::vector<int> local_globals;
   for (int m : mine) local_globals.push_back(group.ranks_[m]);
@@ -328,7 +356,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
     // No shared memory (musterd could not create it), or a spanning group
     // with MUSTER_HIERARCHICAL=0 (for comparisons): Gloo over TCP for
     // everything, among all members.
-    auto comm = ConnectGloo(*group, "", group->rank_, group->size(),
+    auto comm = ConnectGloo(*group, "/flat", group->rank_, group->size(),
                             absl::Milliseconds(resp.group().timeout_millis()), true);
     group->comm_status_ = comm.status();
     if (comm.ok()) {
