@@ -1,3 +1,5 @@
+#include "muster/world.h"
+
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
@@ -20,7 +22,6 @@
 #include "common/status_macros.h"
 #include "muster/prefix_store.h"
 #include "muster/tcp_store.h"
-#include "muster/world.h"
 #include "proto/gpu.grpc.pb.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
@@ -276,14 +277,16 @@ absl::Status World::ConnectSpanning(ProcessGroup& group, const std::vector<std::
   }
   ASSIGN_OR_RETURN(auto segment, GroupSegment::Open(shm_name, static_cast<int>(mine.size())));
   // Every member joins the flat mesh (point to point, gather/scatter/
-  // all_to_all); then the leaders connect theirs.
-  ASSIGN_OR_RETURN(auto flat,
-                   ConnectGloo(group, "/hier", group.rank_, group.size(), timeout, false));
-  std::unique_ptr<GlooCommunicator> leaders;
-  if (topology.local_index[group.rank_] == 0) {
-    ASSIGN_OR_RETURN(leaders,
-                     ConnectGloo(group, "/hier/leaders", node, topology.nodes(), timeout, false));
-  }
+  // all_to_all); then the leaders connect theirs. A failure aborts this
+  // node's segment, so its other members do not wait for this rank.
+  std::unique_ptr<GlooCommunicator> flat, leaders;
+  RETURN_IF_ERROR(ConnectSpanningMeshes(
+      *segment, topology.local_index[group.rank_] == 0,
+      absl::StrCat("rank ", options_.rank, " could not connect group '", group.name_,
+                   "' across nodes"),
+      [&] { return ConnectGloo(group, "/hier", group.rank_, group.size(), timeout, false); },
+      [&] { return ConnectGloo(group, "/hier/leaders", node, topology.nodes(), timeout, false); },
+      &flat, &leaders));
   std::vector<int> local_globals;
   for (int m : mine) local_globals.push_back(group.ranks_[m]);
   auto local = std::make_unique<ShmCommunicator>(segment.get(), topology.local_index[group.rank_],

@@ -59,6 +59,27 @@ NodeTopology NodeTopology::FromNodeIds(const std::vector<std::string>& node_ids)
   return t;
 }
 
+absl::Status ConnectSpanningMeshes(GroupSegment& segment, bool leader, const std::string& who,
+                                   const GlooConnect& connect_flat,
+                                   const GlooConnect& connect_leaders,
+                                   std::unique_ptr<GlooCommunicator>* flat,
+                                   std::unique_ptr<GlooCommunicator>* leaders) {
+  auto fail = [&](absl::Status s) {
+    if (*flat != nullptr) (*flat)->Close();
+    segment.Abort(absl::StrCat(who, ": ", s.message()));
+    return s;
+  };
+  auto f = connect_flat();
+  if (!f.ok()) return fail(f.status());
+  *flat = std::move(*f);
+  if (leader) {
+    auto l = connect_leaders();
+    if (!l.ok()) return fail(l.status());
+    *leaders = std::move(*l);
+  }
+  return absl::OkStatus();
+}
+
 HierarchicalCommunicator::HierarchicalCommunicator(
     int rank, NodeTopology topology, std::unique_ptr<Communicator> local, GroupSegment* segment,
     std::unique_ptr<GlooCommunicator> leaders, std::unique_ptr<GlooCommunicator> flat,

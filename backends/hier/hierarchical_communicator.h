@@ -41,6 +41,7 @@
 #ifndef MUSTER_BACKENDS_HIER_HIERARCHICAL_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_HIER_HIERARCHICAL_COMMUNICATOR_H_
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -142,6 +143,19 @@ class HierarchicalCommunicator : public Communicator {
   bool local_stage_failed_ = false;
   absl::Status broken_;
 };
+
+// Connects the Gloo meshes of one member of a spanning group: the flat mesh
+// (every member), then the leaders' mesh on a node's leader. On any failure
+// it aborts `segment` with `who` and the reason and closes the flat mesh:
+// the node's other members connect no leaders' mesh and may already wait in
+// a collective for this rank (they fail at once instead of at the group
+// timeout), and the other nodes' members stop waiting on the flat mesh.
+using GlooConnect = std::function<absl::StatusOr<std::unique_ptr<GlooCommunicator>>()>;
+absl::Status ConnectSpanningMeshes(GroupSegment& segment, bool leader, const std::string& who,
+                                   const GlooConnect& connect_flat,
+                                   const GlooConnect& connect_leaders,
+                                   std::unique_ptr<GlooCommunicator>* flat,
+                                   std::unique_ptr<GlooCommunicator>* leaders);
 
 }  // namespace muster
 

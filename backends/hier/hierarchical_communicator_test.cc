@@ -358,6 +358,47 @@ TEST_CASE("a local stage failing after the signature exchange fails the other no
   }
 }
 
+TEST_CASE("a leader that cannot connect the leaders' mesh fails its node's members at once") {
+  // Node a = ranks 0 (leader) and 1. Rank 1 connects no leaders' mesh and
+  // is already in a collective when rank 0's leaders' mesh fails.
+  FakeJob job({"a", "a", "b"});
+  auto solo = [] {
+    return GlooCommunicator::Connect(std::make_shared<HashStore>(), 0, 1, "127.0.0.1",
+                                     absl::Seconds(20), false);
+  };
+  absl::Status connected, barrier;
+  absl::Duration took;
+  std::thread member([&] {
+    auto flat = solo();
+    if (!flat.ok()) return;
+    HierarchicalCommunicator c(1, job.topology,
+                               std::make_unique<ShmCommunicator>(job.segments[0].get(), 1, "g",
+                                                                 std::vector<int>{100, 101}),
+                               job.segments[0].get(), nullptr, std::move(*flat), "g",
+                               {100, 101, 102});
+    absl::Time start = absl::Now();
+    barrier = c.Barrier(absl::Now() + absl::Seconds(20));
+    took = absl::Now() - start;
+  });
+  std::unique_ptr<GlooCommunicator> flat, leaders;
+  connected = ConnectSpanningMeshes(
+      *job.segments[0], true, "rank 100 could not connect group 'g' across nodes",
+      [&] { return solo(); },
+      [&]() -> absl::StatusOr<std::unique_ptr<GlooCommunicator>> {
+        absl::SleepFor(absl::Milliseconds(200));
+        return absl::DeadlineExceededError("connecting the leaders' mesh timed out");
+      },
+      &flat, &leaders);
+  member.join();
+  CHECK(connected.code() == absl::StatusCode::kDeadlineExceeded);
+  INFO(barrier.ToString() << " after " << took);
+  CHECK(barrier.code() == absl::StatusCode::kAborted);
+  CHECK(std::string(barrier.message())
+            .find("rank 100 could not connect group 'g' across nodes: "
+                  "connecting the leaders' mesh timed out") != std::string::npos);
+  CHECK(took < absl::Seconds(5));
+}
+
 TEST_CASE("a member that dies fails every other member within 2 s, naming it") {
   // Node b's leader (rank 2) "dies" during an all_reduce: its connections
   // close, and "musterd" aborts every node's segment naming it 300 ms
