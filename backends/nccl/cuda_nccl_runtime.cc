@@ -1,6 +1,7 @@
 #include "backends/nccl/cuda_nccl_runtime.h"
 
 #include <cuda_runtime_api.h>
+#include <dlfcn.h>
 #include <nccl.h>
 
 #include <cstring>
@@ -99,6 +100,29 @@ absl::StatusOr<void*> CudaNcclRuntime::OpenMemHandle(const std::string& handle) 
 }
 
 void CudaNcclRuntime::CloseMemHandle(void* base) { cudaIpcCloseMemHandle(base); }
+
+absl::StatusOr<size_t> CudaNcclRuntime::AllocationSize(void* base) {
+  using AddressRange = int (*)(unsigned long long*, size_t*, unsigned long long);  // NOLINT
+  static AddressRange address_range = [] {
+    void* lib = ::dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = ::dlopen("libcuda.so.1", RTLD_NOW);
+    return lib == nullptr ? nullptr
+                          : reinterpret_cast<AddressRange>(::dlsym(lib, "cuMemGetAddressRange_v2"));
+  }();
+  if (address_range == nullptr) {
+    return absl::FailedPreconditionError("the CUDA driver has no cuMemGetAddressRange_v2");
+  }
+  unsigned long long start = 0;  // NOLINT: the driver's CUdeviceptr
+  size_t size = 0;
+  int r = address_range(&start, &size, reinterpret_cast<unsigned long long>(base));  // NOLINT
+  if (r != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cuMemGetAddressRange on an opened IPC allocation failed (CUresult ", r, ")"));
+  }
+  // `base` is where the opened allocation starts; what lies before it is
+  // not the rank's.
+  return size - (reinterpret_cast<unsigned long long>(base) - start);  // NOLINT
+}
 
 absl::StatusOr<void*> CudaNcclRuntime::OpenEventHandle(const std::string& handle) {
   cudaIpcEventHandle_t h;

@@ -30,6 +30,8 @@ class CudaNcclRuntime : public GpuRuntime {
   void DeviceFree(void* ptr) override;
   absl::StatusOr<void*> OpenMemHandle(const std::string& handle) override;
   void CloseMemHandle(void* base) override;
+  // Through the driver (cuMemGetAddressRange), which cudart has loaded.
+  absl::StatusOr<size_t> AllocationSize(void* base) override;
   absl::StatusOr<void*> OpenEventHandle(const std::string& handle) override;
   absl::StatusOr<void*> CreateEvent() override;
   void DestroyEvent(void* event) override;

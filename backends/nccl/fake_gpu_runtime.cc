@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 #include <thread>
 
@@ -264,6 +265,18 @@ void FakeGpuRuntime::CloseMemHandle(void* base) {
     ::munmap(base, shm->second);
     shm_maps_.erase(shm);
   }
+}
+
+absl::StatusOr<size_t> FakeGpuRuntime::AllocationSize(void* base) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = shm_maps_.find(base); it != shm_maps_.end()) return it->second;
+  if (auto it = sizes_.find(base); it != sizes_.end()) return it->second;
+  return std::numeric_limits<size_t>::max();
+}
+
+void FakeGpuRuntime::SetAllocationSize(const void* base, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  sizes_[base] = bytes;
 }
 
 int FakeGpuRuntime::open_mem_handles() const {

@@ -55,6 +55,10 @@ class FakeGpuRuntime : public GpuRuntime {
   void DeviceFree(void* ptr) override;
   absl::StatusOr<void*> OpenMemHandle(const std::string& handle) override;
   void CloseMemHandle(void* base) override;
+  // Shared-memory handles: their size; pointer handles: what
+  // SetAllocationSize said, else unlimited.
+  absl::StatusOr<size_t> AllocationSize(void* base) override;
+  void SetAllocationSize(const void* base, size_t bytes);
   absl::StatusOr<void*> OpenEventHandle(const std::string& handle) override;
   absl::StatusOr<void*> CreateEvent() override;
   void DestroyEvent(void* event) override;
@@ -104,7 +108,8 @@ class FakeGpuRuntime : public GpuRuntime {
   std::map<void*, int> open_mem_;
   std::vector<Comm*> comms_;
   std::set<void*> local_events_;
-  std::map<void*, size_t> shm_maps_;  // FakeShmHandle mappings
+  std::map<void*, size_t> shm_maps_;     // FakeShmHandle mappings
+  std::map<const void*, size_t> sizes_;  // SetAllocationSize
   std::vector<std::string> log_;
   uint64_t next_id_ = 1;
 };

@@ -61,6 +61,10 @@ class GpuRuntime {
   // CUDA IPC (64-byte handles).
   virtual absl::StatusOr<void*> OpenMemHandle(const std::string& handle) = 0;
   virtual void CloseMemHandle(void* base) = 0;
+  // Bytes of the allocation opened at `base` (what a request's offset and
+  // size are checked against: a rank must not make NCCL write outside its
+  // own memory).
+  virtual absl::StatusOr<size_t> AllocationSize(void* base) = 0;
   virtual absl::StatusOr<void*> OpenEventHandle(const std::string& handle) = 0;
   // Local events (the watchdog's completion markers).
   virtual absl::StatusOr<void*> CreateEvent() = 0;

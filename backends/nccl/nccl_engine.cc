@@ -34,7 +34,8 @@ struct NcclEngine::Slot {
   std::string state = "initializing";
   std::string error;
   bool failed = false;
-  bool busy = false;  // the worker is inside an NCCL call on `comm`
+  bool break_requested = false;  // the registry broke the group (Fail may follow)
+  bool busy = false;             // the worker is inside an NCCL call on `comm`
   void* comm = nullptr;
   bool comm_ready = false;  // comm (or comm_status) delivered
   absl::Status comm_status;
@@ -232,7 +233,9 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
       std::lock_guard<std::mutex> lock(s->mu);
       comm = s->comm;
       s->comm = nullptr;
-      failed = s->failed;
+      // A broken group's communicator is aborted, never finalized: its
+      // peers may be gone.
+      failed = s->failed || s->break_requested;
       for (auto& p : s->pending) events.push_back(p.event);
       s->pending.clear();
       for (void* e : s->spare_events) events.push_back(e);
@@ -490,6 +493,15 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   auto resolve = [&](const v1::GpuBuffer& buffer) -> absl::StatusOr<char*> {
     absl::StatusOr<void*> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
     if (!base.ok()) return base.status();
+    // Never let a request make NCCL touch memory outside the allocation
+    // the rank exported (a fault would poison this GPU for every job).
+    absl::StatusOr<size_t> size = runtime_->AllocationSize(*base);
+    if (!size.ok()) return size.status();
+    if (buffer.offset() > *size || buffer.bytes() > *size - buffer.offset()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": a buffer of ", buffer.bytes(), " bytes at offset ", buffer.offset(),
+                       " runs past the end of its ", *size, "-byte allocation"));
+    }
     return static_cast<char*>(*base) + buffer.offset();
   };
   std::vector<char*> inputs, outputs, p2p;
@@ -630,6 +642,11 @@ void NcclEngine::Watchdog() {
     pending_breaks_.clear();
     std::vector<std::shared_ptr<Slot>> snapshot;
     for (auto& [key, slot] : slots_) snapshot.push_back(slot);
+    // Breaks also reach slots already retired (their rank left or died, or
+    // the group was destroyed) whose workers still drain: they must abort,
+    // not finalize a communicator whose peers are gone.
+    std::vector<std::shared_ptr<Slot>> breakable = snapshot;
+    for (auto& slot : retired_) breakable.push_back(slot);
     // Join workers that finished draining.
     std::vector<std::shared_ptr<Slot>> exited;
     for (auto it = retired_.begin(); it != retired_.end();) {
@@ -665,7 +682,7 @@ void NcclEngine::Watchdog() {
       event_cache_->ReleaseOwner(owner);
     }
     for (auto& [job, group, reason] : breaks) {
-      for (auto& slot : snapshot) {
+      for (auto& slot : breakable) {
         if (slot->job == job && slot->group == group) Fail(*slot, reason, /*break_group=*/false);
       }
     }
@@ -824,6 +841,15 @@ void NcclEngine::GroupBroken(const std::string& job_id, const std::string& group
   {
     std::lock_guard<std::mutex> lock(mu_);
     pending_breaks_.emplace_back(job_id, group, reason);
+    // Cheap and immediate (the abort itself waits for the watchdog): a slot
+    // retired before the break is applied still aborts at teardown.
+    auto mark = [&](const std::shared_ptr<Slot>& slot) {
+      if (slot->job != job_id || slot->group != group) return;
+      std::lock_guard<std::mutex> slot_lock(slot->mu);
+      slot->break_requested = true;
+    };
+    for (auto& [key, slot] : slots_) mark(slot);
+    for (auto& slot : retired_) mark(slot);
   }
   watchdog_cv_.notify_all();
 }

@@ -472,6 +472,56 @@ TEST_CASE("a destroyed group's name can be used again: a fresh unique id, a new 
   CHECK(runtime.live_comms() == 2);
 }
 
+TEST_CASE("a buffer reaching past its allocation is refused before NCCL sees it") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0});
+  NcclEngine engine(&runtime, &directory);
+  FakeRank rank0(0);
+  std::vector<float> data(4, 1.0f);
+  runtime.SetAllocationSize(data.data(), 16);
+  auto past = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 4);
+  v1::GpuBuffer* b = past.add_inputs();
+  *b = Buffer(data.data(), 16);
+  b->set_offset(8);  // 16 bytes from offset 8 of a 16-byte allocation
+  auto refused = Call(engine, past);
+  CHECK(absl::IsInvalidArgument(refused.status()));
+  CHECK(refused.status().message().find(
+            "a buffer of 16 bytes at offset 8 runs past the end of its 16-byte allocation") !=
+        std::string::npos);
+  auto huge = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+  v1::GpuBuffer* h = huge.add_inputs();
+  *h = Buffer(data.data(), 4);
+  h->set_offset(~uint64_t{0});  // would wrap around
+  CHECK(absl::IsInvalidArgument(Call(engine, huge).status()));
+  auto fine = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 2);
+  v1::GpuBuffer* f = fine.add_inputs();
+  *f = Buffer(data.data(), 8);
+  f->set_offset(8);
+  CHECK(Call(engine, fine).ok());
+  CHECK(directory.breaks().empty());
+}
+
+TEST_CASE("a member's death aborts the communicators, also those already retired") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
+  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+  REQUIRE(first[1].ok());
+  // What the registry does when rank 1 dies: break its groups, then forget it.
+  engine.GroupBroken("job", "world", "rank 1 (host h, pid 5) failed");
+  engine.RankGone("job", 1);
+  REQUIRE(Eventually([&] { return runtime.aborts() == 2; }));
+  CHECK(runtime.destroys() == 0);  // nothing was finalized with a dead peer
+}
+
 TEST_CASE("bad requests are clear errors and break nothing") {
   FakeGpuRuntime runtime;
   FakeDirectory directory;

@@ -24,6 +24,7 @@ class NoGpuRuntime : public GpuRuntime {
   void DeviceFree(void*) override {}
   absl::StatusOr<void*> OpenMemHandle(const std::string&) override { return Error(); }
   void CloseMemHandle(void*) override {}
+  absl::StatusOr<size_t> AllocationSize(void*) override { return Error(); }
   absl::StatusOr<void*> OpenEventHandle(const std::string&) override { return Error(); }
   absl::StatusOr<void*> CreateEvent() override { return Error(); }
   void DestroyEvent(void*) override {}
