@@ -24,6 +24,9 @@ struct GpuChannel::Layout {
   std::atomic<uint32_t> complete;  // daemon: requests answered
   std::atomic<uint32_t> closed;
   std::atomic<uint32_t> daemon_sleeping;
+  // Rings for every request and every Wake(): the daemon sleeps on it, and
+  // reads it before looking for work, so no wake-up falls between.
+  std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> rank_sleeping;
   uint32_t request_bytes;
   int32_t status_code;
@@ -108,7 +111,10 @@ absl::StatusOr<uint64_t> GpuChannel::Call(const std::string& request, absl::Time
   std::memcpy(layout_->request, request.data(), request.size());
   layout_->request_bytes = static_cast<uint32_t>(request.size());
   layout_->submit.store(n, std::memory_order_seq_cst);
-  if (layout_->daemon_sleeping.load(std::memory_order_seq_cst) != 0) FutexWake(&layout_->submit);
+  layout_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  if (layout_->daemon_sleeping.load(std::memory_order_seq_cst) != 0) {
+    FutexWake(&layout_->doorbell);
+  }
   // Spin first: a launch answers in microseconds.
   for (int spin = 0;; ++spin) {
     uint32_t done = layout_->complete.load(std::memory_order_acquire);
@@ -124,7 +130,8 @@ absl::StatusOr<uint64_t> GpuChannel::Call(const std::string& request, absl::Time
       return absl::DeadlineExceededError("musterd did not answer the GPU collective in time");
     }
     layout_->rank_sleeping.store(1, std::memory_order_seq_cst);
-    if (layout_->complete.load(std::memory_order_seq_cst) != n) {
+    if (layout_->complete.load(std::memory_order_seq_cst) != n &&
+        layout_->closed.load(std::memory_order_seq_cst) == 0) {
       FutexWait(&layout_->complete, done, absl::Milliseconds(10));
     }
     layout_->rank_sleeping.store(0, std::memory_order_relaxed);
@@ -154,10 +161,14 @@ bool GpuChannel::Poll(std::string* request, absl::Duration spin) {
   }
 }
 
-void GpuChannel::WaitForRequest(absl::Duration timeout) {
+uint32_t GpuChannel::doorbell() const { return layout_->doorbell.load(std::memory_order_seq_cst); }
+
+void GpuChannel::WaitForRequest(uint32_t doorbell_seen, absl::Duration timeout) {
   layout_->daemon_sleeping.store(1, std::memory_order_seq_cst);
-  uint32_t seen = layout_->submit.load(std::memory_order_seq_cst);
-  if (seen == served_) FutexWait(&layout_->submit, seen, timeout);
+  if (layout_->submit.load(std::memory_order_seq_cst) == served_ &&
+      layout_->doorbell.load(std::memory_order_seq_cst) == doorbell_seen) {
+    FutexWait(&layout_->doorbell, doorbell_seen, timeout);
+  }
   layout_->daemon_sleeping.store(0, std::memory_order_relaxed);
 }
 
@@ -172,12 +183,15 @@ void GpuChannel::Complete(const absl::Status& status, uint64_t launched) {
   if (layout_->rank_sleeping.load(std::memory_order_seq_cst) != 0) FutexWake(&layout_->complete);
 }
 
-void GpuChannel::Wake() { FutexWake(&layout_->submit); }
+void GpuChannel::Wake() {
+  layout_->doorbell.fetch_add(1, std::memory_order_seq_cst);
+  FutexWake(&layout_->doorbell);
+}
 
 void GpuChannel::Close() {
   layout_->closed.store(1, std::memory_order_release);
   FutexWake(&layout_->complete);
-  FutexWake(&layout_->submit);
+  Wake();
 }
 
 bool GpuChannel::closed() const { return layout_->closed.load(std::memory_order_acquire) != 0; }

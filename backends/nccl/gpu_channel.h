@@ -56,8 +56,11 @@ class GpuChannel {
   // Daemon side: the next request if one was submitted (spinning up to
   // `spin` first), else false.
   bool Poll(std::string* request, absl::Duration spin);
+  // The doorbell: read it before looking for work (requests, tasks), then
+  // WaitForRequest(that value) sleeps only if nothing rang since.
+  uint32_t doorbell() const;
   // Sleeps until a request arrives, Wake(), or `timeout`.
-  void WaitForRequest(absl::Duration timeout);
+  void WaitForRequest(uint32_t doorbell_seen, absl::Duration timeout);
   // Answers the request last returned by Poll.
   void Complete(const absl::Status& status, uint64_t launched);
   // Wakes WaitForRequest (e.g. other work for the worker).

@@ -26,8 +26,9 @@ TEST_CASE("requests and replies go through the channel in order, with statuses")
   std::thread server([&] {
     std::string request;
     for (int i = 0; i < 1000;) {
+      const uint32_t bell = (*daemon)->doorbell();
       if (!(*daemon)->Poll(&request, absl::Microseconds(100))) {
-        (*daemon)->WaitForRequest(absl::Milliseconds(20));
+        (*daemon)->WaitForRequest(bell, absl::Milliseconds(20));
         continue;
       }
       served.push_back(request);
@@ -60,6 +61,20 @@ TEST_CASE("requests and replies go through the channel in order, with statuses")
       CHECK(*replies[i] == static_cast<uint64_t>(1000 + i));
     }
   }
+}
+
+TEST_CASE("a Wake between looking for work and sleeping is not lost") {
+  auto daemon = GpuChannel::Create(Name("wake"));
+  REQUIRE(daemon.ok());
+  const uint32_t bell = (*daemon)->doorbell();
+  (*daemon)->Wake();  // e.g. a task posted after the worker found none
+  absl::Time start = absl::Now();
+  (*daemon)->WaitForRequest(bell, absl::Seconds(5));
+  CHECK(absl::Now() - start < absl::Seconds(1));
+  // With nothing rung since, it does sleep (until the timeout here).
+  start = absl::Now();
+  (*daemon)->WaitForRequest((*daemon)->doorbell(), absl::Milliseconds(100));
+  CHECK(absl::Now() - start >= absl::Milliseconds(90));
 }
 
 TEST_CASE("a closed channel answers Unavailable, also to a caller already waiting") {

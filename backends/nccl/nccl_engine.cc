@@ -193,6 +193,9 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
     while (true) {
       std::function<void()> task;
       bool serve_channel = false;
+      // Before looking for work: a Post between here and the sleep below
+      // rings the doorbell, so it is not lost.
+      const uint32_t bell = s->channel != nullptr ? s->channel->doorbell() : 0;
       {
         std::unique_lock<std::mutex> lock(s->mu);
         s->cv.wait(lock, [s] {
@@ -222,7 +225,7 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
         last_request = absl::Now();
         continue;
       }
-      s->channel->WaitForRequest(absl::Milliseconds(20));
+      s->channel->WaitForRequest(bell, absl::Milliseconds(20));
     }
     if (s->channel != nullptr) s->channel->Close();
     // Teardown on the worker: the stream, scratch and events belong to it.
