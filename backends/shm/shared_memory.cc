@@ -7,11 +7,11 @@
 
 #include <cerrno>
 #include <limits>
+#include <mutex>
 #include <new>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -25,8 +25,10 @@ struct Live {
 
 // Live allocations of this process by the address of their user bytes.
 struct Registry {
-  absl::Mutex mu;
-  std::map<uintptr_t, Live> live ABSL_GUARDED_BY(mu);
+  // std::mutex, not absl::Mutex: Debian's Abseil is not instrumented for
+  // TSan, and ranks-as-threads tests allocate concurrently.
+  std::mutex mu;
+  std::map<uintptr_t, Live> live;  // guarded by mu
 };
 
 Registry& GetRegistry() {
@@ -73,7 +75,7 @@ absl::StatusOr<std::unique_ptr<SharedAllocation>> SharedAllocation::Create(size_
   auto alloc = std::unique_ptr<SharedAllocation>(
       new SharedAllocation(fd, static_cast<uint64_t>(st.st_ino), static_cast<char*>(base), bytes));
   Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
+  std::lock_guard<std::mutex> lock(r.mu);
   r.live[reinterpret_cast<uintptr_t>(alloc->data())] = Live{bytes, fd, alloc->inode()};
   return alloc;
 }
@@ -84,7 +86,7 @@ SharedAllocation::SharedAllocation(int fd, uint64_t inode, char* base, size_t by
 SharedAllocation::~SharedAllocation() {
   {
     Registry& r = GetRegistry();
-    absl::MutexLock lock(&r.mu);
+    std::lock_guard<std::mutex> lock(r.mu);
     r.live.erase(reinterpret_cast<uintptr_t>(data_));
   }
   reinterpret_cast<SharedAllocationHeader*>(base_)->freed.store(1, std::memory_order_release);
@@ -95,7 +97,7 @@ SharedAllocation::~SharedAllocation() {
 bool FindSharedAllocation(const void* p, size_t bytes, SharedRef* ref) {
   auto addr = reinterpret_cast<uintptr_t>(p);
   Registry& r = GetRegistry();
-  absl::MutexLock lock(&r.mu);
+  std::lock_guard<std::mutex> lock(r.mu);
   auto it = r.live.upper_bound(addr);
   if (it == r.live.begin()) return false;
   --it;
