@@ -407,6 +407,7 @@ TEST_CASE("a member that dies fails every other member within 2 s, naming it") {
   std::vector<absl::Status> result(4);
   std::vector<absl::Duration> took(4);
   std::string reason = "rank 102 (host b, pid 1) failed: killed by signal 9";
+  std::thread remote_daemon;  // node a's "musterd", joined below
   job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
     std::vector<float> v(1000, 1.0f);
     if (!c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Deadline()).ok()) {
@@ -420,10 +421,10 @@ TEST_CASE("a member that dies fails every other member within 2 s, naming it") {
       return;                          // the communicator goes away: connections close
     }
     if (r == 0) {
-      std::thread([&] {
+      remote_daemon = std::thread([&] {
         absl::SleepFor(absl::Milliseconds(500));
         job.segments[0]->Abort(reason);
-      }).detach();
+      });
     }
     result[r] = c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1,
                             absl::Now() + absl::Seconds(60));
@@ -432,7 +433,7 @@ TEST_CASE("a member that dies fails every other member within 2 s, naming it") {
     absl::Status again = c.Barrier(Deadline());
     if (again.code() != result[r].code()) result[r] = absl::InternalError("not broken");
   });
-  absl::SleepFor(absl::Milliseconds(600));  // the detached "daemon" thread finished
+  remote_daemon.join();
   for (int r : {0, 1, 3}) {
     INFO("rank " << r << ": " << result[r].ToString() << " after " << took[r]);
     CHECK(result[r].code() == absl::StatusCode::kAborted);
