@@ -45,7 +45,26 @@ absl::Status CheckList(const std::vector<Tensor>& list, size_t expected, size_t 
   return absl::OkStatus();
 }
 
+// The tensors of one call, for RouteTensors.
+std::vector<const Tensor*> TensorPointers(std::initializer_list<const Tensor*> singles,
+                                          const std::vector<Tensor>& list = {},
+                                          const std::vector<Tensor>& more = {}) {
+  std::vector<const Tensor*> all(singles);
+  for (const Tensor& t : list) all.push_back(&t);
+  for (const Tensor& t : more) all.push_back(&t);
+  return all;
+}
+
 }  // namespace
+
+std::shared_ptr<Work> ProcessGroup::RouteToGpu(const char* what,
+                                               const std::vector<const Tensor*>& tensors,
+                                               const std::function<GpuCall()>& make_call) {
+  absl::StatusOr<Device> device = RouteTensors(backend_, tensors, what);
+  if (!device.ok()) return Failed(device.status());
+  if (*device == Device::kCpu) return nullptr;
+  return SubmitGpu(make_call());
+}
 
 bool Work::IsCompleted() const {
   absl::MutexLock lock(&mu_);
@@ -195,17 +214,17 @@ void ProcessGroup::RunUntil(Work* work, absl::Time deadline) {
 
 std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
   if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "all_reduce");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_ALL_REDUCE;
-    g.dtype = t.dtype;
-    g.count = t.count;
-    g.reduce_op = op;
-    g.scale = scale;
-    g.inputs = {t};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("all_reduce", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_REDUCE;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.reduce_op = op;
+        g.scale = scale;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([t, op, scale](Communicator& c, absl::Time d) {
     return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
@@ -216,9 +235,8 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
   for (const Tensor& t : tensors) {
     if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
   }
-  std::vector<const Tensor*> all;
-  for (const Tensor& t : tensors) all.push_back(&t);
-  absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_reduce_coalesced");
+  absl::StatusOr<Device> device =
+      RouteTensors(backend_, TensorPointers({}, tensors), "all_reduce_coalesced");
   if (!device.ok()) return Failed(device.status());
   if (*device == Device::kCuda) {
     // One enqueue per tensor, in order, on their stream.
@@ -245,16 +263,16 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
   if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "broadcast");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_BROADCAST;
-    g.dtype = t.dtype;
-    g.count = t.count;
-    g.root = root;
-    g.inputs = {t};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("broadcast", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_BROADCAST;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.root = root;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([t, root](Communicator& c, absl::Time d) {
     return c.Broadcast(t.data, t.count, t.dtype, root, d);
@@ -263,17 +281,17 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
   if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, "reduce");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_REDUCE;
-    g.dtype = t.dtype;
-    g.count = t.count;
-    g.root = root;
-    g.reduce_op = op;
-    g.inputs = {t};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("reduce", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.root = root;
+        g.reduce_op = op;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([t, root, op](Communicator& c, absl::Time d) {
     return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
@@ -288,16 +306,16 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
         "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "all_gather_into_tensor");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_ALL_GATHER;
-    g.dtype = in.dtype;
-    g.count = in.count;
-    g.inputs = {in};
-    g.outputs = {out};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("all_gather_into_tensor", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.inputs = {in};
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([in, out](Communicator& c, absl::Time d) {
     return c.AllGather(in.data, out.data, in.count, in.dtype, d);
@@ -309,18 +327,16 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
     return Failed(s);
   }
-  std::vector<const Tensor*> all = {&in};
-  for (const Tensor& t : outs) all.push_back(&t);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_gather");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_ALL_GATHER;
-    g.dtype = in.dtype;
-    g.count = in.count;
-    g.inputs = {in};
-    g.outputs = outs;
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("all_gather", TensorPointers({&in}, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.inputs = {in};
+        g.outputs = outs;
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([in, outs](Communicator& c, absl::Time d) {
     std::string flat(in.bytes() * outs.size(), '\0');
@@ -377,19 +393,17 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
     }
   }
   bool is_root = rank_ == root;
-  std::vector<const Tensor*> all = {&in};
-  for (const Tensor& t : outs) all.push_back(&t);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "gather");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_GATHER;
-    g.dtype = in.dtype;
-    g.count = in.count;
-    g.root = root;
-    g.inputs = {in};
-    if (is_root) g.outputs = outs;
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("gather", TensorPointers({&in}, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.root = root;
+        g.inputs = {in};
+        if (is_root) g.outputs = outs;
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([in, outs, root, is_root](Communicator& c, absl::Time d) {
     std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
@@ -410,19 +424,17 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       return Failed(s);
     }
   }
-  std::vector<const Tensor*> all = {&out};
-  for (const Tensor& t : ins) all.push_back(&t);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "scatter");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_SCATTER;
-    g.dtype = out.dtype;
-    g.count = out.count;
-    g.root = root;
-    g.outputs = {out};
-    if (is_root) g.inputs = ins;
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("scatter", TensorPointers({&out}, ins), [&] {
+        GpuCall g;
+        g.op = v1::GPU_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.root = root;
+        g.outputs = {out};
+        if (is_root) g.inputs = ins;
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([out, ins, root, is_root](Communicator& c, absl::Time d) {
     std::string flat;
@@ -444,17 +456,17 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
         absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "reduce_scatter_tensor");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_REDUCE_SCATTER;
-    g.dtype = out.dtype;
-    g.count = out.count;
-    g.reduce_op = op;
-    g.inputs = {in};
-    g.outputs = {out};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("reduce_scatter_tensor", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.reduce_op = op;
+        g.inputs = {in};
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([in, out, op](Communicator& c, absl::Time d) {
     return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
@@ -467,19 +479,17 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
   if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
     return Failed(s);
   }
-  std::vector<const Tensor*> all = {&out};
-  for (const Tensor& t : ins) all.push_back(&t);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "reduce_scatter");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_REDUCE_SCATTER;
-    g.dtype = out.dtype;
-    g.count = out.count;
-    g.reduce_op = op;
-    g.inputs = ins;
-    g.outputs = {out};
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("reduce_scatter", TensorPointers({&out}, ins), [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.reduce_op = op;
+        g.inputs = ins;
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([out, ins, op](Communicator& c, absl::Time d) {
     std::string flat(out.bytes() * ins.size(), '\0');
@@ -518,17 +528,17 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
   };
   if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
   if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&in, &out}, "all_to_all_single");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_ALL_TO_ALL;
-    g.dtype = in.dtype;
-    g.inputs = {in};
-    g.outputs = {out};
-    g.send_counts = in_splits;
-    g.recv_counts = out_splits;
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("all_to_all_single", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_TO_ALL;
+        g.dtype = in.dtype;
+        g.inputs = {in};
+        g.outputs = {out};
+        g.send_counts = in_splits;
+        g.recv_counts = out_splits;
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
     return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
@@ -551,22 +561,17 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
     send[i] = ins[i].count;
     recv[i] = outs[i].count;
   }
-  std::vector<const Tensor*> all;
-  for (size_t i = 0; i < n; ++i) {
-    all.push_back(&ins[i]);
-    all.push_back(&outs[i]);
-  }
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, all, "all_to_all");
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    GpuCall g;
-    g.op = v1::GPU_ALL_TO_ALL;
-    g.dtype = ins[0].dtype;
-    g.inputs = ins;
-    g.outputs = outs;
-    g.send_counts = send;
-    g.recv_counts = recv;
-    return SubmitGpu(g);
+  if (auto gpu = RouteToGpu("all_to_all", TensorPointers({}, ins, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_TO_ALL;
+        g.dtype = ins[0].dtype;
+        g.inputs = ins;
+        g.outputs = outs;
+        g.send_counts = send;
+        g.recv_counts = recv;
+        return g;
+      })) {
+    return gpu;
   }
   return Submit([outs, ins, send, recv](Communicator& c, absl::Time d) {
     size_t es = DTypeSize(ins[0].dtype);
@@ -700,23 +705,21 @@ std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs,
 std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
   const char* what = send ? "send" : "recv";
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
-  if (absl::StatusOr<Device> device = RouteTensors(backend_, {&t}, what);
-      !device.ok() || *device == Device::kCuda) {
-    if (!device.ok()) return Failed(device.status());
-    auto group_rank = GroupRank(peer);
-    if (!group_rank.ok()) return Failed(group_rank.status());
-    // NCCL has no tags: messages between two ranks match in order.
-    GpuCall g;
-    g.op = v1::GPU_SEND_RECV;
-    g.dtype = t.dtype;
-    g.p2p.push_back({send, *group_rank, t});
-    return SubmitGpu(g);
+  auto group_rank = GroupRank(peer);
+  if (!group_rank.ok()) return Failed(group_rank.status());
+  if (auto gpu = RouteToGpu(what, {&t}, [&] {
+        // NCCL has no tags: messages between two ranks match in order.
+        GpuCall g;
+        g.op = v1::GPU_SEND_RECV;
+        g.dtype = t.dtype;
+        g.p2p.push_back({send, *group_rank, t});
+        return g;
+      })) {
+    return gpu;
   }
   if (!comm_status_.ok()) return Failed(comm_status_);
   if (remote_p2p_ != nullptr) {
     // A group spanning nodes: over its Gloo mesh.
-    auto group_rank = GroupRank(peer);
-    if (!group_rank.ok()) return Failed(group_rank.status());
     if (absl::Status s = remote_p2p_->Validate(*group_rank, tag); !s.ok()) return Failed(s);
     auto work = std::make_shared<Work>();
     remote_p2p_->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
@@ -727,8 +730,6 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
     return Failed(absl::UnimplementedError(
         absl::StrCat("point-to-point on group '", name_, "' needs all its members on one node")));
   }
-  auto group_rank = GroupRank(peer);
-  if (!group_rank.ok()) return Failed(group_rank.status());
   auto op = std::make_unique<P2POp>();
   op->send = send;
   op->peer = *group_rank;

@@ -239,6 +239,11 @@ class ProcessGroup {
   std::shared_ptr<Work> Failed(absl::Status status);
   // Collectives on CUDA tensors: through musterd's NCCL communicators.
   std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
+  // Where a call's tensors go: nullptr for the CPU backend (the caller goes
+  // on), a failed Work for mixed or unsupported devices, else the Work of
+  // SubmitGpu(make_call()).
+  std::shared_ptr<Work> RouteToGpu(const char* what, const std::vector<const Tensor*>& tensors,
+                                   const std::function<GpuCall()>& make_call);
   void RunExecutor();
   // Runs queued collectives on the calling thread, in order, until `work`
   // completed (a waiting caller runs its own collective instead of handing
