@@ -70,6 +70,18 @@ std::vector<absl::Status> OnRanks(const std::vector<int>& ranks,
   return status;
 }
 
+// A one-float all_reduce on "world" from each of `ids` (rank per thread),
+// on data[r].
+std::vector<absl::Status> WorldAllReduce(NcclEngine& engine, std::vector<FakeRank>& ranks,
+                                         std::vector<std::vector<float>>& data,
+                                         const std::vector<int>& ids) {
+  return OnRanks(ids, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    return Call(engine, req).status();
+  });
+}
+
 bool Eventually(const std::function<bool()>& condition) {
   for (int i = 0; i < 400; ++i) {
     if (condition()) return true;
@@ -329,11 +341,7 @@ TEST_CASE("an asynchronous NCCL error aborts the communicator and breaks the gro
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
-  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto first = WorldAllReduce(engine, ranks, data, {0, 1});
   REQUIRE(first[0].ok());
   REQUIRE(first[1].ok());
   runtime.InjectAsyncError(2, 1, "NVLink error on GPU 3");
@@ -354,11 +362,7 @@ TEST_CASE("a registry abort (a member died) aborts the communicators with its re
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
-  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto first = WorldAllReduce(engine, ranks, data, {0, 1});
   REQUIRE(first[0].ok());
   engine.GroupBroken("job", "world", "rank 1 (host n1, pid 77) killed by signal 9");
   REQUIRE(Eventually([&] { return runtime.aborts() == 2; }));
@@ -380,11 +384,7 @@ TEST_CASE("a collective that never finishes on the GPU times out and aborts") {
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
   runtime.HangCollectives(true);
-  auto launched = OnRanks({0, 1}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto launched = WorldAllReduce(engine, ranks, data, {0, 1});
   CHECK(launched[0].ok());  // enqueued; the GPU never finishes it
   REQUIRE(Eventually([&] { return !directory.breaks().empty(); }));
   CHECK(std::string(directory.breaks().at(0))
@@ -407,11 +407,7 @@ TEST_CASE("a subgroup is split from a healthy world communicator") {
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
   std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
-  auto first = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto first = WorldAllReduce(engine, ranks, data, {0, 1, 2});
   REQUIRE(first[2].ok());
   engine.GroupFormed("job", "pair", {0, 2}, false, "cpu:gloo,cuda:nccl", {0, 1, 2});
   std::vector<std::vector<float>> pair = {{1.0f}, {0.0f}, {5.0f}};
@@ -436,11 +432,7 @@ TEST_CASE("a subgroup is split from a healthy world communicator") {
   }
   CHECK(split == 2);
   // The world communicator still works after the split.
-  auto again = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto again = WorldAllReduce(engine, ranks, data, {0, 1, 2});
   CHECK(again[1].ok());
   CHECK(data[1][0] == 9.0f);
 }
@@ -452,13 +444,7 @@ TEST_CASE("a destroyed group's name can be used again: a fresh unique id, a new 
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
-  auto round = [&] {
-    return OnRanks({0, 1}, [&](int r) -> absl::Status {
-      auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-      *req.add_inputs() = Buffer(data[r].data(), 4);
-      return Call(engine, req).status();
-    });
-  };
+  auto round = [&] { return WorldAllReduce(engine, ranks, data, {0, 1}); };
   auto first = round();
   REQUIRE(first[0].ok());
   REQUIRE(first[1].ok());
@@ -509,11 +495,7 @@ TEST_CASE("a member's death aborts the communicators, also those already retired
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));
-  auto first = OnRanks({0, 1}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto first = WorldAllReduce(engine, ranks, data, {0, 1});
   REQUIRE(first[1].ok());
   // What the registry does when rank 1 dies: break its groups, then forget it.
   engine.GroupBroken("job", "world", "rank 1 (host h, pid 5) failed");
@@ -637,11 +619,7 @@ TEST_CASE("a split that never completes aborts the world communicator it is stuc
   NcclEngine engine(&runtime, &directory);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
   std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
-  auto first = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
-    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
-    *req.add_inputs() = Buffer(data[r].data(), 4);
-    return Call(engine, req).status();
-  });
+  auto first = WorldAllReduce(engine, ranks, data, {0, 1, 2});
   REQUIRE(first[0].ok());
   engine.GroupFormed("job", "pair", {0, 1}, false, "cpu:gloo,cuda:nccl", {0, 1});
   REQUIRE(Eventually([&] {
