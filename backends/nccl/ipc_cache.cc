@@ -8,10 +8,10 @@ IpcCache::IpcCache(IpcOpener* opener, std::string kind, size_t handle_bytes)
     : opener_(opener), kind_(std::move(kind)), handle_bytes_(handle_bytes) {}
 
 IpcCache::~IpcCache() {
-  for (auto& [key, opened] : open_) opener_->Close(opened);
+  for (auto& [key, opened] : open_) opener_->Close(opened.ptr);
 }
 
-absl::StatusOr<void*> IpcCache::Get(const std::string& owner, const std::string& handle) {
+absl::StatusOr<IpcResource> IpcCache::Get(const std::string& owner, const std::string& handle) {
   if (handle.size() != handle_bytes_) {
     return absl::InvalidArgumentError(absl::StrCat(
         "CUDA IPC ", kind_, " handle has ", handle.size(), " bytes, expected ", handle_bytes_));
@@ -23,7 +23,7 @@ absl::StatusOr<void*> IpcCache::Get(const std::string& owner, const std::string&
   }
   // Opened outside the lock: it may take a while. Two threads opening the
   // same handle at once keep the first and close the second.
-  absl::StatusOr<void*> opened = opener_->Open(handle);
+  absl::StatusOr<IpcResource> opened = opener_->Open(handle);
   if (!opened.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("opening CUDA IPC ", kind_, " handle: ", opened.status().message()));
@@ -31,7 +31,7 @@ absl::StatusOr<void*> IpcCache::Get(const std::string& owner, const std::string&
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = open_.emplace(std::make_pair(owner, handle), *opened);
   if (!inserted) {
-    opener_->Close(*opened);
+    opener_->Close(opened->ptr);
   } else {
     ++opens_;
   }
@@ -44,7 +44,7 @@ bool IpcCache::Release(const std::string& owner, const std::string& handle) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = open_.find({owner, handle});
     if (it == open_.end()) return false;
-    opened = it->second;
+    opened = it->second.ptr;
     open_.erase(it);
   }
   opener_->Close(opened);
@@ -57,7 +57,7 @@ int IpcCache::ReleaseOwner(const std::string& owner) {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = open_.lower_bound({owner, std::string()});
     while (it != open_.end() && it->first.first == owner) {
-      closing.push_back(it->second);
+      closing.push_back(it->second.ptr);
       it = open_.erase(it);
     }
   }

@@ -21,11 +21,18 @@
 
 namespace muster {
 
+// What an opened handle maps to: a pointer, and for memory the bytes of the
+// allocation behind it (checked on every use, looked up once).
+struct IpcResource {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
 class IpcOpener {
  public:
   virtual ~IpcOpener() = default;
-  // Opens `handle` (its raw bytes) and returns what it maps to.
-  virtual absl::StatusOr<void*> Open(const std::string& handle) = 0;
+  // Opens `handle` (its raw bytes).
+  virtual absl::StatusOr<IpcResource> Open(const std::string& handle) = 0;
   virtual void Close(void* opened) = 0;
 };
 
@@ -41,7 +48,7 @@ class IpcCache {
   // The opened resource for `handle` of `owner`, opening it on first use.
   // InvalidArgument for a handle of the wrong size or one that fails to
   // open (the opener's message is kept).
-  absl::StatusOr<void*> Get(const std::string& owner, const std::string& handle);
+  absl::StatusOr<IpcResource> Get(const std::string& owner, const std::string& handle);
   // Closes one handle of `owner` (no-op if not open). Returns whether it was.
   bool Release(const std::string& owner, const std::string& handle);
   // Closes every handle of `owner`. Returns how many.
@@ -57,7 +64,7 @@ class IpcCache {
   const std::string kind_;
   const size_t handle_bytes_;
   mutable std::mutex mu_;
-  std::map<std::pair<std::string, std::string>, void*> open_;
+  std::map<std::pair<std::string, std::string>, IpcResource> open_;
   uint64_t opens_ = 0;
 };
 

@@ -9,12 +9,12 @@ namespace {
 
 class CountingOpener : public IpcOpener {
  public:
-  absl::StatusOr<void*> Open(const std::string& handle) override {
+  absl::StatusOr<IpcResource> Open(const std::string& handle) override {
     if (handle[0] == 'x') return absl::InternalError("cudaErrorMapBufferObjectFailed");
     ++opens;
     void* p = new char(handle[0]);
     live.insert(p);
-    return p;
+    return IpcResource{p, 1};
   }
   void Close(void* opened) override {
     ++closes;
@@ -34,12 +34,13 @@ TEST_CASE("a handle is opened once per owner and reused") {
   auto a2 = cache.Get("job/0", Handle('a'));
   REQUIRE(a1.ok());
   REQUIRE(a2.ok());
-  CHECK(*a1 == *a2);
+  CHECK(a1->ptr == a2->ptr);
+  CHECK(a1->bytes == 1);
   CHECK(opener.opens == 1);
   // Another rank's identical bytes are its own allocation.
   auto other = cache.Get("job/1", Handle('a'));
   REQUIRE(other.ok());
-  CHECK(*other != *a1);
+  CHECK(other->ptr != a1->ptr);
   CHECK(opener.opens == 2);
   CHECK(cache.open_count("job/0") == 1);
   CHECK(cache.total_open() == 2);

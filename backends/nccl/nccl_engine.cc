@@ -67,8 +67,15 @@ struct NcclEngine::Slot {
 class NcclEngine::MemOpener : public IpcOpener {
  public:
   explicit MemOpener(GpuRuntime* runtime) : runtime_(runtime) {}
-  absl::StatusOr<void*> Open(const std::string& handle) override {
-    return runtime_->OpenMemHandle(handle);
+  absl::StatusOr<IpcResource> Open(const std::string& handle) override {
+    absl::StatusOr<void*> base = runtime_->OpenMemHandle(handle);
+    if (!base.ok()) return base.status();
+    absl::StatusOr<size_t> bytes = runtime_->AllocationSize(*base);
+    if (!bytes.ok()) {
+      runtime_->CloseMemHandle(*base);
+      return bytes.status();
+    }
+    return IpcResource{*base, *bytes};
   }
   void Close(void* opened) override { runtime_->CloseMemHandle(opened); }
 
@@ -79,8 +86,10 @@ class NcclEngine::MemOpener : public IpcOpener {
 class NcclEngine::EventOpener : public IpcOpener {
  public:
   explicit EventOpener(GpuRuntime* runtime) : runtime_(runtime) {}
-  absl::StatusOr<void*> Open(const std::string& handle) override {
-    return runtime_->OpenEventHandle(handle);
+  absl::StatusOr<IpcResource> Open(const std::string& handle) override {
+    absl::StatusOr<void*> event = runtime_->OpenEventHandle(handle);
+    if (!event.ok()) return event.status();
+    return IpcResource{*event, 0};
   }
   void Close(void* opened) override { runtime_->DestroyEvent(opened); }
 
@@ -494,18 +503,17 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
     }
   }
   auto resolve = [&](const v1::GpuBuffer& buffer) -> absl::StatusOr<char*> {
-    absl::StatusOr<void*> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
+    absl::StatusOr<IpcResource> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
     if (!base.ok()) return base.status();
     // Never let a request make NCCL touch memory outside the allocation
     // the rank exported (a fault would poison this GPU for every job).
-    absl::StatusOr<size_t> size = runtime_->AllocationSize(*base);
-    if (!size.ok()) return size.status();
-    if (buffer.offset() > *size || buffer.bytes() > *size - buffer.offset()) {
+    const size_t size = base->bytes;
+    if (buffer.offset() > size || buffer.bytes() > size - buffer.offset()) {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": a buffer of ", buffer.bytes(), " bytes at offset ", buffer.offset(),
-                       " runs past the end of its ", *size, "-byte allocation"));
+                       " runs past the end of its ", size, "-byte allocation"));
     }
-    return static_cast<char*>(*base) + buffer.offset();
+    return static_cast<char*>(base->ptr) + buffer.offset();
   };
   std::vector<char*> inputs, outputs, p2p;
   for (const auto& b : request.inputs()) {
@@ -532,14 +540,14 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   void* ready = nullptr;
   void* finished = nullptr;
   if (!request.ready_event().empty()) {
-    absl::StatusOr<void*> e = event_cache_->Get(slot.owner, request.ready_event());
+    absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.ready_event());
     if (!e.ok()) return done(e.status());
-    ready = *e;
+    ready = e->ptr;
   }
   if (!request.done_event().empty()) {
-    absl::StatusOr<void*> e = event_cache_->Get(slot.owner, request.done_event());
+    absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.done_event());
     if (!e.ok()) return done(e.status());
-    finished = *e;
+    finished = e->ptr;
   }
   if (ready != nullptr) {
     if (absl::Status s = runtime_->StreamWaitEvent(slot.stream, ready); !s.ok()) return done(s);
