@@ -104,10 +104,27 @@ absl::Status Work::status() const {
 }
 
 void Work::Complete(absl::Status status) {
-  absl::MutexLock lock(&mu_);
-  if (done_) return;  // recorded exactly once
-  status_ = std::move(status);
-  done_ = true;
+  std::vector<std::function<void(const absl::Status&)>> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;  // recorded exactly once
+    status_ = std::move(status);
+    done_ = true;
+    callbacks.swap(on_complete_);
+  }
+  // status_ no longer changes once done_ is set: read it without the lock.
+  for (auto& callback : callbacks) callback(status_);
+}
+
+void Work::OnComplete(std::function<void(const absl::Status&)> callback) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) {
+      on_complete_.push_back(std::move(callback));
+      return;
+    }
+  }
+  callback(status_);
 }
 
 ProcessGroup::~ProcessGroup() {

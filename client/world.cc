@@ -202,7 +202,8 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
   GroupOptions world_options;
   world_options.backend = options.backend;
   world_options.timeout = options.timeout;
-  ASSIGN_OR_RETURN(world->world_group_, world->CreateGroup(all, world_options, "world"));
+  ASSIGN_OR_RETURN(world->world_group_,
+                   world->CreateGroup(all, world_options, options.world_group_name));
   return world;
 }
 

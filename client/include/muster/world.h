@@ -51,6 +51,9 @@ struct InitOptions {
   std::string backend = "gloo";  // backend config of the world group
   absl::Duration timeout = absl::Minutes(30);
   std::string store_token;  // MUSTER_STORE_TOKEN
+  // The world group's name in musterd (musterctl shows it); the torch
+  // backend passes torch's name of the default group.
+  std::string world_group_name = "world";
 };
 
 // Fills every unset field of `options` from the environment, the way
@@ -115,6 +118,12 @@ class Work {
   // PyTorch's NCCL backend; Synchronize additionally blocks the CPU until
   // the GPU finished them (DEADLINE_EXCEEDED after `timeout`).
   absl::Status Synchronize(absl::Duration timeout = absl::InfiniteDuration());
+  // Runs `callback` once with the result: at once on this thread if the
+  // work already completed, else on the thread that completes it (the
+  // group's executor or a waiter), outside every lock. The callback must
+  // not wait for a later collective of the same group. Callbacks run in
+  // the order they were added.
+  void OnComplete(std::function<void(const absl::Status&)> callback);
 
  private:
   friend class ProcessGroup;
@@ -127,6 +136,7 @@ class Work {
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
 };
 
 // One process group as this rank sees it.
