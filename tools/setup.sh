@@ -2,6 +2,10 @@
 # Installs everything muster needs from Debian's apt repositories and checks
 # the CUDA tree. Idempotent: a second run installs nothing and only reports.
 #
+# Also creates the virtual environment with torch 2.x from the package index
+# that the Python tests use beside Debian's torch 1.13 (once per machine: the
+# CUDA build of torch is about 3 GB with its nvidia-* wheels).
+#
 # Usage: tools/setup.sh [--check] [--bench]
 #   --check: report only, install nothing
 #   --bench: also the benchmarks' peers that tools/bench_collectives.sh runs
@@ -13,8 +17,15 @@ PACKAGES=(
   build-essential clang clang-format libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev catch2 libgloo-dev
-  iproute2 systemd python3-torch
+  iproute2 systemd
+  python3-torch libtorch-dev pybind11-dev ninja-build
+  python3-numpy python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
 )
+
+# torch 2.x for the Python tests and benchmarks (MUSTER_TORCH_VENV moves it).
+TORCH_VENV=${MUSTER_TORCH_VENV:-/opt/muster/torch-venv}
+TORCH_SPEC="torch==2.11.*"
+VENV_PACKAGES=(numpy pytest ninja pybind11 setuptools wheel)
 
 # Only with --bench: the peers of the collectives benchmark.
 BENCH_PACKAGES=(openmpi-bin libopenmpi-dev)
@@ -63,4 +74,21 @@ if ((${#cuda_missing[@]})); then
   echo "setup: the CPU build and tests work; //backends/nccl needs the CUDA 13 toolkit and NCCL at $cuda" >&2
 else
   echo "setup: CUDA/NCCL found at $cuda"
+fi
+
+# The torch 2.x virtual environment (reused once it has torch 2.11).
+if "$TORCH_VENV/bin/python" -c 'import torch, numpy, pytest, ninja; assert torch.__version__.startswith("2.11")' 2>/dev/null; then
+  echo "setup: torch $("$TORCH_VENV/bin/python" -c 'import torch; print(torch.__version__)') venv at $TORCH_VENV"
+elif ((check_only)); then
+  echo "setup: missing the torch 2.x venv at $TORCH_VENV" >&2
+  exit 1
+else
+  echo "setup: creating the torch 2.x venv at $TORCH_VENV (once per machine; about 3 GB from the package index)"
+  mkdir -p "$(dirname "$TORCH_VENV")"
+  /usr/bin/python3 -m venv "$TORCH_VENV"
+  if ! "$TORCH_VENV/bin/pip" install -q --progress-bar off "$TORCH_SPEC" "${VENV_PACKAGES[@]}"; then
+    echo "setup: ERROR: could not install $TORCH_SPEC into $TORCH_VENV (no access to the package index?)" >&2
+    exit 1
+  fi
+  echo "setup: torch venv ready at $TORCH_VENV"
 fi

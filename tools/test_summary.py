@@ -3,8 +3,8 @@
 
 Reads the transcript on stdin (it is echoed through), then prints
     tests: N passed, M failed
-counting Catch2 test cases from each target's test.log (a target without a
-Catch2 summary counts as one test). A target that did not pass (FAILED,
+counting Catch2 test cases and pytest tests (its closing "N passed, M failed"
+line) from each target's test.log (a target with neither counts as one test). A target that did not pass (FAILED,
 TIMEOUT, NO STATUS, FAILED TO BUILD) without a Catch2 failure count counts
 as one failure. A log line "MUSTER_TEST_SKIPPED: reason" marks a skipped
 test (e.g. a GPU test on a machine without a GPU); skips are listed above
@@ -19,6 +19,22 @@ ALL_PASSED = re.compile(r"All tests passed \((\d+) assertions? in (\d+) test cas
 SOME_FAILED = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) passed \|\s+(\d+) failed")
 ONLY_FAILED = re.compile(r"test cases:\s+(\d+) \|\s+(\d+) failed")
 SKIP = re.compile(r"MUSTER_TEST_SKIPPED: (.*)")
+# pytest's closing line, e.g. "==== 3 failed, 40 passed, 2 skipped in 61.2s ====".
+PYTEST = re.compile(r"^=* ?((?:\d+ (?:passed|failed|errors?|skipped|xfailed|xpassed|"
+                    r"deselected|warnings?)(?:, )?)+) in [\d.]+s", re.M)
+
+
+def pytest_counts(text):
+    """(passed, failed, skipped) from pytest's last closing line, or None."""
+    found = PYTEST.findall(text)
+    if not found:
+        return None
+    counts = {}
+    for part in found[-1].split(", "):
+        n, word = part.split(" ", 1)
+        counts[word.rstrip("s") if word != "passed" else word] = int(n)
+    failed = counts.get("failed", 0) + counts.get("error", 0) + counts.get("xpassed", 0)
+    return counts.get("passed", 0), failed, counts.get("skipped", 0)
 
 
 def log_path(testlogs, label):
@@ -48,6 +64,14 @@ def main():
         for s in skips:
             skipped.append(f"{label}: {s}")
         ok = status in ("PASSED", "FLAKY")
+        if (py := pytest_counts(text)) is not None:
+            passed += py[0]
+            failed += py[1] + (0 if ok or py[1] else 1)
+            if py[2]:
+                skipped.append(f"{label}: {py[2]} pytest test(s) skipped (see its test.log)")
+            if not ok and not py[1]:
+                print(f"test_summary: {label} {status}", file=sys.stderr)
+            continue
         if ok and skips and not ALL_PASSED.search(text):
             continue  # a skipped test is neither a pass nor a failure
         if (m2 := ALL_PASSED.search(text)) and ok:
