@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gpu_check.sh: everything to run on a machine with NVIDIA GPUs, in one go
-# and within about 8 minutes (every phase has its own time limit):
+# and within about 11 minutes (every phase has its own time limit):
 #
 #   1. build   (if bazel is present and no --prebuilt): the GPU binaries and
 #              tests with -c opt (override with BAZEL_FLAGS)            <= 170 s
@@ -9,6 +9,12 @@
 #              the prebuilt test binaries directly                       <= 170 s
 #   4. bench   muster-bench collectives --device cuda (in-process NCCL vs
 #              through musterd, all_reduce 4 B .. 256 MiB)               <= 110 s
+#   5. torch   the torch.distributed backend "muster" on CUDA tensors: builds
+#              the backend against the machine's torch (python3, or
+#              $GPU_PYTHON; needs pybind11 and ninja), then one rank per GPU
+#              under muster-run runs tools/gpu_torch_check.py: collectives
+#              checked on the host, a DDP step, all_reduce latency vs torch's
+#              own nccl backend                                          <= 200 s
 #
 # and writes a Markdown summary (--out FILE, default gpu_check_summary.md)
 # with the test results and the side-by-side benchmark table with ratios.
@@ -19,11 +25,12 @@
 #                                      # binaries into DIR for --prebuilt
 #
 # --prebuilt DIR is a tree laid out like bazel-bin (DIR/daemon/musterd,
-# DIR/tools/{musterctl,muster-bench}, DIR/backends/nccl/{muster-gpu-info,
-# muster-gpu-rank,muster-bench-gpu,gpu_smoke_test,gpu_collectives_test,
-# gpu_abort_test} and _solib_k8/); --pack makes one. The machine still needs the Debian
-# libraries tools/setup.sh installs and the CUDA/NCCL libraries at
-# /usr/local/cuda.
+# DIR/tools/{musterctl,muster-bench,muster-run}, DIR/client/libmuster.so,
+# DIR/backends/nccl/{muster-gpu-info, muster-gpu-rank,muster-bench-gpu,
+# gpu_smoke_test,gpu_collectives_test, gpu_abort_test} and _solib_k8/); --pack
+# makes one, with DIR/syslib/ holding the Debian libraries the binaries link
+# (gRPC, protobuf, Abseil, Gloo, ...), used only where the machine lacks them.
+# The CUDA/NCCL libraries come from /usr/local/cuda (or the machine's own).
 #
 # Exit status: 0 when every test passed and the benchmark ran and verified;
 # 1 when something failed; 2 when there is no usable GPU (with a message
@@ -47,7 +54,7 @@ while [ $# -gt 0 ]; do
     --pack=*) PACK=${1#--pack=}; shift ;;
     --bench-args) BENCH_ARGS=$2; shift 2 ;;
     --bench-args=*) BENCH_ARGS=${1#--bench-args=}; shift ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0"; exit 0 ;;
     *) echo "gpu_check: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -56,11 +63,13 @@ case "$OUT" in /*) ;; *) OUT="$ROOT/$OUT" ;; esac
 TARGETS=(//backends/nccl:muster-gpu-info //backends/nccl:muster-gpu-rank
          //backends/nccl:muster-bench-gpu //backends/nccl:gpu_smoke_test
          //backends/nccl:gpu_collectives_test //backends/nccl:gpu_abort_test
-         //daemon:musterd //tools:musterctl //tools:muster-bench)
+         //daemon:musterd //tools:musterctl //tools:muster-bench
+         //tools:muster-run //client:libmuster.so)
 FILES=(backends/nccl/muster-gpu-info backends/nccl/muster-gpu-rank
        backends/nccl/muster-bench-gpu backends/nccl/gpu_smoke_test
        backends/nccl/gpu_collectives_test backends/nccl/gpu_abort_test
-       backends/nccl/libmuster_cuda.so daemon/musterd tools/musterctl tools/muster-bench)
+       backends/nccl/libmuster_cuda.so daemon/musterd tools/musterctl tools/muster-bench
+       tools/muster-run client/libmuster.so)
 
 say() { echo "gpu_check: $*" >&2; }
 
@@ -80,6 +89,18 @@ if [ -n "$PACK" ]; then
   for d in "$BIN"/_solib_k8/*; do
     case "$d" in *local_Ucuda*) continue ;; esac
     cp -rL "$d" "$PACK/_solib_k8/" || exit 1
+  done
+  # The Debian libraries they link (not glibc, libstdc++ or CUDA: those are
+  # the machine's), for a GPU machine that lacks them.
+  rm -rf "$PACK/syslib" && mkdir -p "$PACK/syslib"
+  for f in "${FILES[@]}"; do
+    LD_LIBRARY_PATH="$BIN/_solib_k8" ldd "$BIN/$f" 2>/dev/null | awk '$3 ~ /^\// {print $3}'
+  done | sort -u | while read -r lib; do
+    case "$(basename "$lib")" in
+      libc.so*|libm.so*|libdl.so*|libpthread.so*|librt.so*|ld-linux*|libstdc++*|libgcc_s*) ;;
+      libcuda*|libnccl*|libcudart*|libnvidia*) ;;
+      *) case "$lib" in "$BIN"/*) ;; *) cp -L "$lib" "$PACK/syslib/" || exit 1 ;; esac ;;
+    esac
   done
   say "binaries in $PACK; on the GPU machine: tools/gpu_check.sh --prebuilt $PACK"
   exit 0
@@ -105,7 +126,8 @@ phase() { say "== $1 ($(($(date +%s) - START)) s so far)"; }
 if [ -n "$PREBUILT" ]; then
   BIN=$(cd "$PREBUILT" && pwd) || { say "--prebuilt $PREBUILT: no such folder"; exit 2; }
   BUILD_NOTE="prebuilt binaries from $BIN"
-  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # The machine's own libraries first; the packed Debian ones where it has none.
+  export LD_LIBRARY_PATH=/usr/local/cuda/lib64:/usr/local/cuda/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}:$BIN/syslib
 elif command -v bazel >/dev/null; then
   phase "build"
   # shellcheck disable=SC2086
@@ -194,6 +216,28 @@ BENCH_RC=$?
 cat "$LOG/bench.txt"
 [ "$BENCH_RC" = 0 ] || { STATUS=1; tail -20 "$LOG/bench.err" >&2; }
 
+# 5. torch.distributed backend "muster" on CUDA tensors.
+phase "torch"
+GPU_PYTHON=${GPU_PYTHON:-python3}
+TORCH_RC=0
+export MUSTER_LIBRARY="$BIN/client/libmuster.so"
+export MUSTER_TORCH_BUILD_DIR="$LOG/torch-build"
+export PYTHONPATH="$ROOT/python${PYTHONPATH:+:$PYTHONPATH}"
+if ! timeout 120 "$GPU_PYTHON" -c 'import muster.torch as m; m.build()' >"$LOG/torch_build.txt" 2>&1; then
+  TORCH_RC=1
+  tail -20 "$LOG/torch_build.txt" >&2
+  say "building the torch backend failed (log above)"
+else
+  NGPU=$(timeout 20 "$GPU_PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+  [ "${NGPU:-0}" -ge 1 ] || NGPU=1
+  MUSTER_SOCKET="$LOG/nobody.sock" timeout 80 "$BIN/tools/muster-run" --nproc-per-node "$NGPU" \
+    --musterd "$BIN/daemon/musterd" -- "$GPU_PYTHON" "$ROOT/tools/gpu_torch_check.py" \
+    >"$LOG/torch.txt" 2>&1
+  TORCH_RC=$?
+fi
+grep -E 'RESULT|gpu_torch_check' "$LOG/torch.txt" 2>/dev/null >&2
+[ "$TORCH_RC" = 0 ] || { STATUS=1; tail -30 "$LOG/torch.txt" >&2 2>/dev/null; }
+
 # Summary.
 {
   echo "# GPU check"
@@ -236,6 +280,15 @@ cat "$LOG/bench.txt"
   echo "JSON lines:"
   echo
   grep '^{' "$LOG/bench.txt" | sed 's/^/    /'
+  echo
+  echo "## torch backend \"muster\" on CUDA tensors (tools/gpu_torch_check.py, exit $TORCH_RC)"
+  echo
+  if [ -f "$LOG/torch.txt" ]; then
+    grep -E 'RESULT|gpu_torch_check' "$LOG/torch.txt" | sed 's/^/    /'
+    [ "$TORCH_RC" = 0 ] || tail -30 "$LOG/torch.txt" | sed 's/^/    /'
+  else
+    tail -20 "$LOG/torch_build.txt" | sed 's/^/    /'
+  fi
   echo
   echo "## Verdict"
   echo
