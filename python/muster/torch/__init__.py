@@ -1,0 +1,127 @@
+"""The torch.distributed backend "muster".
+
+    import muster.torch  # registers the backend "muster"
+    torch.distributed.init_process_group("muster")
+
+Every torch group becomes a muster group of the same name (the default group
+is muster's world group), so `musterctl groups` shows a torch job's groups,
+and a dead rank, a desynchronized collective or a group that never forms is
+an error naming the ranks instead of a hang.
+
+Works with torch 1.13 (Debian's; CPU only) and torch 2.x (CPU and CUDA
+tensors). The C++ part is compiled on first import, once per torch version
+and Python, into ~/.cache/muster/torch-<torch version>-<python tag>
+(MUSTER_TORCH_BUILD_DIR overrides), with torch.utils.cpp_extension and ninja;
+no Bazel is needed, only libmuster.so (MUSTER_LIBRARY, or bazel-bin/client/)
+and muster.h from this source tree (MUSTER_INCLUDE_DIR overrides). See
+_build.py and USAGE.md.
+
+Launch with muster-run, or with torchrun next to a running musterd (see
+_options.py for how the job's store is found).
+
+Semantics worth knowing:
+  * Non-contiguous input tensors are copied; non-contiguous output (or
+    in-place) tensors are an error.
+  * Per-call timeouts in c10d options are ignored: muster applies the group's
+    timeout (the one given to init_process_group / new_group).
+  * recv without a source (recv from any rank) is not supported.
+  * torch.distributed.monitored_barrier only runs on gloo; use
+    muster.torch.monitored_barrier.
+  * The default group should use "muster" (muster's world is joined by every
+    rank when the default group is created).
+"""
+
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+
+from muster.torch import _build
+from muster.torch import _options
+
+__all__ = ["build", "monitored_barrier", "muster_group", "BACKEND_NAME"]
+
+BACKEND_NAME = "muster"
+_TORCH_MAJOR = int(torch.__version__.split(".")[0])
+
+
+def build():
+    """Builds the C++ extension if needed and loads it; returns the module."""
+    return _build.load()
+
+
+def _daemon_store_port(socket):
+    return build().daemon_store_port(socket or "")
+
+
+def _group_name(pg):
+    if _TORCH_MAJOR >= 2:
+        return pg.group_name
+    return dist.distributed_c10d._pg_names[pg]
+
+
+def _timeout_seconds(timeout):
+    if isinstance(timeout, datetime.timedelta):
+        return timeout.total_seconds()
+    return float(timeout)
+
+
+def _create_backend(opts, pg_options=None):
+    """torch's creator for "muster" (extended_api: gets DistributedBackendOptions)."""
+    ext = build()
+    ranks = [int(r) for r in opts.global_ranks_in_group]
+    timeout_s = _timeout_seconds(opts.timeout)
+    if not ranks:  # the default group
+        rank, size, world_name = opts.group_rank, opts.group_size, opts.group_id
+    else:
+        default = dist.distributed_c10d._get_default_group()
+        rank, size, world_name = dist.get_rank(), dist.get_world_size(), _group_name(default)
+    world = {}
+    if not ext.world_joined():
+        world = _options.world_init_options(rank, size, world_name, timeout_s, os.environ,
+                                            _daemon_store_port)
+    return ext.create_backend(opts.group_rank, opts.group_size, str(opts.group_id), ranks,
+                              timeout_s, world)
+
+
+def _backend(group):
+    pg = group if group is not None else dist.distributed_c10d._get_default_group()
+    if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("muster: this rank is not a member of the group")
+    if _TORCH_MAJOR >= 2:
+        return pg._get_backend(torch.device("cpu"))
+    return pg
+
+
+def muster_group(group=None):
+    """The muster.Group of a torch group (default: the default group)."""
+    import muster
+    handle = build().group_handle(_backend(group))
+    return muster.Group.from_handle(handle)
+
+
+def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+    """c10d's monitored_barrier on a "muster" group.
+
+    Raises RuntimeError (DEADLINE_EXCEEDED) naming every rank that did not
+    arrive within `timeout` (a timedelta; default: the group's timeout).
+    muster always names all missing ranks, so wait_all_ranks is ignored.
+    """
+    del wait_all_ranks
+    timeout_s = 0.0 if timeout is None else _timeout_seconds(timeout)
+    build().monitored_barrier(_backend(group), timeout_s)
+
+
+def _register():
+    if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
+        return
+    if _TORCH_MAJOR >= 2:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True,
+                                      devices=["cpu", "cuda"])
+    else:
+        dist.Backend.register_backend(BACKEND_NAME, _create_backend, extended_api=True)
+
+
+build()
+_register()
