@@ -84,3 +84,18 @@ def run_job(nproc, script, args=(), env=None, timeout=180, launcher_args=()):
                 ex.stdout or "")
             pytest.fail(f"job {script} did not finish within {timeout} s; output:\n{out}")
         return Job(p.returncode, p.stdout)
+
+
+# ---- the torch backend (test_torch_*.py) ----------------------------------
+
+
+@pytest.fixture(scope="session")
+def torch_backend():
+    """Builds muster.torch's C++ extension once (for this interpreter's torch)
+    before any rank process imports it; returns the extension's path."""
+    p = subprocess.run([sys.executable, "-c", "import muster.torch as m; print(m.build().__file__)"],
+                       env=rank_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=600, stdin=subprocess.DEVNULL)
+    if p.returncode != 0:
+        pytest.fail(f"building the torch backend failed:\n{p.stdout}")
+    return p.stdout.strip().splitlines()[-1]

@@ -16,6 +16,11 @@ Environment:
   MUSTER_TORCH_VERBOSE=1  show the compiler's output
 """
 
+import contextlib
+import hashlib
+import importlib.util
+import io
+import json
 import logging
 import os
 import sys
@@ -76,12 +81,45 @@ def build_dir():
     return os.path.join(root, "torch-%s-%s" % (torch.__version__, tag))
 
 
-def _up_to_date(directory):
-    so = os.path.join(directory, _NAME + ".so")
-    if not os.path.exists(so):
-        return False
-    built = os.path.getmtime(so)
-    return all(os.path.getmtime(p) <= built for p in _SOURCES + _HEADERS)
+_CFLAGS = ["-O2", "-std=c++17", "-Wno-unused-parameter"]
+
+
+def _build_key(lib, include):
+    """What the built extension depends on, hashed."""
+    import torch
+    h = hashlib.sha256()
+    for p in _SOURCES + _HEADERS + [os.path.join(include, "muster", "muster.h")]:
+        with open(p, "rb") as f:
+            h.update(f.read())
+    for part in (lib, include, torch.__version__, sys.version, " ".join(_CFLAGS)):
+        h.update(b"\0" + part.encode())
+    return h.hexdigest()
+
+
+def _stamp_path(directory):
+    return os.path.join(directory, "muster_stamp.json")
+
+
+def _load_built(directory, key):
+    """The already built extension if its stamp matches `key`, else None."""
+    try:
+        with open(_stamp_path(directory)) as f:
+            stamp = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if stamp.get("key") != key or not os.path.exists(stamp.get("so", "")):
+        return None
+    spec = importlib.util.spec_from_file_location(stamp["name"], stamp["so"])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _write_stamp(directory, key, module):
+    tmp = "%s.%d" % (_stamp_path(directory), os.getpid())
+    with open(tmp, "w") as f:
+        json.dump({"key": key, "name": module.__name__, "so": module.__file__}, f)
+    os.replace(tmp, _stamp_path(directory))
 
 
 def _ninja_on_path():
@@ -113,40 +151,52 @@ def load():
                 "//client:libmuster.so`, or set MUSTER_LIBRARY)" % lib)
         directory = build_dir()
         os.makedirs(directory, exist_ok=True)
-        lock = os.path.join(directory, "lock")
-        try:
-            if time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
-                os.remove(lock)
-        except OSError:
-            pass
-        verbose = os.environ.get("MUSTER_TORCH_VERBOSE") == "1"
-        if not _up_to_date(directory):
-            version = ".".join(torch.__version__.split(".")[:2])
-            sys.stderr.write("muster: building the torch backend for torch %s (once)…\n" % version)
-            sys.stderr.flush()
-        _ninja_on_path()
-        # cpp_extension warns about a missing CUDA runtime on every import; the
-        # extension has no CUDA code.
-        log = logging.getLogger("torch.utils.cpp_extension")
-        level = log.level
-        log.setLevel(logging.ERROR)
-        try:
-            from torch.utils import cpp_extension
-            lib_dir = os.path.dirname(lib)
-            _module = cpp_extension.load(
-                name=_NAME,
-                sources=_SOURCES,
-                extra_include_paths=[include_dir(), os.path.join(_HERE, "csrc")],
-                extra_cflags=["-O2", "-std=c++17", "-Wno-unused-parameter"],
-                extra_ldflags=["-L" + lib_dir, "-l:" + os.path.basename(lib),
-                               "-Wl,-rpath," + lib_dir],
-                build_directory=directory,
-                verbose=verbose,
-            )
-        finally:
-            log.setLevel(level)
+        include = include_dir()
+        key = _build_key(lib, include)
+        module = _load_built(directory, key)
+        if module is None:
+            module = _compile(directory, lib, include)
+            _write_stamp(directory, key, module)
+        _module = module
         if _module.library_api_version() != _module.C_API_VERSION:
             raise RuntimeError(
                 "muster: %s speaks C API version %d, the torch backend was built for %d"
                 % (lib, _module.library_api_version(), _module.C_API_VERSION))
         return _module
+
+
+def _compile(directory, lib, include):
+    """Builds and imports the extension with cpp_extension (ninja). Processes
+    building at once take turns on cpp_extension's lock file."""
+    import torch
+    verbose = os.environ.get("MUSTER_TORCH_VERBOSE") == "1"
+    version = ".".join(torch.__version__.split(".")[:2])
+    sys.stderr.write("muster: building the torch backend for torch %s (once)…\n" % version)
+    sys.stderr.flush()
+    lock = os.path.join(directory, "lock")
+    try:
+        if time.time() - os.path.getmtime(lock) > _STALE_LOCK_S:
+            os.remove(lock)
+    except OSError:
+        pass
+    _ninja_on_path()
+    # Importing cpp_extension complains about the missing CUDA runtime (a
+    # print on 1.13, a log line on 2.x); the extension has no CUDA code.
+    log = logging.getLogger("torch.utils.cpp_extension")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        with contextlib.redirect_stderr(io.StringIO()), contextlib.redirect_stdout(io.StringIO()):
+            from torch.utils import cpp_extension
+        lib_dir = os.path.dirname(lib)
+        return cpp_extension.load(
+            name=_NAME,
+            sources=_SOURCES,
+            extra_include_paths=[include, os.path.join(_HERE, "csrc")],
+            extra_cflags=_CFLAGS,
+            extra_ldflags=["-L" + lib_dir, "-l:" + os.path.basename(lib), "-Wl,-rpath," + lib_dir],
+            build_directory=directory,
+            verbose=verbose,
+        )
+    finally:
+        log.setLevel(level)
