@@ -6,9 +6,10 @@ libmuster.so comes from, first match wins:
   2. <repo>/bazel-bin/client/libmuster.so (the one Bazel built);
   3. `bazel build //client:libmuster.so` run in the repository, when
      bazel is on PATH.
-It is copied into the package (muster/libmuster.so). The torch backend is
-compiled later, on first `import muster.torch`, against whatever torch the
-environment has (see muster/torch).
+It is copied into the package (muster/libmuster.so), with the C API's header
+(muster/include/muster/muster.h). The torch backend is compiled later, on
+first `import muster.torch`, against whatever torch the environment has and
+that header (see muster/torch).
 """
 import os
 import shutil
@@ -49,6 +50,9 @@ class BuildWithLibrary(build_py):
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(lib, dest)
         os.chmod(dest, 0o755)
+        header = Path(self.build_lib) / "muster" / "include" / "muster" / "muster.h"
+        header.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(REPO / "client" / "include" / "muster" / "muster.h", header)
         print(f"muster setup: packaged {lib}")
 
 
