@@ -480,14 +480,15 @@ def mode_ddp(steps):
     dist.init_process_group("muster", timeout=datetime.timedelta(seconds=60))
     gloo = dist.new_group(backend="gloo")
     results = {}
+    initial = torch.cat([p.detach().flatten() for p in torch_ddp.make_model().parameters()])
     for name, group in [("muster", None), ("gloo", gloo)]:
         model = DDP(torch_ddp.make_model(), process_group=group)
         losses = torch_ddp.train(model, RANK, steps)
         params = torch.cat([p.detach().flatten() for p in model.parameters()])
-        results[name] = (losses, params.tolist())
+        results[name] = (losses, params.tolist(), (params - initial).abs().max().item())
     report("ddp", steps=steps, muster_losses=results["muster"][0],
            gloo_losses=results["gloo"][0], muster_params=results["muster"][1],
-           gloo_params=results["gloo"][1])
+           gloo_params=results["gloo"][1], muster_moved=results["muster"][2])
     dist.destroy_process_group()
 
 
@@ -510,6 +511,7 @@ def mode_kill(out_dir):
     t = torch.ones(4)
     dist.all_reduce(t)
     victim = WORLD - 1
+    survivors = dist.new_group(list(range(WORLD - 1)))
     if RANK == victim:
         info = {"rank": RANK, "pid": os.getpid(), "host": socket.gethostname()}
         time.sleep(1.0)  # the others are waiting in their all_reduce by now
@@ -522,7 +524,12 @@ def mode_kill(out_dir):
     first = timed(pending.wait)
     second = timed(lambda: dist.all_reduce(torch.ones(4)))
     third = timed(lambda: dist.broadcast(torch.ones(2), src=0))
-    result = {"rank": RANK, "pending": first, "next": second, "broadcast": third}
+    # A group without the dead rank goes on working.
+    s = torch.ones(2)
+    fourth = timed(lambda: dist.all_reduce(s, group=survivors))
+    fourth["value"] = as_list(s)
+    result = {"rank": RANK, "pending": first, "next": second, "broadcast": third,
+              "survivors_group": fourth}
     tmp = out_dir / f"rank{RANK}.json.tmp"
     tmp.write_text(json.dumps(result))
     tmp.rename(out_dir / f"rank{RANK}.json")

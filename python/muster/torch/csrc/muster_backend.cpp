@@ -362,26 +362,29 @@ void MusterWork::Settle() {
     }
   }
   {
+    // The future first (as gloo does): once wait() returns or isCompleted()
+    // says so, the future is complete too. A CUDA future records its events
+    // on the current stream: make that the collective's stream.
+    c10::OptionalStreamGuard guard(stream_.has_value() ? c10::optional<c10::Stream>(*stream_)
+                                                       : c10::optional<c10::Stream>());
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
     exception_ = error;
   }
   cv_.notify_all();
-  // A CUDA future records its events on the current stream: make that the
-  // collective's stream.
-  c10::OptionalStreamGuard guard(stream_.has_value() ? c10::optional<c10::Stream>(*stream_)
-                                                     : c10::optional<c10::Stream>());
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
-  }
 }
 
 bool MusterWork::isCompleted() {
   {
-    std::lock_guard<std::mutex> lock(state_mu_);
-    if (settled_) return true;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (completed_) return true;
   }
   for (size_t i = 0; i < handles_.size(); ++i) {
     if (!muster_work_is_completed(handles_[i])) return false;
@@ -392,7 +395,8 @@ bool MusterWork::isCompleted() {
     int code = muster_work_wait(handles_[i], -1);
     HandleDone(i, code, code == MUSTER_OK ? "" : muster_last_error());
   }
-  return true;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return completed_;
 }
 
 bool MusterWork::isSuccess() const {
@@ -406,29 +410,30 @@ std::exception_ptr MusterWork::exception() const {
 }
 
 bool MusterWork::wait(std::chrono::milliseconds timeout) {
-  using Clock = std::chrono::steady_clock;
-  const bool forever = timeout == kNoTimeout;
-  const auto deadline = Clock::now() + timeout;
-  for (size_t i = 0; i < handles_.size(); ++i) {
-    double left = -1;
-    if (!forever) {
-      left = std::chrono::duration<double>(deadline - Clock::now()).count();
-      // muster reads 0 as "the default": wait a moment instead.
-      if (left <= 0) left = 1e-6;
+  if (timeout == kNoTimeout) {
+    // muster_work_wait lets this thread run the collective itself (no
+    // hand-off to the group's executor).
+    for (size_t i = 0; i < handles_.size(); ++i) {
+      int code = muster_work_wait(handles_[i], -1);
+      HandleDone(i, code, code == MUSTER_OK ? "" : muster_last_error());
     }
-    int code = muster_work_wait(handles_[i], left);
-    if (code != MUSTER_OK && !muster_work_is_completed(handles_[i])) {
-      throw MakeError(c10::str("muster: ", what_, ": wait timed out after ", timeout.count(),
-                               " ms: ", Describe(code, muster_last_error()),
-                               " (the collective goes on)"));
+  } else {
+    // A waiter running the collective itself would be held until the
+    // collective ends, past `timeout`: wait for the completion callbacks
+    // instead, which the group's executor delivers.
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+      throw MakeError(c10::str("muster: ", what_, ": ", muster_code_name(MUSTER_DEADLINE_EXCEEDED),
+                               ": not completed within the wait timeout of ", timeout.count(),
+                               " ms (the collective goes on; wait again or fail)"));
     }
-    HandleDone(i, code, code == MUSTER_OK ? "" : muster_last_error());
   }
-  // Settled by the loop above (or earlier); the lock orders us after it.
+  // Every handle is done: whoever saw the last one settles the Work (maybe
+  // the completion thread, a moment from now).
   std::exception_ptr error;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    TORCH_INTERNAL_ASSERT(completed_, "muster: work not settled after wait");
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait(lock, [this] { return completed_; });
     error = exception_;
   }
   if (error) std::rethrow_exception(error);
