@@ -52,6 +52,14 @@ def test_musterctl_shows_torch_group_names(errors):
     sub = next(g for g in groups if g["name"] == sub_name)
     assert [m["global_rank"] for m in sub["members"]] == [0, 1]
     assert sub["local_synchronization"] is True
+    assert sub["state"] == "ready"
+
+
+def test_destroy_process_group_destroys_the_muster_group(errors):
+    (r,) = by_rank(errors, "musterctl_after_destroy").values()
+    assert r["returncode"] == 0, r
+    groups = {g["name"]: g for g in json.loads(r["stdout"])}
+    assert groups[r["name"]]["state"] == "destroyed", groups
 
 
 EXPECTED_ERRORS = {

@@ -15,6 +15,7 @@ Each check prints `RESULT {json}` with the rank and check name; values are
 lists (complex tensors as their real view). The tests compute what to expect.
 """
 import datetime
+import gc
 import json
 import os
 import signal
@@ -553,14 +554,26 @@ def mode_errors(musterctl):
     # musterctl shows torch's group names while the job runs.
     sub = dist.new_group([0, 1])
     dist.barrier()
-    if RANK == 0:
+    def groups():
         p = subprocess.run([musterctl, "--socket", os.environ["MUSTER_SOCKET"], "--json",
                             "groups", "--job", os.environ["MUSTER_JOB_ID"]],
                            capture_output=True, text=True, timeout=30)
-        report("musterctl", returncode=p.returncode, stdout=p.stdout, stderr=p.stderr,
-               torch_names=[group_name(None), group_name(sub)],
-               muster_group_name=muster.torch.muster_group().name)
+        return {"returncode": p.returncode, "stdout": p.stdout, "stderr": p.stderr}
+
+    sub_name = group_name(sub) if sub != dist.GroupMember.NON_GROUP_MEMBER else None
+    if RANK == 0:
+        report("musterctl", torch_names=[group_name(None), sub_name],
+               muster_group_name=muster.torch.muster_group().name, **groups())
     dist.barrier()
+    # destroy_process_group(sub) destroys the muster group (1.13 drops the
+    # backend with its last reference).
+    if sub != dist.GroupMember.NON_GROUP_MEMBER:
+        dist.destroy_process_group(sub)
+    del sub
+    gc.collect()
+    dist.barrier()
+    if RANK == 0:
+        report("musterctl_after_destroy", name=sub_name, **groups())
 
     # Bad arguments: clear errors, and the group still works afterwards.
     bad = {

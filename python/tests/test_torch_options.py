@@ -1,0 +1,79 @@
+"""How the torch backend joins muster's job under each launcher
+(muster/torch/_options.py; pure Python, no ranks)."""
+import importlib.util
+
+import pytest
+
+from conftest import REPO
+
+
+def _load():
+    path = REPO / "python" / "muster" / "torch" / "_options.py"
+    spec = importlib.util.spec_from_file_location("muster_torch_options", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+options = _load()
+BASE = {"rank": 1, "world_size": 2, "world_group_name": "0", "timeout_s": 60.0,
+        "backend": "cpu:gloo,cuda:nccl"}
+
+
+def resolve(env, port=4242):
+    asked = []
+
+    def store_port(socket):
+        asked.append(socket)
+        return port
+
+    return options.world_init_options(1, 2, "0", 60, env, store_port), asked
+
+
+def test_muster_run_leaves_everything_to_the_environment():
+    env = {"MUSTER_JOB_ID": "run-7", "TORCHELASTIC_RUN_ID": "run-7", "MASTER_ADDR": "10.0.0.1",
+           "MASTER_PORT": "29500", "MUSTER_SOCKET": "/s"}
+    got, asked = resolve(env)
+    assert got == BASE and asked == []
+
+
+def test_torchrun_uses_the_run_id_and_the_local_musterds_store():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29400",
+           "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MUSTER_SOCKET": "/tmp/m.sock"}
+    got, asked = resolve(env)
+    assert got == dict(BASE, job_id="abc", master_addr="127.0.0.1", master_port=4242)
+    assert asked == ["/tmp/m.sock"]  # not torchrun's MASTER_PORT
+
+
+def test_torchrun_store_from_muster_store_variables():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+           "MUSTER_STORE_ADDR": "node0", "MUSTER_STORE_PORT": "29555"}
+    got, asked = resolve(env)
+    assert got == dict(BASE, job_id="abc", master_addr="node0", master_port=29555)
+    assert asked == []
+
+
+def test_torchrun_on_several_nodes_needs_muster_store_addr():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    with pytest.raises(RuntimeError, match="MUSTER_STORE_ADDR"):
+        resolve(env)
+
+
+def test_torchrun_store_addr_without_port_asks_the_local_musterd():
+    env = {"TORCHELASTIC_RUN_ID": "abc", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4",
+           "MUSTER_STORE_ADDR": "node0"}
+    got, asked = resolve(env, port=29501)
+    assert got["master_addr"] == "node0" and got["master_port"] == 29501
+    assert asked == [""]  # musterd's default socket
+
+
+def test_plain_env_uses_master_addr_and_port():
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29510"}
+    got, asked = resolve(env)
+    assert got == BASE and asked == []
+
+
+def test_plain_env_with_muster_store_override():
+    env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "MUSTER_STORE_PORT": "29510"}
+    got, asked = resolve(env)
+    assert got == dict(BASE, master_addr="127.0.0.1", master_port=29510)
