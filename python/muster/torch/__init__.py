@@ -89,9 +89,11 @@ def _backend(group):
     pg = group if group is not None else dist.distributed_c10d._get_default_group()
     if pg is None or pg == dist.GroupMember.NON_GROUP_MEMBER:
         raise ValueError("muster: this rank is not a member of the group")
-    if _TORCH_MAJOR >= 2:
-        return pg._get_backend(torch.device("cpu"))
-    return pg
+    backend = pg._get_backend(torch.device("cpu")) if _TORCH_MAJOR >= 2 else pg
+    # TORCH_DISTRIBUTED_DEBUG=DETAIL wraps backends in a checking wrapper.
+    while hasattr(backend, "wrapped_pg"):
+        backend = backend.wrapped_pg
+    return backend
 
 
 def muster_group(group=None):

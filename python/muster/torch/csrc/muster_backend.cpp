@@ -558,12 +558,27 @@ c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() { return futu
 // ---- MusterBackend ----------------------------------------------------------
 
 MusterBackend::MusterBackend(int rank, int size, muster_group* group,
-                             std::vector<int32_t> global_ranks, std::string name, bool is_world)
+                             std::vector<int32_t> global_ranks, std::string name, bool is_world,
+                             double timeout_s)
     : BackendBase(rank, size),
       global_ranks_(std::move(global_ranks)),
       name_(std::move(name)),
       is_world_(is_world),
-      group_(group) {}
+      timeout_s_(timeout_s),
+      group_(group) {
+  init();  // torch's usage logging of the backend
+}
+
+#if TORCH_VERSION_MAJOR >= 2
+c10::intrusive_ptr<c10d::Backend::Options> MusterBackend::getBackendOptions() {
+  auto timeout = timeout_s_ > 0 ? std::chrono::milliseconds(static_cast<int64_t>(timeout_s_ * 1000))
+                                : kBackendDefaultTimeout;
+  auto options = c10::make_intrusive<Options>("muster", timeout);
+  options->group_name = name_;
+  options->global_ranks_in_group.assign(global_ranks_.begin(), global_ranks_.end());
+  return options;
+}
+#endif
 
 MusterBackend::~MusterBackend() { Shutdown(); }
 
@@ -628,7 +643,7 @@ c10::intrusive_ptr<MusterBackend> MusterBackend::Create(int group_rank, int grou
               " in torch");
   ++live_backends;
   return c10::make_intrusive<MusterBackend>(group_rank, group_size, group, std::move(ranks),
-                                            group_id, is_world);
+                                            group_id, is_world, timeout_s);
 }
 
 void MusterBackend::Shutdown() {
@@ -678,6 +693,7 @@ c10::intrusive_ptr<MusterWork> MusterBackend::Launch(c10d::OpType op, const char
   {
     std::lock_guard<std::mutex> lock(mu_);
     TORCH_CHECK(group_ != nullptr, "muster ", What(what), ": the group was destroyed");
+    ++calls_;
     int code = call(group_, &handle);
     if (code != MUSTER_OK || handle == nullptr) {
       ThrowLast(What(what), code == MUSTER_OK ? MUSTER_INTERNAL : code);

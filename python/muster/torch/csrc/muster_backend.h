@@ -22,6 +22,7 @@
 #include <c10/core/Stream.h>
 #include <torch/version.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <exception>
@@ -146,7 +147,7 @@ class MusterBackend : public BackendBase {
  public:
   // Takes one reference of `group`. `global_ranks[i]` is group rank i.
   MusterBackend(int rank, int size, muster_group* group, std::vector<int32_t> global_ranks,
-                std::string name, bool is_world);
+                std::string name, bool is_world, double timeout_s);
   ~MusterBackend() override;
 
   // Joins the job if needed and creates (or, for the default group, takes)
@@ -199,6 +200,11 @@ class MusterBackend : public BackendBase {
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // The number of calls this backend issued (c10d's debug wrapper, under
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL, reads it); muster keeps its own per-group
+  // sequence numbers for desync detection.
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override { return calls_.load(); }
 
 #if TORCH_VERSION_MAJOR >= 2
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
@@ -211,6 +217,7 @@ class MusterBackend : public BackendBase {
   void startCoalescing() override;
   c10::intrusive_ptr<c10d::Work> endCoalescing() override;
   void shutdown() override { Shutdown(); }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
 #else
   void startCoalescing() override;
   void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>>& reqs) override;
@@ -245,6 +252,8 @@ class MusterBackend : public BackendBase {
   const std::vector<int32_t> global_ranks_;
   const std::string name_;
   const bool is_world_;
+  const double timeout_s_;  // the group's timeout in torch (0: muster's default)
+  std::atomic<uint64_t> calls_{0};
 
   std::mutex mu_;
   muster_group* group_;                                    // guarded by mu_; null once shut down
