@@ -11,7 +11,7 @@ an error naming the ranks instead of a hang.
 Works with torch 1.13 (Debian's; CPU only) and torch 2.x (CPU and CUDA
 tensors). The C++ part is compiled on first import, once per torch version
 and Python, into ~/.cache/muster/torch-<torch version>-<python tag>
-(MUSTER_TORCH_BUILD_DIR overrides), with torch.utils.cpp_extension and ninja;
+(MUSTER_TORCH_BUILD_DIR replaces ~/.cache/muster), with torch.utils.cpp_extension and ninja;
 no Bazel is needed, only libmuster.so (MUSTER_LIBRARY, or bazel-bin/client/)
 and muster.h from this source tree (MUSTER_INCLUDE_DIR overrides). See
 _build.py and USAGE.md.

@@ -78,7 +78,8 @@ int ToMusterDType(at::ScalarType type, const char* what) {
 }
 
 // The muster descriptions of one call's tensors, and what the Work must keep
-// alive. All tensors of a call must be on one device.
+// alive. All tensors of a call must be on one device. One per call; not
+// thread-safe.
 class TensorSet {
  public:
   explicit TensorSet(std::string what) : what_(std::move(what)) {}
@@ -100,9 +101,6 @@ class TensorSet {
     keep_.push_back(t);
     return Describe(t);
   }
-
-  // Keeps an extra tensor (a temporary) alive with the Work.
-  void Keep(const at::Tensor& t) { keep_.push_back(t); }
 
   std::vector<at::Tensor> TakeKeep() { return std::move(keep_); }
   const std::optional<c10::Stream>& stream() const { return stream_; }
@@ -134,8 +132,8 @@ class TensorSet {
       d.device = MUSTER_DEVICE_CUDA;
       d.stream = stream_->native_handle();
 #else
-      TORCH_CHECK(false, "muster ", what_, ": CUDA tensors need torch 2.x (this torch ",
-                  TORCH_VERSION, " has no CUDA support in its c10d backends API)");
+      TORCH_CHECK(false, "muster ", what_, ": CUDA tensors need torch 2.x (this is torch ",
+                  TORCH_VERSION_MAJOR, ".", TORCH_VERSION_MINOR, ")");
 #endif
     } else {
       TORCH_CHECK(t.is_cpu(), "muster ", what_, ": tensors must be on cpu or cuda (got ",
@@ -749,11 +747,11 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::allreduce_coalesced(
   TensorSet ts(What(what));
   std::vector<muster_tensor> ms;
   for (auto& t : tensors) {
-    if (r.op == MUSTER_PREMUL_SUM) {
-      CheckPremulDType(t, what);
-      t.mul_(r.scale);
-    }
     ms.push_back(ts.Output(t));
+    if (r.op == MUSTER_PREMUL_SUM) CheckPremulDType(t, what);
+  }
+  if (r.op == MUSTER_PREMUL_SUM) {
+    for (auto& t : tensors) t.mul_(r.scale);
   }
   int op = r.op == MUSTER_PREMUL_SUM ? MUSTER_SUM : r.op;
   return Launch(

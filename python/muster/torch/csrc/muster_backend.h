@@ -111,11 +111,11 @@ class MusterWork : public c10d::Work {
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
 
   std::mutex state_mu_;
-  std::vector<bool> done_;  // guarded by state_mu_
-  size_t pending_;          // guarded by state_mu_
-  int first_error_code_ = MUSTER_OK;
-  std::string first_error_;  // guarded by state_mu_
-  bool settled_ = false;     // guarded by state_mu_
+  std::vector<bool> done_;            // guarded by state_mu_
+  size_t pending_;                    // guarded by state_mu_
+  int first_error_code_ = MUSTER_OK;  // guarded by state_mu_
+  std::string first_error_;           // guarded by state_mu_
+  bool settled_ = false;              // guarded by state_mu_
 };
 
 // The Work of endCoalescing: completes when every Work issued while
