@@ -62,8 +62,11 @@ def include_dir():
     """The directory holding muster/muster.h."""
     candidates = [
         os.environ.get("MUSTER_INCLUDE_DIR"),
-        os.path.join(os.path.dirname(_HERE), "include"),
-        os.path.join(_repo_root(), "client", "include"),
+        os.path.join(os.path.dirname(_HERE), "include"),  # an installed package
+        os.path.join(_repo_root(), "client", "include"),  # the source tree
+        # The source tree behind a tree of symlinks (Bazel's runfiles).
+        os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.realpath(__file__))))), "client", "include"),
     ]
     for c in candidates:
         if c and os.path.exists(os.path.join(c, "muster", "muster.h")):
