@@ -75,11 +75,13 @@ absl::Status Work::Wait(absl::Duration timeout) {
   absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   // A completed Work never touches its group again: it may outlive it (the
-  // group's destructor completes every Work it still holds).
+  // group's destructor completes every Work it still holds). Only a wait
+  // without a deadline runs queued collectives itself: one it ran could not
+  // be left at the deadline (the group's executor runs them otherwise).
   ProcessGroup* group = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (!done_) group = group_;
+    if (!done_ && timeout == absl::InfiniteDuration()) group = group_;
   }
   if (group != nullptr) group->RunUntil(this, deadline);
   absl::MutexLock lock(&mu_);

@@ -120,6 +120,19 @@ w.wait(timeout=30)
 report("async", completed=w.is_completed(), sequence=w.sequence, exception=w.exception(),
        value=x.tolist())
 
+# A wait with a timeout gives up at it while a peer is late (the collective
+# goes on and completes later).
+import time
+x = np.ones(2, dtype=np.float32)
+if r == n - 1:
+    time.sleep(1.5)
+w = g.all_reduce(x, async_op=True)
+t0 = time.monotonic()
+err = error_of(lambda: w.wait(timeout=0.3)) if r == 0 else None
+waited = time.monotonic() - t0
+w.wait()
+report("wait_timeout", error=err, waited=waited, value=x.tolist())
+
 # Errors: bad arguments raise and the group still works.
 report("err_band_float", error=error_of(lambda: g.all_reduce(np.ones(2, np.float32), op="band")))
 report("err_splits", error=error_of(lambda: g.all_to_all_single(

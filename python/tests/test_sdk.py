@@ -169,3 +169,11 @@ def test_store(job):
     assert v["app"] == "abcd"
     assert (v["cas_new"], v["cas_wrong"], v["cas_right"]) == ("one", "one", "two")
     assert (v["deleted"], v["deleted_again"]) == (True, False)
+
+
+def test_wait_with_a_timeout_gives_up_while_a_peer_is_late(job):
+    n, got = results(job, "wait_timeout")
+    e = got[0]["error"]
+    assert e is not None and e["type"] == "DeadlineExceededError", got[0]
+    assert got[0]["waited"] < 1.0, got[0]  # the late peer came after 1.5 s
+    assert all(v["value"] == [float(n)] * 2 for v in got.values())

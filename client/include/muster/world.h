@@ -108,6 +108,9 @@ class Work {
   bool IsCompleted() const;
   // Blocks until the collective completed or `timeout` passed
   // (DEADLINE_EXCEEDED; the collective itself goes on). Returns its status.
+  // Without a timeout the caller runs the group's queued collectives itself
+  // (two thread hand-offs fewer); with one, the group's executor runs them,
+  // so the wait can give up at its deadline.
   absl::Status Wait(absl::Duration timeout = absl::InfiniteDuration());
   // The result once completed; FAILED_PRECONDITION before.
   absl::Status status() const;

@@ -147,11 +147,18 @@ def load():
         if _module is not None:
             return _module
         import torch
-        lib = os.path.abspath(library_path())
+        lib = os.path.realpath(library_path())
         if not os.path.exists(lib):
             raise RuntimeError(
                 "muster: libmuster.so not found at %s (build it with `bazel build "
                 "//client:libmuster.so`, or set MUSTER_LIBRARY)" % lib)
+        # The SDK loads libmuster.so first, on its own (RTLD_LOCAL): its
+        # gRPC, protobuf and Gloo then bind among its own dependencies, not
+        # to the copies inside libtorch that the extension's dependency
+        # scope would offer; the extension then reuses that same copy (the
+        # same file), so handles pass between muster and muster.torch.
+        from muster import _capi
+        _capi.lib()
         directory = build_dir()
         os.makedirs(directory, exist_ok=True)
         include = include_dir()

@@ -305,10 +305,10 @@ MusterWork::~MusterWork() {
 }
 
 void MusterWork::Start() {
-  if (handles_.empty()) {
-    Settle();
-    return;
-  }
+  if (handles_.empty()) Settle();
+}
+
+void MusterWork::RegisterCallbacks() {
   for (size_t i = 0; i < handles_.size(); ++i) {
     c10::raw::intrusive_ptr::incref(this);
     auto* arg = new CallbackArg{this, i};
@@ -408,23 +408,23 @@ std::exception_ptr MusterWork::exception() const {
 }
 
 bool MusterWork::wait(std::chrono::milliseconds timeout) {
-  if (timeout == kNoTimeout) {
-    // muster_work_wait lets this thread run the collective itself (no
-    // hand-off to the group's executor).
-    for (size_t i = 0; i < handles_.size(); ++i) {
-      int code = muster_work_wait(handles_[i], -1);
-      HandleDone(i, code, code == MUSTER_OK ? "" : muster_last_error());
+  // muster_work_wait lets this thread run the collective itself (no hand-off
+  // to the group's executor) when it waits without a timeout; with one, the
+  // group's executor runs it and the wait gives up at the deadline.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (size_t i = 0; i < handles_.size(); ++i) {
+    double seconds = -1;
+    if (timeout != kNoTimeout) {
+      seconds = std::max(
+          1e-6, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
     }
-  } else {
-    // A waiter running the collective itself would be held until the
-    // collective ends, past `timeout`: wait for the completion callbacks
-    // instead, which the group's executor delivers.
-    std::unique_lock<std::mutex> lock(mutex_);
-    if (!cv_.wait_for(lock, timeout, [this] { return completed_; })) {
+    int code = muster_work_wait(handles_[i], seconds);
+    if (code != MUSTER_OK && !muster_work_is_completed(handles_[i])) {
       throw MakeError(c10::str("muster: ", what_, ": ", muster_code_name(MUSTER_DEADLINE_EXCEEDED),
                                ": not completed within the wait timeout of ", timeout.count(),
                                " ms (the collective goes on; wait again or fail)"));
     }
+    HandleDone(i, code, code == MUSTER_OK ? "" : muster_last_error());
   }
   // Every handle is done: whoever saw the last one settles the Work (maybe
   // the completion thread, a moment from now).
@@ -448,7 +448,10 @@ void MusterWork::synchronize() {
 
 std::vector<at::Tensor> MusterWork::result() { return outputs_; }
 
-c10::intrusive_ptr<c10::ivalue::Future> MusterWork::getFuture() { return future_; }
+c10::intrusive_ptr<c10::ivalue::Future> MusterWork::getFuture() {
+  std::call_once(callbacks_once_, [this] { RegisterCallbacks(); });
+  return future_;
+}
 
 // ---- CoalescedWork ----------------------------------------------------------
 

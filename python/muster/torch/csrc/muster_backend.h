@@ -82,8 +82,8 @@ class MusterWork : public c10d::Work {
              std::optional<c10::Stream> stream);
   ~MusterWork() override;
 
-  // Registers the completion callbacks; call once, after the Work is owned
-  // by an intrusive_ptr (each pending callback holds a reference).
+  // Settles a Work without handles at once. Call once, after the Work is
+  // owned by an intrusive_ptr.
   void Start();
 
   bool isCompleted() override;
@@ -101,6 +101,10 @@ class MusterWork : public c10d::Work {
 
  private:
   static void OnComplete(void* arg, int code, const char* message);
+  // Registers the completion callbacks (each pending one holds a
+  // reference), once: only a Work whose future is asked for needs them, so
+  // a plain wait() costs no hand-off to the completion thread.
+  void RegisterCallbacks();
   void Settle();
 
   const std::string what_;  // e.g. "allreduce on group '0'"
@@ -110,6 +114,7 @@ class MusterWork : public c10d::Work {
   const std::optional<c10::Stream> stream_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
 
+  std::once_flag callbacks_once_;
   std::mutex state_mu_;
   std::vector<bool> done_;            // guarded by state_mu_
   size_t pending_;                    // guarded by state_mu_
