@@ -119,14 +119,23 @@ void Work::Complete(absl::Status status) {
 }
 
 void Work::OnComplete(std::function<void(const absl::Status&)> callback) {
+  ProcessGroup* group = nullptr;
   {
     absl::MutexLock lock(&mu_);
     if (!done_) {
       on_complete_.push_back(std::move(callback));
-      return;
+      group = group_;
+      callback = nullptr;
     }
   }
-  callback(status_);
+  if (callback) {
+    callback(status_);  // already completed
+    return;
+  }
+  // Whoever waits for this work waits for the callback, not in Wait(): the
+  // group's executor must run it now, not after its polling delay. (A GPU
+  // work has no group: its path completes it.)
+  if (group != nullptr) group->Expedite();
 }
 
 ProcessGroup::~ProcessGroup() {
@@ -184,6 +193,12 @@ bool ProcessGroup::RunHead() {
   return true;
 }
 
+void ProcessGroup::Expedite() {
+  absl::MutexLock lock(&exec_mu_);
+  expedite_ = true;
+  if (executor_sleeping_) kick_ = true;
+}
+
 void ProcessGroup::RunExecutor() {
   // Runs collectives nobody waits for (asynchronous use), in order. It does
   // not wake on every Submit: a caller that waits runs its own collective
@@ -210,11 +225,17 @@ void ProcessGroup::RunExecutor() {
       idle_since = absl::Now();
       continue;
     }
-    exec_mu_.AwaitWithTimeout(absl::Condition(&stopping_), kPoll);
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return stopping_ || (expedite_ && !queue_.empty() && !running_);
+    };
+    exec_mu_.AwaitWithTimeout(absl::Condition(&woken), kPoll);
     if (stopping_) continue;
-    if (queue_.empty()) continue;
+    if (queue_.empty()) {
+      expedite_ = false;
+      continue;
+    }
     idle_since = absl::Now();
-    if (!running_ && absl::Now() - queue_.front().submitted >= kPoll) RunHead();
+    if (!running_ && (expedite_ || absl::Now() - queue_.front().submitted >= kPoll)) RunHead();
   }
 }
 

@@ -258,6 +258,8 @@ class ProcessGroup {
   std::shared_ptr<Work> RouteToGpu(const char* what, const std::vector<const Tensor*>& tensors,
                                    const std::function<GpuCall()>& make_call);
   void RunExecutor();
+  // Makes the executor run queued collectives at once (see expedite_).
+  void Expedite();
   // Runs queued collectives on the calling thread, in order, until `work`
   // completed (a waiting caller runs its own collective instead of handing
   // it to the executor thread: two fewer thread wake-ups per collective).
@@ -295,6 +297,10 @@ class ProcessGroup {
   // after a while without work it sleeps until Submit kicks it.
   bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
   bool kick_ ABSL_GUARDED_BY(exec_mu_) = false;
+  // Someone waits for a queued collective through its callback
+  // (Work::OnComplete), not in Wait(): run the queue without the polling
+  // delay until it is empty.
+  bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
 
