@@ -37,30 +37,29 @@ struct muster_group {
   muster_world* world = nullptr;  // one reference, dropped after `group`
   std::shared_ptr<muster::ProcessGroup> group;
   std::string name, tag, backend;
+  std::atomic<bool> destroyed{false};  // muster_group_destroy succeeded
 };
 
 namespace {
 
-// What a C caller cannot keep alive itself: the callback and byte-blob
-// results. Shared by the handle and the SDK's completion callback, so a
-// handle released before completion frees nothing the collective writes.
+// What a C caller cannot keep alive itself: byte-blob inputs and results.
+// Attached to the SDK's Work (Work::Retain), so a handle released before
+// completion frees nothing the collective still writes.
 struct WorkState {
-  absl::Mutex mu;
-  bool done ABSL_GUARDED_BY(mu) = false;
-  muster_work_callback callback ABSL_GUARDED_BY(mu) = nullptr;
-  void* arg ABSL_GUARDED_BY(mu) = nullptr;
-  // Inputs and outputs of byte-blob collectives (written by the
-  // collective, read only after completion).
   std::string input;
-  std::vector<std::string> blobs;
+  std::vector<std::string> blobs;  // written by the collective, read after it
 };
 
 }  // namespace
 
 struct muster_work {
   std::atomic<int> refs{1};
+  // One reference: the group (its executor, its queue) lives as long as any
+  // work of it, so dropping a group's handle never cancels queued work.
+  muster_group* group = nullptr;
   std::shared_ptr<muster::Work> work;
-  std::shared_ptr<WorkState> state;
+  std::shared_ptr<WorkState> state;  // null unless a byte-blob collective
+  std::atomic<bool> has_callback{false};
 };
 
 struct muster_store {
@@ -151,37 +150,32 @@ int ToOp(int op, ReduceOp* out) {
 }
 
 int CheckGroup(const muster_group* group, muster_work** work) {
-  if (group == nullptr) return InvalidArgument("group is null");
   if (work == nullptr) return InvalidArgument("work out-pointer is null");
+  *work = nullptr;
+  if (group == nullptr) return InvalidArgument("group is null");
+  if (group->destroyed.load(std::memory_order_relaxed)) {
+    return Fail(absl::StatusCode::kFailedPrecondition,
+                absl::StrCat("group '", group->name, "' was destroyed"));
+  }
   return kOk;
 }
 
-// Wraps an SDK work; the state's completion callback is registered at once.
-muster_work* Wrap(std::shared_ptr<muster::Work> work,
-                  std::shared_ptr<WorkState> state = std::make_shared<WorkState>()) {
+// Wraps an SDK work. No completion callback is registered unless the caller
+// asks for one (muster_work_on_complete): a registered callback makes the
+// group's executor run the collective at once, while a caller that waits
+// runs it on its own thread, with no hand-off.
+muster_work* Wrap(muster_group* group, std::shared_ptr<muster::Work> work,
+                  std::shared_ptr<WorkState> state = nullptr) {
   auto* w = new muster_work;
+  w->group = muster_group_retain(group);
+  if (state != nullptr) work->Retain(state);
   w->work = std::move(work);
-  w->state = state;
-  // Holds the state until completion: byte-blob results live there.
-  w->work->OnComplete([state](const absl::Status& status) {
-    muster_work_callback callback;
-    void* arg;
-    {
-      absl::MutexLock lock(&state->mu);
-      state->done = true;
-      callback = state->callback;
-      arg = state->arg;
-    }
-    if (callback != nullptr) {
-      std::string message(status.message());
-      callback(arg, static_cast<int>(status.code()), message.c_str());
-    }
-  });
+  w->state = std::move(state);
   return w;
 }
 
-int Deliver(std::shared_ptr<muster::Work> work, muster_work** out) {
-  *out = Wrap(std::move(work));
+int Deliver(muster_group* group, std::shared_ptr<muster::Work> work, muster_work** out) {
+  *out = Wrap(group, std::move(work));
   return kOk;
 }
 
@@ -419,8 +413,11 @@ int muster_group_destroy(muster_group* group) {
     return Fail(absl::StatusCode::kFailedPrecondition,
                 "the world group is destroyed with its world (muster_world_release)");
   }
-  return Guarded(
-      [&] { return FromStatus(group->world->world->DestroyProcessGroup(*group->group)); });
+  return Guarded([&] {
+    int code = FromStatus(group->world->world->DestroyProcessGroup(*group->group));
+    if (code == kOk) group->destroyed.store(true);
+    return code;
+  });
 }
 
 int muster_group_rank(const muster_group* g) { return g == nullptr ? -1 : g->group->rank(); }
@@ -482,7 +479,7 @@ int muster_all_reduce(muster_group* g, const muster_tensor* tensor, int op, doub
     ReduceOp r;
     if (int c = ToTensor(tensor, &t); c != kOk) return c;
     if (int c = ToOp(op, &r); c != kOk) return c;
-    return Deliver(g->group->AllReduce(t, r, premul_scale), work);
+    return Deliver(g, g->group->AllReduce(t, r, premul_scale), work);
   });
 }
 
@@ -494,7 +491,7 @@ int muster_all_reduce_coalesced(muster_group* g, const muster_tensor* tensors, s
     ReduceOp r;
     if (int c = ToTensors(tensors, n, &ts); c != kOk) return c;
     if (int c = ToOp(op, &r); c != kOk) return c;
-    return Deliver(g->group->AllReduceCoalesced(std::move(ts), r), work);
+    return Deliver(g, g->group->AllReduceCoalesced(std::move(ts), r), work);
   });
 }
 
@@ -503,7 +500,7 @@ int muster_broadcast(muster_group* g, const muster_tensor* tensor, int root, mus
   return Guarded([&] {
     Tensor t;
     if (int c = ToTensor(tensor, &t); c != kOk) return c;
-    return Deliver(g->group->Broadcast(t, root), work);
+    return Deliver(g, g->group->Broadcast(t, root), work);
   });
 }
 
@@ -515,7 +512,7 @@ int muster_reduce(muster_group* g, const muster_tensor* tensor, int root, int op
     ReduceOp r;
     if (int c = ToTensor(tensor, &t); c != kOk) return c;
     if (int c = ToOp(op, &r); c != kOk) return c;
-    return Deliver(g->group->Reduce(t, root, r), work);
+    return Deliver(g, g->group->Reduce(t, root, r), work);
   });
 }
 
@@ -527,7 +524,7 @@ int muster_all_gather(muster_group* g, const muster_tensor* outputs, size_t n,
     Tensor in;
     if (int c = ToTensors(outputs, n, &outs); c != kOk) return c;
     if (int c = ToTensor(input, &in); c != kOk) return c;
-    return Deliver(g->group->AllGather(std::move(outs), in), work);
+    return Deliver(g, g->group->AllGather(std::move(outs), in), work);
   });
 }
 
@@ -538,7 +535,7 @@ int muster_all_gather_into_tensor(muster_group* g, const muster_tensor* output,
     Tensor out, in;
     if (int c = ToTensor(output, &out); c != kOk) return c;
     if (int c = ToTensor(input, &in); c != kOk) return c;
-    return Deliver(g->group->AllGatherIntoTensor(out, in), work);
+    return Deliver(g, g->group->AllGatherIntoTensor(out, in), work);
   });
 }
 
@@ -554,7 +551,7 @@ int muster_all_gather_coalesced(muster_group* g, const muster_tensor* outputs,
     for (size_t i = 0; i < n; ++i) {
       lists[i].assign(outs.begin() + i * size, outs.begin() + (i + 1) * size);
     }
-    return Deliver(g->group->AllGatherCoalesced(std::move(lists), std::move(ins)), work);
+    return Deliver(g, g->group->AllGatherCoalesced(std::move(lists), std::move(ins)), work);
   });
 }
 
@@ -566,7 +563,7 @@ int muster_gather(muster_group* g, const muster_tensor* outputs, size_t n,
     Tensor in;
     if (int c = ToTensors(outputs, n, &outs); c != kOk) return c;
     if (int c = ToTensor(input, &in); c != kOk) return c;
-    return Deliver(g->group->Gather(std::move(outs), in, root), work);
+    return Deliver(g, g->group->Gather(std::move(outs), in, root), work);
   });
 }
 
@@ -578,7 +575,7 @@ int muster_scatter(muster_group* g, const muster_tensor* output, const muster_te
     Tensor out;
     if (int c = ToTensor(output, &out); c != kOk) return c;
     if (int c = ToTensors(inputs, n, &ins); c != kOk) return c;
-    return Deliver(g->group->Scatter(out, std::move(ins), root), work);
+    return Deliver(g, g->group->Scatter(out, std::move(ins), root), work);
   });
 }
 
@@ -592,7 +589,7 @@ int muster_reduce_scatter(muster_group* g, const muster_tensor* output, const mu
     if (int c = ToTensor(output, &out); c != kOk) return c;
     if (int c = ToTensors(inputs, n, &ins); c != kOk) return c;
     if (int c = ToOp(op, &r); c != kOk) return c;
-    return Deliver(g->group->ReduceScatter(out, std::move(ins), r), work);
+    return Deliver(g, g->group->ReduceScatter(out, std::move(ins), r), work);
   });
 }
 
@@ -605,7 +602,7 @@ int muster_reduce_scatter_tensor(muster_group* g, const muster_tensor* output,
     if (int c = ToTensor(output, &out); c != kOk) return c;
     if (int c = ToTensor(input, &in); c != kOk) return c;
     if (int c = ToOp(op, &r); c != kOk) return c;
-    return Deliver(g->group->ReduceScatterTensor(out, in, r), work);
+    return Deliver(g, g->group->ReduceScatterTensor(out, in, r), work);
   });
 }
 
@@ -616,7 +613,7 @@ int muster_all_to_all(muster_group* g, const muster_tensor* outputs, const muste
     std::vector<Tensor> outs, ins;
     if (int c = ToTensors(outputs, n, &outs); c != kOk) return c;
     if (int c = ToTensors(inputs, n, &ins); c != kOk) return c;
-    return Deliver(g->group->AllToAll(std::move(outs), std::move(ins)), work);
+    return Deliver(g, g->group->AllToAll(std::move(outs), std::move(ins)), work);
   });
 }
 
@@ -633,13 +630,13 @@ int muster_all_to_all_single(muster_group* g, const muster_tensor* output,
     if (int c = ToTensor(input, &in); c != kOk) return c;
     std::vector<size_t> outs(output_splits, output_splits + n_splits);
     std::vector<size_t> ins(input_splits, input_splits + n_splits);
-    return Deliver(g->group->AllToAllSingle(out, in, std::move(outs), std::move(ins)), work);
+    return Deliver(g, g->group->AllToAllSingle(out, in, std::move(outs), std::move(ins)), work);
   });
 }
 
 int muster_collective_barrier(muster_group* g, muster_work** work) {
   if (int c = CheckGroup(g, work); c != kOk) return c;
-  return Guarded([&] { return Deliver(g->group->CollectiveBarrier(), work); });
+  return Guarded([&] { return Deliver(g, g->group->CollectiveBarrier(), work); });
 }
 
 int muster_broadcast_bytes(muster_group* g, const void* data, size_t size, int root,
@@ -650,7 +647,7 @@ int muster_broadcast_bytes(muster_group* g, const void* data, size_t size, int r
     auto state = std::make_shared<WorkState>();
     state->blobs.resize(1);
     if (size > 0) state->blobs[0].assign(static_cast<const char*>(data), size);
-    *work = Wrap(g->group->BroadcastBytes(&state->blobs[0], root), state);
+    *work = Wrap(g, g->group->BroadcastBytes(&state->blobs[0], root), state);
     return kOk;
   });
 }
@@ -661,7 +658,7 @@ int muster_all_gather_bytes(muster_group* g, const void* data, size_t size, must
   return Guarded([&] {
     auto state = std::make_shared<WorkState>();
     if (size > 0) state->input.assign(static_cast<const char*>(data), size);
-    *work = Wrap(g->group->AllGatherBytes(state->input, &state->blobs), state);
+    *work = Wrap(g, g->group->AllGatherBytes(state->input, &state->blobs), state);
     return kOk;
   });
 }
@@ -673,7 +670,7 @@ int muster_gather_bytes(muster_group* g, const void* data, size_t size, int root
   return Guarded([&] {
     auto state = std::make_shared<WorkState>();
     if (size > 0) state->input.assign(static_cast<const char*>(data), size);
-    *work = Wrap(g->group->GatherBytes(state->input, &state->blobs, root), state);
+    *work = Wrap(g, g->group->GatherBytes(state->input, &state->blobs, root), state);
     return kOk;
   });
 }
@@ -694,7 +691,7 @@ int muster_scatter_bytes(muster_group* g, const void* const* blobs, const size_t
     }
     auto state = std::make_shared<WorkState>();
     state->blobs.resize(1);
-    *work = Wrap(g->group->ScatterBytes(std::move(in), &state->blobs[0], root), state);
+    *work = Wrap(g, g->group->ScatterBytes(std::move(in), &state->blobs[0], root), state);
     return kOk;
   });
 }
@@ -705,7 +702,7 @@ int muster_send(muster_group* g, const muster_tensor* tensor, int dst, uint64_t 
   return Guarded([&] {
     Tensor t;
     if (int c = ToTensor(tensor, &t); c != kOk) return c;
-    return Deliver(g->group->ISend(t, dst, tag), work);
+    return Deliver(g, g->group->ISend(t, dst, tag), work);
   });
 }
 
@@ -715,7 +712,7 @@ int muster_recv(muster_group* g, const muster_tensor* tensor, int src, uint64_t 
   return Guarded([&] {
     Tensor t;
     if (int c = ToTensor(tensor, &t); c != kOk) return c;
-    return Deliver(g->group->IRecv(t, src, tag), work);
+    return Deliver(g, g->group->IRecv(t, src, tag), work);
   });
 }
 
@@ -734,7 +731,7 @@ int muster_batch_isend_irecv(muster_group* g, const muster_p2p_op* ops, size_t n
       requests[i].tag = ops[i].tag;
     }
     std::vector<std::shared_ptr<muster::Work>> all = g->group->BatchISendIRecv(requests);
-    for (size_t i = 0; i < n; ++i) works[i] = Wrap(all[i]);
+    for (size_t i = 0; i < n; ++i) works[i] = Wrap(g, all[i]);
     return kOk;
   });
 }
@@ -747,7 +744,10 @@ muster_work* muster_work_retain(muster_work* w) {
 }
 
 void muster_work_release(muster_work* w) {
-  if (w != nullptr && w->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete w;
+  if (w == nullptr || w->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  muster_group* group = w->group;
+  delete w;
+  muster_group_release(group);
 }
 
 int muster_work_wait(muster_work* w, double timeout_s) {
@@ -777,25 +777,20 @@ uint64_t muster_work_sequence(const muster_work* w) {
 
 int muster_work_on_complete(muster_work* w, muster_work_callback callback, void* arg) {
   if (w == nullptr || callback == nullptr) return InvalidArgument("work or callback is null");
-  {
-    absl::MutexLock lock(&w->state->mu);
-    if (w->state->callback != nullptr) {
-      return Fail(absl::StatusCode::kFailedPrecondition, "the work already has a callback");
-    }
-    if (!w->state->done) {
-      w->state->callback = callback;
-      w->state->arg = arg;
-      return kOk;
-    }
+  if (w->has_callback.exchange(true)) {
+    return Fail(absl::StatusCode::kFailedPrecondition, "the work already has a callback");
   }
-  absl::Status status = w->work->status();
-  std::string message(status.message());
-  callback(arg, static_cast<int>(status.code()), message.c_str());
-  return kOk;
+  return Guarded([&] {
+    w->work->OnComplete([callback, arg](const absl::Status& status) {
+      std::string message(status.message());
+      callback(arg, static_cast<int>(status.code()), message.c_str());
+    });
+    return kOk;
+  });
 }
 
 size_t muster_work_blob_count(const muster_work* w) {
-  if (w == nullptr || !w->work->IsCompleted()) return 0;
+  if (w == nullptr || w->state == nullptr || !w->work->IsCompleted()) return 0;
   return w->state->blobs.size();
 }
 
@@ -804,9 +799,9 @@ int muster_work_blob(const muster_work* w, size_t i, const void** data, size_t* 
   if (!w->work->IsCompleted()) {
     return Fail(absl::StatusCode::kFailedPrecondition, "the work has not completed yet");
   }
-  if (i >= w->state->blobs.size()) {
-    return Fail(absl::StatusCode::kOutOfRange,
-                absl::StrCat("blob ", i, " of ", w->state->blobs.size()));
+  size_t n = w->state == nullptr ? 0 : w->state->blobs.size();
+  if (i >= n) {
+    return Fail(absl::StatusCode::kOutOfRange, absl::StrCat("blob ", i, " of ", n));
   }
   *data = w->state->blobs[i].data();
   *size = w->state->blobs[i].size();

@@ -3,10 +3,12 @@
  * the library does what it says. Every check prints what it expected and
  * what it got; the rank prints "RANK r OK" and exits 0 only if all passed.
  */
+#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "muster/muster.h"
 
@@ -51,16 +53,17 @@ static int finish(muster_work* work) {
   return code;
 }
 
+/* Written by whichever thread completes the work. */
 struct callback_record {
-  int calls;
-  int code;
+  atomic_int calls;
+  atomic_int code;
 };
 
 static void on_complete(void* arg, int code, const char* message) {
   struct callback_record* r = (struct callback_record*)arg;
   (void)message;
-  r->calls++;
-  r->code = code;
+  atomic_store(&r->code, code);
+  atomic_fetch_add(&r->calls, 1);
 }
 
 int main(void) {
@@ -97,14 +100,23 @@ int main(void) {
   muster_tensor tx = cpu_tensor(x, 3, MUSTER_FLOAT32);
   muster_work* work = NULL;
   MUST(muster_all_reduce(wg, &tx, MUSTER_SUM, 1.0, &work));
-  struct callback_record record = {0, -1};
+  struct callback_record record;
+  atomic_init(&record.calls, 0);
+  atomic_init(&record.code, -1);
   MUST(muster_work_on_complete(work, on_complete, &record));
   MUST(muster_work_wait(work, 60.0));
+  /* The callback runs on the completing thread, maybe just after wait. */
+  for (int i = 0; i < 5000 && atomic_load(&record.calls) == 0; ++i) {
+    struct timespec ms = {0, 1000000};
+    nanosleep(&ms, NULL);
+  }
   CHECK(muster_work_is_completed(work) == 1, "not completed after wait");
   CHECK(muster_work_sequence(work) >= 1, "sequence %llu",
         (unsigned long long)muster_work_sequence(work));
-  CHECK(record.calls == 1 && record.code == MUSTER_OK, "callback calls %d code %d", record.calls,
-        record.code);
+  CHECK(atomic_load(&record.calls) == 1 && atomic_load(&record.code) == MUSTER_OK,
+        "callback calls %d code %d", atomic_load(&record.calls), atomic_load(&record.code));
+  code = muster_work_on_complete(work, on_complete, &record);
+  CHECK(code == MUSTER_FAILED_PRECONDITION, "a second callback gave %d", code);
   muster_work_release(work);
   CHECK(x[0] == 3.0f && x[1] == 4.0f && x[2] == -3.0f, "all_reduce got %g %g %g", x[0], x[1], x[2]);
 
@@ -239,7 +251,24 @@ int main(void) {
   if (my_rank == 1) CHECK(y == 3.0f, "reduce at root %g", y);
   MUST(muster_group_barrier(sub, 30.0));
   MUST(muster_group_destroy(sub));
+  work = (muster_work*)&record; /* must be reset to NULL */
+  code = muster_all_reduce(sub, &ty, MUSTER_SUM, 1.0, &work);
+  CHECK(code == MUSTER_FAILED_PRECONDITION && work == NULL, "collective on a destroyed group: %d",
+        code);
+  CHECK(strstr(muster_last_error(), "destroyed") != NULL, "%s", muster_last_error());
   muster_group_release(sub);
+
+  /* A work keeps its group: releasing the group's handle right after
+   * issuing a collective does not cancel it. */
+  gopts.name = "c-dropped";
+  muster_group* dropped = NULL;
+  MUST(muster_group_create(world, ranks, 2, &gopts, &dropped));
+  int64_t d = my_rank + 1;
+  muster_tensor td = cpu_tensor(&d, 1, MUSTER_INT64);
+  MUST(muster_all_reduce(dropped, &td, MUSTER_SUM, 1.0, &work));
+  muster_group_release(dropped);
+  MUST(finish(work));
+  CHECK(d == 3, "all_reduce after releasing the group handle: %lld", (long long)d);
   code = muster_group_destroy(wg);
   CHECK(code == MUSTER_FAILED_PRECONDITION, "destroying the world group gave %d", code);
 

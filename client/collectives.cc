@@ -138,6 +138,11 @@ void Work::OnComplete(std::function<void(const absl::Status&)> callback) {
   if (group != nullptr) group->Expedite();
 }
 
+void Work::Retain(std::shared_ptr<const void> data) {
+  absl::MutexLock lock(&mu_);
+  retained_.push_back(std::move(data));
+}
+
 ProcessGroup::~ProcessGroup() {
   {
     absl::MutexLock lock(&exec_mu_);

@@ -187,6 +187,9 @@ class _Buffer:
                     f"{_SUPPORTED})")
             if not obj.is_contiguous():
                 raise InvalidArgumentError(3, f"{what}: the tensor is not contiguous")
+            if obj.is_conj() or (hasattr(obj, "is_neg") and obj.is_neg()):
+                raise InvalidArgumentError(3, f"{what}: the tensor is a lazy conjugate/negative "
+                                              "view (call resolve_conj()/resolve_neg() first)")
             t.data = obj.data_ptr() or None
             t.count = obj.numel()
             t.dtype = dtype
@@ -265,7 +268,8 @@ def _op(op):
 
 # Works dropped before they completed, with the buffers they still use;
 # pruned on every new collective.
-_orphans_lock = threading.Lock()
+# Reentrant: a garbage collection inside _prune_orphans may finalize a Work.
+_orphans_lock = threading.RLock()
 _orphans = []
 
 
@@ -319,8 +323,14 @@ class Work:
         _check(lib().muster_work_synchronize(self._handle, t))
 
     def result(self):
+        """The byte-blob result once completed (None for other collectives)."""
         if self._result is None:
             return None
+        if not self.is_completed():
+            raise FailedPreconditionError(9, "the collective has not completed yet (wait() first)")
+        code = lib().muster_work_status(self._handle)
+        if code != 0:
+            raise _error(code)
         return self._result(self._handle)
 
     def __del__(self):
@@ -426,11 +436,16 @@ class Group:
         _check(lib().muster_group_destroy(self._handle))
 
     def barrier(self, timeout=None, async_op=False):
-        """A barrier run by the members themselves (shared memory / Gloo)."""
+        """A barrier run by the members themselves (shared memory / Gloo).
+        With `timeout`, DeadlineExceededError if not all arrived by then (the
+        barrier itself goes on until the group's timeout)."""
         _prune_orphans()
         w = ctypes.c_void_p()
-        return _finish(lib().muster_collective_barrier(self._handle, ctypes.byref(w)), w, None,
-                       async_op)
+        _check(lib().muster_collective_barrier(self._handle, ctypes.byref(w)))
+        work = Work(w.value)
+        if async_op:
+            return work
+        return work.wait(timeout)
 
     def daemon_barrier(self, timeout=None):
         """A barrier through musterd and the job's store."""

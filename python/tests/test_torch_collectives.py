@@ -288,6 +288,22 @@ def test_all_reduce_coalesced(job):
                                     "float32")])
 
 
+def test_premul_sum_reduce_changes_the_root_tensor_only(job):
+    n, _ = job
+    got = by_rank(job, "premul_reduce_tensors")
+    assert len(got) == n
+    total = [sum(col) for col in zip(*(got[r]["input"] for r in range(n)))]
+    assert got[0]["value"] == pytest.approx([0.5 * v for v in total])
+    for r in range(1, n):
+        assert got[r]["value"] == got[r]["input"]
+
+
+def test_a_dropped_async_work_keeps_its_tensors(job):
+    n, _ = job
+    for r in by_rank(job, "dropped_work").values():
+        assert r["value"] == [[100.0 * k + 2 * i for i in range(5)] for k in range(n)]
+
+
 def test_non_contiguous_input_is_copied(job):
     n, _ = job
     for r in by_rank(job, "non_contiguous_input").values():

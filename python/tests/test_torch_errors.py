@@ -158,3 +158,14 @@ def test_sigkill_of_a_rank_fails_the_others_within_2s(torch_backend, tmp_path):
             assert r[later]["seconds"] < 2.0, r
         # A group without the dead rank is unaffected.
         assert r["survivors_group"]["ok"] and r["survivors_group"]["value"] == [2.0, 2.0], r
+
+
+def test_a_muster_subgroup_needs_a_muster_default_group(torch_backend):
+    j = run_job(2, TESTS / "torch_ranks.py", args=["gloo_default"], timeout=90)
+    assert j.returncode == 0, j.output
+    got = by_rank(j, "muster_subgroup_of_gloo")
+    assert sorted(got) == [0, 1], j.output
+    for r in got.values():
+        assert r["error"] is not None and "default group" in r["error"], r
+        assert "gloo" in r["error"], r
+        assert r["seconds"] < 10, r  # at once, not after a formation timeout

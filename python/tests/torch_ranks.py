@@ -336,6 +336,25 @@ def check_misc(groups):
             return [as_list(x) for x in ts]
         both("all_reduce_coalesced", lambda: None, run, groups, op=op)
 
+    # reduce with PREMUL_SUM changes the root's tensor only (as NCCL does).
+    t = values(RANK, "float64")
+    dist.reduce(t, dst=0, op=reduce_op("PREMUL_SUM"))
+    report("premul_reduce_tensors", value=as_list(t), input=as_list(values(RANK, "float64")))
+
+    # A Work dropped before it completed (async_op=True, handle discarded)
+    # keeps its tensors (here the contiguous copy of a strided input) until
+    # the collective is done; memory freed meanwhile is reused by junk.
+    dropped_out = [torch.zeros(5) for _ in range(WORLD)]
+
+    def issue():
+        base = torch.arange(10, dtype=torch.float32).reshape(5, 2) + 100 * RANK
+        dist.all_gather(dropped_out, base[:, 0], async_op=True)
+    issue()
+    gc.collect()
+    junk = [torch.full((5,), -1.0) for _ in range(200)]
+    dist.barrier()  # after the all_gather: a group's collectives run in order
+    report("dropped_work", value=[as_list(o) for o in dropped_out], junk=len(junk))
+
     # A non-contiguous input is copied (send side of all_gather).
     base = torch.arange(10, dtype=torch.float32).reshape(5, 2) + 10 * RANK
     col = base[:, 1]
@@ -672,6 +691,15 @@ def mode_torchrun(musterctl):
     dist.destroy_process_group()
 
 
+def mode_gloo_default():
+    """A "muster" subgroup under a gloo default group fails at once."""
+    dist.init_process_group("gloo")
+    t0 = time.monotonic()
+    got = attempt(lambda: dist.new_group([0, 1], backend="muster"))
+    report("muster_subgroup_of_gloo", error=got.get("error"), seconds=time.monotonic() - t0)
+    dist.destroy_process_group()
+
+
 def main():
     mode = sys.argv[1]
     if mode == "collectives":
@@ -684,6 +712,8 @@ def main():
         mode_errors(sys.argv[2])
     elif mode == "torchrun":
         mode_torchrun(sys.argv[2])
+    elif mode == "gloo_default":
+        mode_gloo_default()
     else:
         sys.exit(f"unknown mode {mode}")
 

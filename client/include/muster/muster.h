@@ -1,15 +1,19 @@
 /* muster's C API: the stable seam between muster and other languages.
  *
  * libmuster.so exports these functions and nothing else (a version script
- * hides gRPC, protobuf and Abseil, so they never clash with the copies a
- * Python process or torch already loaded). The Python package and the
- * torch.distributed backend "muster" reach muster only through it.
+ * keeps muster's C++ internal). It links gRPC, protobuf, Abseil and Gloo as
+ * shared libraries: load it with RTLD_LOCAL before anything that depends on
+ * it (the Python package does), so that they bind among its own
+ * dependencies and never to other copies in the process (libtorch has its
+ * own Gloo and protobuf). The Python package and the torch.distributed
+ * backend "muster" reach muster only through this API.
  *
  * Conventions:
  *  - Handles are opaque and reference counted: each *_create / *_init /
  *    *_retain gives one reference, each *_release drops one. A group handle
- *    keeps its world alive; a work handle keeps the buffers' bookkeeping
- *    (not the buffers: they must stay valid until the work completed).
+ *    keeps its world alive; a work handle keeps its group alive (releasing
+ *    a group's handle never cancels its queued work) but not the buffers:
+ *    they must stay valid until the work completed.
  *  - Functions that can fail return a muster_code (0 = MUSTER_OK). The
  *    codes are absl/gRPC's canonical codes. On failure the calling
  *    thread's muster_last_error() holds the message (valid until this
@@ -19,7 +23,8 @@
  *    means "the default" where a default exists (documented per call).
  *  - Collectives return a work handle at once (also when they fail: the
  *    failure is the work's status) unless the arguments could not even be
- *    read (null pointers), which returns an error and no work.
+ *    read (null pointers; unknown dtype, device or reduce op) or the group
+ *    was destroyed, which returns an error and *work = NULL.
  *
  * Thread-safety: every function may be called from any thread. Collectives
  * of one group must be called in the same order on every member (c10d).
@@ -184,7 +189,8 @@ int muster_group_create(muster_world* world, const int32_t* ranks, size_t nranks
 muster_group* muster_group_retain(muster_group* group);
 void muster_group_release(muster_group* group);
 /* Destroys the group in musterd (c10d's destroy_process_group(group));
- * the handle stays valid (release it) but collectives on it fail. */
+ * the handle stays valid (release it) but later collectives on it fail
+ * with FAILED_PRECONDITION; work already issued completes. */
 int muster_group_destroy(muster_group* group);
 int muster_group_rank(const muster_group* group); /* -1: not a member */
 int muster_group_size(const muster_group* group);
@@ -289,9 +295,14 @@ int muster_work_synchronize(muster_work* work, double timeout_s);
 uint64_t muster_work_sequence(const muster_work* work);
 /* Calls `callback(arg, code, message)` once the work completed: at once
  * on this thread if it already has, else on the thread that completes it
- * (a group's executor or a waiter). The callback must not block on
- * another collective of the same group. Returns MUSTER_OK, or
- * FAILED_PRECONDITION if a callback is already set. */
+ * (a group's executor or a waiter; possibly just after another thread's
+ * muster_work_wait returned). A work with a callback is run by its group's
+ * executor at once, so use callbacks only when nobody waits (futures).
+ * The callback must not block on another collective of the same group,
+ * nor release the last reference to the work's group (directly, or by
+ * releasing the work when that holds the last one): hand such releases to
+ * another thread. Returns MUSTER_OK, or FAILED_PRECONDITION if the work
+ * already has a callback. */
 typedef void (*muster_work_callback)(void* arg, int code, const char* message);
 int muster_work_on_complete(muster_work* work, muster_work_callback callback, void* arg);
 /* Byte-blob results, once completed: the number of blobs and blob i. */

@@ -127,6 +127,9 @@ class Work {
   // not wait for a later collective of the same group. Callbacks run in
   // the order they were added.
   void OnComplete(std::function<void(const absl::Status&)> callback);
+  // Keeps `data` alive as long as this Work (for bindings whose buffers
+  // must outlive a collective their caller may stop waiting for).
+  void Retain(std::shared_ptr<const void> data);
 
  private:
   friend class ProcessGroup;
@@ -140,6 +143,7 @@ class Work {
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
   std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
 };
 
 // One process group as this rank sees it.

@@ -78,6 +78,13 @@ def _create_backend(opts, pg_options=None):
         default = dist.distributed_c10d._get_default_group()
         rank, size, world_name = dist.get_rank(), dist.get_world_size(), _group_name(default)
     world = {}
+    if ranks and not ext.world_joined():
+        # muster's world is joined with the default group by every rank; a
+        # subgroup alone would wait for non-members that never come.
+        raise RuntimeError(
+            "muster: a group on backend 'muster' needs the default group on 'muster' too "
+            "(init_process_group(\"muster\") or \"cpu:muster,cuda:...\"); the default group "
+            "here uses '%s'" % dist.get_backend())
     if not ext.world_joined():
         world = _options.world_init_options(rank, size, world_name, timeout_s, os.environ,
                                             _daemon_store_port)
@@ -99,8 +106,8 @@ def _backend(group):
 def muster_group(group=None):
     """The muster.Group of a torch group (default: the default group)."""
     import muster
-    handle = build().group_handle(_backend(group))
-    return muster.Group.from_handle(handle)
+    handle = build().group_handle(_backend(group))  # a new reference: the Group adopts it
+    return muster.Group(handle)
 
 
 def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):

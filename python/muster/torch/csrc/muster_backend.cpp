@@ -45,7 +45,8 @@ std::string Describe(int code, const std::string& message) {
 
 // ---- tensors --------------------------------------------------------------
 
-int ToMusterDType(at::ScalarType type, const char* what) {
+template <typename Label>
+int ToMusterDType(at::ScalarType type, const Label& what) {
   switch (type) {
     case at::kHalf:
       return MUSTER_FLOAT16;
@@ -82,12 +83,15 @@ int ToMusterDType(at::ScalarType type, const char* what) {
 // thread-safe.
 class TensorSet {
  public:
-  explicit TensorSet(std::string what) : what_(std::move(what)) {}
+  explicit TensorSet(OpLabel what) : what_(std::move(what)) {}
 
   // A tensor the call only reads: a non-contiguous one is copied.
   muster_tensor Input(const at::Tensor& t) {
     Check(t);
     at::Tensor c = t.is_contiguous() ? t : t.contiguous();
+    // Lazy conjugate / negative views: the memory holds the unresolved data.
+    if (c.is_conj()) c = c.resolve_conj();
+    if (c.is_neg()) c = c.resolve_neg();
     keep_.push_back(c);
     return Describe(c);
   }
@@ -95,6 +99,9 @@ class TensorSet {
   // A tensor the call writes (or reads and writes): must be contiguous.
   muster_tensor Output(const at::Tensor& t) {
     Check(t);
+    TORCH_CHECK(!t.is_conj() && !t.is_neg(), "muster ", what_,
+                ": output tensors must not be lazy conjugate/negative views (call "
+                "resolve_conj()/resolve_neg() first)");
     TORCH_CHECK(t.is_contiguous(), "muster ", what_,
                 ": output tensors must be contiguous (got sizes ", t.sizes(), ", strides ",
                 t.strides(), "); pass t.contiguous() and copy back");
@@ -110,7 +117,7 @@ class TensorSet {
     TORCH_CHECK(t.defined(), "muster ", what_, ": undefined tensor");
     TORCH_CHECK(t.layout() == at::kStrided, "muster ", what_, ": only dense tensors (got ",
                 t.layout(), ")");
-    ToMusterDType(t.scalar_type(), what_.c_str());
+    ToMusterDType(t.scalar_type(), what_);
     if (device_.has_value()) {
       TORCH_CHECK(t.device() == *device_, "muster ", what_,
                   ": all tensors must be on one device (got ", *device_, " and ", t.device(), ")");
@@ -123,7 +130,7 @@ class TensorSet {
     muster_tensor d{};
     d.data = t.numel() == 0 ? nullptr : t.data_ptr();
     d.count = static_cast<uint64_t>(t.numel());
-    d.dtype = ToMusterDType(t.scalar_type(), what_.c_str());
+    d.dtype = ToMusterDType(t.scalar_type(), what_);
     if (t.is_cuda()) {
 #if TORCH_VERSION_MAJOR >= 2
       if (!stream_.has_value()) {
@@ -144,7 +151,7 @@ class TensorSet {
     return d;
   }
 
-  const std::string what_;
+  const OpLabel what_;
   std::optional<c10::Device> device_;
   std::optional<c10::Stream> stream_;
   std::vector<at::Tensor> keep_;
@@ -217,6 +224,13 @@ std::vector<at::Tensor> Flatten(const std::vector<std::vector<at::Tensor>>& list
   return out;
 }
 
+// The type of every future's value (made once: creating it costs an
+// allocation per collective).
+const c10::TypePtr& TensorListType() {
+  static const c10::TypePtr type = c10::ListType::create(c10::TensorType::get());
+  return type;
+}
+
 // ---- completion thread ----------------------------------------------------
 
 // One process-wide thread that runs completion tasks posted by muster's
@@ -266,6 +280,25 @@ class CompletionThread {
   std::deque<std::function<void()>> tasks_;
 };
 
+// What a MusterWork dropped before completion leaves behind: its handles
+// and tensors, released on the completion thread once every handle
+// completed (never on a muster executor: releasing a handle may release
+// its group).
+struct Orphan {
+  std::atomic<size_t> pending;
+  std::vector<muster_work*> handles;
+  std::vector<at::Tensor> outputs, keep_alive;
+
+  static void Done(void* arg, int, const char*) {
+    auto* o = static_cast<Orphan*>(arg);
+    if (o->pending.fetch_sub(1) != 1) return;
+    CompletionThread::Get().Post([o] {
+      for (muster_work* h : o->handles) muster_work_release(h);
+      delete o;
+    });
+  }
+};
+
 // The argument of one muster_work_on_complete registration.
 struct CallbackArg {
   MusterWork* work;  // holds one reference, dropped after the callback ran
@@ -284,9 +317,9 @@ int live_backends = 0;          // guarded by world_mu
 
 // ---- MusterWork -------------------------------------------------------------
 
-MusterWork::MusterWork(int rank, c10d::OpType op, std::string what,
-                       std::vector<muster_work*> handles, std::vector<at::Tensor> outputs,
-                       std::vector<at::Tensor> keep_alive, std::optional<c10::Stream> stream)
+MusterWork::MusterWork(int rank, c10d::OpType op, OpLabel what, std::vector<muster_work*> handles,
+                       std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
+                       std::optional<c10::Stream> stream)
     : c10d::Work(rank, op),
       what_(std::move(what)),
       handles_(std::move(handles)),
@@ -294,14 +327,29 @@ MusterWork::MusterWork(int rank, c10d::OpType op, std::string what,
       keep_alive_(std::move(keep_alive)),
       stream_(stream),
       future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()),
-          stream.has_value() ? std::vector<c10::Device>{stream->device()}
-                             : std::vector<c10::Device>{})),
+          TensorListType(), stream.has_value() ? std::vector<c10::Device>{stream->device()}
+                                               : std::vector<c10::Device>{})),
       done_(handles_.size(), false),
       pending_(handles_.size()) {}
 
 MusterWork::~MusterWork() {
-  for (muster_work* h : handles_) muster_work_release(h);
+  std::vector<muster_work*> pending;
+  for (muster_work* h : handles_) {
+    if (!muster_work_is_completed(h)) pending.push_back(h);
+  }
+  if (pending.empty()) {
+    for (muster_work* h : handles_) muster_work_release(h);
+    return;
+  }
+  // Dropped before it completed (async_op=True and the handle discarded):
+  // the collective still reads and writes the tensors, so they and the
+  // handles live on until it completed.
+  auto* orphan = new Orphan{{pending.size()}, handles_, outputs_, keep_alive_};
+  for (muster_work* h : pending) {
+    if (muster_work_on_complete(h, &Orphan::Done, orphan) != MUSTER_OK) {
+      Orphan::Done(orphan, MUSTER_OK, "");  // cannot happen: no callback was set
+    }
+  }
 }
 
 void MusterWork::Start() {
@@ -419,7 +467,10 @@ bool MusterWork::wait(std::chrono::milliseconds timeout) {
           1e-6, std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count());
     }
     int code = muster_work_wait(handles_[i], seconds);
-    if (code != MUSTER_OK && !muster_work_is_completed(handles_[i])) {
+    if (code != MUSTER_OK && muster_work_is_completed(handles_[i])) {
+      // It may have completed right after the wait gave up: its own result.
+      code = muster_work_status(handles_[i]);
+    } else if (code != MUSTER_OK) {
       throw MakeError(c10::str("muster: ", what_, ": ", muster_code_name(MUSTER_DEADLINE_EXCEEDED),
                                ": not completed within the wait timeout of ", timeout.count(),
                                " ms (the collective goes on; wait again or fail)"));
@@ -468,8 +519,7 @@ CoalescedWork::CoalescedWork(int rank, std::vector<c10::intrusive_ptr<MusterWork
       if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
     }
   }
-  future_ = c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()),
-                                                     devices);
+  future_ = c10::make_intrusive<c10::ivalue::Future>(TensorListType(), devices);
   if (works_.empty()) {
     future_->markCompleted(c10::IValue(outputs));
     return;
@@ -664,14 +714,12 @@ void MusterBackend::Shutdown() {
   }
 }
 
-muster_group* MusterBackend::group() {
+muster_group* MusterBackend::RetainGroup() {
   std::lock_guard<std::mutex> lock(mu_);
-  return group_;
+  return group_ == nullptr ? nullptr : muster_group_retain(group_);
 }
 
-std::string MusterBackend::What(const char* op) const {
-  return c10::str(op, " on group '", name_, "'");
-}
+OpLabel MusterBackend::What(const char* op) const { return OpLabel{op, name_}; }
 
 int MusterBackend::GlobalRank(int group_rank, const char* what) const {
   TORCH_CHECK(group_rank >= 0 && group_rank < static_cast<int>(global_ranks_.size()), "muster ",
@@ -772,13 +820,22 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::reduce(std::vector<at::Tensor>& te
   CheckRoot(opts.rootRank, what);
   Reduction r = ToMusterOp(opts.reduceOp, what);
   TensorSet ts(What(what));
-  muster_tensor t = ts.Output(tensors[0]);
-  if (r.op == MUSTER_PREMUL_SUM) {
-    CheckPremulDType(tensors[0], what);
-    tensors[0].mul_(r.scale);
-    r.op = MUSTER_SUM;
-  }
   int root = static_cast<int>(opts.rootRank);
+  muster_tensor t;
+  if (r.op == MUSTER_PREMUL_SUM) {
+    // SUM of the scaled inputs; only the root's tensor changes (as in NCCL):
+    // other ranks send a scaled copy.
+    CheckPremulDType(tensors[0], what);
+    r.op = MUSTER_SUM;
+    if (getRank() == root) {
+      t = ts.Output(tensors[0]);
+      tensors[0].mul_(r.scale);
+    } else {
+      t = ts.Output(tensors[0].mul(r.scale));
+    }
+  } else {
+    t = ts.Output(tensors[0]);
+  }
   return Launch(
       c10d::OpType::REDUCE, what,
       [&](muster_group* g, muster_work** w) { return muster_reduce(g, &t, root, r.op, w); },
@@ -1102,10 +1159,14 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::barrier(const c10d::BarrierOptions
 }
 
 void MusterBackend::MonitoredBarrier(double timeout_s) {
-  muster_group* g = group();
+  // Our own reference: a concurrent shutdown must not free the group while
+  // the barrier blocks.
+  muster_group* g = RetainGroup();
   TORCH_CHECK(g != nullptr, "muster ", What("monitored_barrier"), ": the group was destroyed");
-  // muster reads 0 as the group's timeout; a tiny positive one means "now".
+  // Unset: the group's timeout (as gloo's monitored_barrier uses).
+  if (timeout_s <= 0) timeout_s = timeout_s_;
   int code = muster_group_monitored_barrier(g, timeout_s);
+  muster_group_release(g);
   if (code != MUSTER_OK) ThrowLast(What("monitored_barrier"), code);
 }
 
@@ -1172,7 +1233,12 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::reduce_scatter_tensor_coalesced(
 // them did.
 void MusterBackend::startCoalescing() {
   std::lock_guard<std::mutex> lock(mu_);
-  TORCH_CHECK(!coalescing_, "muster ", What("startCoalescing"), ": already coalescing");
+  if (coalescing_) {
+    // A coalescing block that raised never reached endCoalescing (torch's
+    // manager has no finally): start afresh rather than refuse forever.
+    TORCH_WARN("muster ", What("startCoalescing"),
+               ": the previous coalescing block never ended; its works are dropped from it");
+  }
   coalescing_ = true;
   coalesced_.clear();
 }
@@ -1278,11 +1344,13 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def(
       "group_handle",
       [](muster_torch::BackendBase* backend) {
-        muster_group* g = AsMuster(backend)->group();
+        muster_group* g = AsMuster(backend)->RetainGroup();
         if (g == nullptr) throw std::runtime_error("muster: the group was destroyed");
         return reinterpret_cast<uintptr_t>(g);
       },
-      py::arg("backend"), "The muster_group* of a muster backend (borrowed), as an int.");
+      py::arg("backend"),
+      "A new reference to the muster_group* of a muster backend, as an int (the caller "
+      "releases it).");
   m.def(
       "group_name", [](muster_torch::BackendBase* backend) { return AsMuster(backend)->name(); },
       py::arg("backend"));

@@ -28,6 +28,7 @@
 #include <exception>
 #include <mutex>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,18 @@ using BackendBase = c10d::Backend;
 #else
 using BackendBase = c10d::ProcessGroup;
 #endif
+
+// "allreduce on group '0'", for messages. Formatted only when a message is
+// made (never on the success path of a call).
+struct OpLabel {
+  const char* op;     // a string literal
+  std::string group;  // torch's group name (short: no allocation)
+  std::string str() const { return std::string(op) + " on group '" + group + "'"; }
+  operator std::string() const { return str(); }  // NOLINT: messages take either
+};
+inline std::ostream& operator<<(std::ostream& os, const OpLabel& l) {
+  return os << l.op << " on group '" << l.group << "'";
+}
 
 // How the first backend of a process joins the job (muster_init_options);
 // empty strings and -1 mean "muster reads it from the environment".
@@ -77,7 +90,7 @@ class MusterWork : public c10d::Work {
   // Takes one reference of each handle. `outputs` become the future's value
   // and result(); `keep_alive` (inputs, temporaries) live as long as the
   // Work. `stream` is the CUDA stream of CUDA collectives.
-  MusterWork(int rank, c10d::OpType op, std::string what, std::vector<muster_work*> handles,
+  MusterWork(int rank, c10d::OpType op, OpLabel what, std::vector<muster_work*> handles,
              std::vector<at::Tensor> outputs, std::vector<at::Tensor> keep_alive,
              std::optional<c10::Stream> stream);
   ~MusterWork() override;
@@ -107,7 +120,7 @@ class MusterWork : public c10d::Work {
   void RegisterCallbacks();
   void Settle();
 
-  const std::string what_;  // e.g. "allreduce on group '0'"
+  const OpLabel what_;
   const std::vector<muster_work*> handles_;
   const std::vector<at::Tensor> outputs_;
   const std::vector<at::Tensor> keep_alive_;
@@ -234,7 +247,8 @@ class MusterBackend : public BackendBase {
   // later collectives fail. Idempotent.
   void Shutdown();
   // The muster group (borrowed; valid while this backend is not shut down).
-  muster_group* group();
+  // A new reference to the muster group (release it), or null once shut down.
+  muster_group* RetainGroup();
   const std::string& name() const { return name_; }
 
  private:
@@ -250,7 +264,7 @@ class MusterBackend : public BackendBase {
                                       std::vector<at::Tensor> outputs,
                                       std::vector<at::Tensor> keep_alive,
                                       std::optional<c10::Stream> stream);
-  std::string What(const char* op) const;
+  OpLabel What(const char* op) const;
   int GlobalRank(int group_rank, const char* what) const;
   void CheckRoot(int64_t root, const char* what) const;
 
