@@ -12,6 +12,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
 #include "common/paths.h"
@@ -76,6 +77,10 @@ namespace muster {
 
 int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>& customize) {
   muster::SetLogProgramName("musterd");
+  // Debian's Abseil is built with Mutex deadlock detection on: a lock-order
+  // graph updated on every lock and every Mutex destroyed. Diagnostics for
+  // debug builds; off in musterd (TSan checks lock order in our tests).
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   muster::DaemonOptions options;
   int64_t grpc_port = options.grpc_port;
   double grace_seconds = absl::ToDoubleSeconds(options.shutdown_grace);

@@ -14,12 +14,14 @@ under muster-run) gives the baseline for what the torch layer adds.
 Usage:
   tools/bench_torch_backend.py [--python PY] [--worlds 2,4]
       [--sizes 4,4K,256K,4M,64M] [--ops all_reduce,all_gather_into_tensor,broadcast,barrier]
-      [--no-build] [--no-doc] [--quick]
+      [--repeats R] [--no-build] [--no-doc] [--quick]
 
+--repeats R runs every job R times (default 3) and reports, per row, the
+median over the passes of each side's p50 (the ratio of those medians).
 Prints a Markdown table (ratio = gloo p50 / muster p50, > 1: muster is
 faster) with the issue's targets, and (unless --no-doc) writes it into
-docs/benchmarks.md between the markers of the section
-"## torch.distributed: backend muster vs gloo". Progress goes to stderr.
+docs/benchmarks.md, in the section "## torch.distributed: backend muster vs
+gloo" (one block per torch major version, between its markers). Progress goes to stderr.
 Needs: bazel (unless --no-build), and a python with torch.
 """
 import argparse
@@ -34,8 +36,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 OPT_BIN = ROOT / "bazel-out" / "k8-opt" / "bin"
-BEGIN = "<!-- bench_torch_backend: begin -->"
-END = "<!-- bench_torch_backend: end -->"
 SECTION = "## torch.distributed: backend muster vs gloo"
 
 
@@ -172,6 +172,28 @@ def run_job(bin_dir, world, cmd, env):
         return p.stdout
 
 
+FLOOR_SNIPPET = r"""
+import statistics, time, torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+x = torch.ones(1)
+for _ in range(500): dist.all_reduce(x)
+ts = []
+for _ in range(5000):
+    t0 = time.perf_counter(); dist.all_reduce(x); ts.append(time.perf_counter() - t0)
+print(statistics.median(ts) * 1e6)
+"""
+
+
+def torch_floor(python):
+    """p50 of dist.all_reduce on torch's "fake" backend (which does nothing):
+    torch's own Python and dispatcher cost per call; None where torch has no
+    fake backend (1.13)."""
+    p = subprocess.run([python, "-c", FLOOR_SNIPPET], stdout=subprocess.PIPE,
+                       stderr=subprocess.DEVNULL, text=True)
+    return float(p.stdout.strip()) if p.returncode == 0 else None
+
+
 def cpp_baseline(bin_dir, world, quick):
     """p50 of the C++ SDK's 4-byte all_reduce (muster-bench collectives)."""
     out = run_job(bin_dir, world, [str(bin_dir / "tools" / "muster-bench"), "collectives",
@@ -186,7 +208,23 @@ def cpp_baseline(bin_dir, world, quick):
     raise SystemExit("bench_torch_backend: no all_reduce line from muster-bench:\n" + out)
 
 
-def table(records, baselines, torch_version, cmdline):
+def median_records(passes):
+    """One record per (kind, op, bytes, world): the median of each side."""
+    groups = {}
+    for r in passes:
+        groups.setdefault((r["kind"], r.get("op"), r.get("bytes"), r["world"]), []).append(r)
+    out = []
+    for rs in groups.values():
+        m = dict(rs[0])
+        for side in ("muster_p50_us", "gloo_p50_us"):
+            m[side] = round(statistics.median(r[side] for r in rs), 2)
+        m["ratio"] = round(m["gloo_p50_us"] / m["muster_p50_us"], 2)
+        m["passes"] = len(rs)
+        out.append(m)
+    return out
+
+
+def table(records, baselines, torch_version, cmdline, floor=None):
     lines = [f"`{cmdline}` on {os.uname().nodename} ({os.cpu_count()} CPUs), torch "
              f"{torch_version}, -c opt binaries, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.",
              "",
@@ -215,8 +253,10 @@ def table(records, baselines, torch_version, cmdline):
         met_all &= faster == "yes"
         lines.append(f"| {r['steps']} steps | {r['world']} | {r['muster_p50_us'] / 1000:.2f} | "
                      f"{r['gloo_p50_us'] / 1000:.2f} | {r['ratio']}x | {faster} |")
+    floor_text = "n/a (no fake backend)" if floor is None else f"{floor:.2f}"
     lines += ["", "| torch layer at 4 B all_reduce | world | torch \"muster\" p50 µs | C++ SDK "
-              "p50 µs | added µs | target ≤ 5 µs |", "|---|---|---|---|---|---|"]
+              "p50 µs | added µs | target ≤ 5 µs | torch's own floor (\"fake\" backend) µs |",
+              "|---|---|---|---|---|---|---|"]
     for world, cpp in sorted(baselines.items()):
         mine = [r for r in records if r["kind"] == "op" and r["op"] == "all_reduce"
                 and r["bytes"] == 4 and r["world"] == world]
@@ -226,18 +266,25 @@ def table(records, baselines, torch_version, cmdline):
         ok = "yes" if added <= 5 else "no"
         met_all &= ok == "yes"
         lines.append(f"| | {world} | {mine[0]['muster_p50_us']} | {cpp:.2f} | {added:.2f} | "
-                     f"{ok} |")
+                     f"{ok} | {floor_text} |")
     lines += ["", f"All targets met: {'yes' if met_all else 'no'}."]
     return "\n".join(lines)
 
 
-def write_doc(text):
+def write_doc(text, torch_version):
+    """Replaces this torch major version's block (torch 1 and 2 each have one)."""
+    major = torch_version.split(".")[0]
+    begin = f"<!-- bench_torch_backend torch{major}: begin -->"
+    end = f"<!-- bench_torch_backend torch{major}: end -->"
     doc = ROOT / "docs" / "benchmarks.md"
     body = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{text}\n{END}"
-    if BEGIN in body and END in body:
-        head, rest = body.split(BEGIN, 1)
-        body = head + block + rest.split(END, 1)[1]
+    block = f"{begin}\n### torch {major}.x\n\n{text}\n{end}"
+    if begin in body and end in body:
+        head, rest = body.split(begin, 1)
+        body = head + block + rest.split(end, 1)[1]
+    elif SECTION in body:
+        head, rest = body.split(SECTION, 1)
+        body = head + SECTION + "\n\n" + block + "\n" + rest
     else:
         body = body.rstrip("\n") + f"\n\n{SECTION}\n\n{block}\n"
     doc.write_text(body)
@@ -253,6 +300,7 @@ def main():
     ap.add_argument("--worlds", default="2,4")
     ap.add_argument("--sizes", default="4,4K,256K,4M,64M")
     ap.add_argument("--ops", default="all_reduce,all_gather_into_tensor,broadcast,barrier")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--no-build", action="store_true")
     ap.add_argument("--no-doc", action="store_true")
     ap.add_argument("--quick", action="store_true", help="few iterations, no doc")
@@ -276,24 +324,29 @@ def main():
     say(f"building the torch backend for torch {torch_version}")
     subprocess.run([args.python, "-c", "import muster.torch as m; m.build()"], check=True,
                    env=dict(os.environ, **env))
-    records, baselines = [], {}
-    for world in [int(w) for w in args.worlds.split(",")]:
-        say(f"world {world}: C++ SDK baseline")
-        baselines[world] = cpp_baseline(bin_dir, world, args.quick)
-        say(f"world {world}: torch, muster vs gloo")
-        out = run_job(bin_dir, world, [args.python, str(Path(__file__).resolve()), "--rank",
-                                       "--sizes", ",".join(map(str, args.sizes)),
-                                       "--ops", ",".join(args.ops)]
-                      + (["--quick"] if args.quick else []), env)
-        for line in out.splitlines():
-            _, sep, rest = line.partition("BENCH ")
-            if sep:
-                records.append(json.loads(rest))
-                say(rest)
-    text = table(records, baselines, torch_version, cmdline)
+    passes, cpp = [], {}
+    worlds = [int(w) for w in args.worlds.split(",")]
+    for rep in range(1 if args.quick else args.repeats):
+        for world in worlds:
+            say(f"pass {rep + 1}, world {world}: C++ SDK baseline")
+            cpp.setdefault(world, []).append(cpp_baseline(bin_dir, world, args.quick))
+            say(f"pass {rep + 1}, world {world}: torch, muster vs gloo")
+            out = run_job(bin_dir, world, [args.python, str(Path(__file__).resolve()), "--rank",
+                                           "--sizes", ",".join(map(str, args.sizes)),
+                                           "--ops", ",".join(args.ops)]
+                          + (["--quick"] if args.quick else []), env)
+            for line in out.splitlines():
+                _, sep, rest = line.partition("BENCH ")
+                if sep:
+                    passes.append(json.loads(rest))
+                    say(rest)
+    records = median_records(passes)
+    baselines = {w: statistics.median(v) for w, v in cpp.items()}
+    floor = torch_floor(args.python)
+    text = table(records, baselines, torch_version, cmdline, floor)
     print(text)
     if not args.no_doc and not args.quick:
-        write_doc(text)
+        write_doc(text, torch_version)
     return 0
 
 
