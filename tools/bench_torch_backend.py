@@ -231,8 +231,11 @@ def table(records, baselines, torch_version, cmdline, floor=None):
              "| op | world | bytes | muster p50 µs | gloo p50 µs | gloo/muster | target | met |",
              "|---|---|---|---|---|---|---|---|"]
     met_all = True
-    for r in [r for r in records if r["kind"] == "op"]:
-        if r["op"] == "barrier":
+    for r in sorted([r for r in records if r["kind"] == "op"],
+                    key=lambda r: (r["world"], r["op"], r["bytes"])):
+        if r["world"] < 2:
+            target = None  # world 1 is here for the torch layer's cost only
+        elif r["op"] == "barrier":
             target = 10.0
         elif r["bytes"] <= 4096:
             target = 10.0
@@ -248,9 +251,12 @@ def table(records, baselines, torch_version, cmdline, floor=None):
                      f"{'' if target is None else f'≥ {target:g}x'} | {met} |")
     lines += ["", "| DDP step (examples/torch_ddp.py model) | world | muster p50 ms | "
               "gloo p50 ms | gloo/muster | faster |", "|---|---|---|---|---|---|"]
-    for r in [r for r in records if r["kind"] == "ddp"]:
+    for r in sorted([r for r in records if r["kind"] == "ddp"], key=lambda r: r["world"]):
         faster = "yes" if r["ratio"] > 1 else "no"
-        met_all &= faster == "yes"
+        if r["world"] < 2:
+            faster += " (world 1: not a target)"
+        else:
+            met_all &= faster == "yes"
         lines.append(f"| {r['steps']} steps | {r['world']} | {r['muster_p50_us'] / 1000:.2f} | "
                      f"{r['gloo_p50_us'] / 1000:.2f} | {r['ratio']}x | {faster} |")
     floor_text = "n/a (no fake backend)" if floor is None else f"{floor:.2f}"
@@ -330,6 +336,7 @@ def main():
         for world in worlds:
             say(f"pass {rep + 1}, world {world}: C++ SDK baseline")
             cpp.setdefault(world, []).append(cpp_baseline(bin_dir, world, args.quick))
+            say(f"C++ SDK all_reduce 4 B p50 {cpp[world][-1]} us")
             say(f"pass {rep + 1}, world {world}: torch, muster vs gloo")
             out = run_job(bin_dir, world, [args.python, str(Path(__file__).resolve()), "--rank",
                                            "--sizes", ",".join(map(str, args.sizes)),
