@@ -151,6 +151,9 @@ absl::Status ShmCommunicator::Finish(absl::Status status) {
   return status;
 }
 
+// How long an oversubscribed rank yields its CPU before it sleeps.
+constexpr int64_t kYieldBudgetUs = 300;
+
 absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                                       absl::Time deadline, const char* what) {
   absl::Time spin_until = absl::InfinitePast();
@@ -190,6 +193,13 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       return absl::DeadlineExceededError(message);
     }
     if (now < spin_until) continue;
+    // More ranks than CPUs: the ranks we wait for may need this CPU. Yield
+    // it for a while before sleeping on the futex (whose wake-up costs a
+    // scheduler round trip per rank).
+    if (oversubscribed_ && now < spin_until + absl::Microseconds(kYieldBudgetUs)) {
+      std::this_thread::yield();
+      continue;
+    }
     absl::Duration left = deadline - now;
     int64_t sleep_us = std::min<int64_t>(absl::ToInt64Microseconds(left) + 1, 1000);
     segment_->Sleep(epoch, std::max<int64_t>(sleep_us, 1));
