@@ -89,6 +89,19 @@ int InvalidArgument(absl::string_view message) {
   return Fail(absl::StatusCode::kInvalidArgument, message);
 }
 
+// Reference counting of handles (they all have `std::atomic<int> refs`).
+template <typename Handle>
+Handle* AddRef(Handle* h) {
+  if (h != nullptr) h->refs.fetch_add(1, std::memory_order_relaxed);
+  return h;
+}
+
+// Drops a reference; true if it was the last (the caller frees the handle).
+template <typename Handle>
+bool DropRef(Handle* h) {
+  return h != nullptr && h->refs.fetch_sub(1, std::memory_order_acq_rel) == 1;
+}
+
 // Runs `body`, turning an escaping C++ exception (allocation failure) into
 // INTERNAL: nothing may unwind through a C caller.
 template <typename Body>
@@ -299,13 +312,10 @@ int muster_world_init(const muster_init_options* o, muster_world** world) {
   });
 }
 
-muster_world* muster_world_retain(muster_world* world) {
-  if (world != nullptr) world->refs.fetch_add(1, std::memory_order_relaxed);
-  return world;
-}
+muster_world* muster_world_retain(muster_world* world) { return AddRef(world); }
 
 void muster_world_release(muster_world* world) {
-  if (world != nullptr && world->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete world;
+  if (DropRef(world)) delete world;
 }
 
 int muster_world_rank(const muster_world* w) { return w == nullptr ? -1 : w->world->rank(); }
@@ -394,13 +404,10 @@ int muster_group_create(muster_world* world, const int32_t* ranks, size_t nranks
   });
 }
 
-muster_group* muster_group_retain(muster_group* group) {
-  if (group != nullptr) group->refs.fetch_add(1, std::memory_order_relaxed);
-  return group;
-}
+muster_group* muster_group_retain(muster_group* group) { return AddRef(group); }
 
 void muster_group_release(muster_group* group) {
-  if (group == nullptr || group->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (!DropRef(group)) return;
   muster_world* world = group->world;
   group->group.reset();  // before the world it points into
   delete group;
@@ -738,13 +745,10 @@ int muster_batch_isend_irecv(muster_group* g, const muster_p2p_op* ops, size_t n
 
 // ---- work handles ----
 
-muster_work* muster_work_retain(muster_work* w) {
-  if (w != nullptr) w->refs.fetch_add(1, std::memory_order_relaxed);
-  return w;
-}
+muster_work* muster_work_retain(muster_work* w) { return AddRef(w); }
 
 void muster_work_release(muster_work* w) {
-  if (w == nullptr || w->refs.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  if (!DropRef(w)) return;
   muster_group* group = w->group;
   delete w;
   muster_group_release(group);

@@ -367,11 +367,38 @@ def _finish(code, handle, keep, async_op, result=None):
 
 # ---- groups ----
 
-class Group:
+class _Handle:
+    """Owns one reference of a C handle, dropped (by the muster_*_release
+    function named _RELEASE) when the object is collected or closed."""
+
+    _RELEASE = None
+
+    def __init__(self, handle):
+        self._handle = handle
+
+    @property
+    def handle(self):
+        return self._handle
+
+    def _drop(self):
+        handle, self._handle = getattr(self, "_handle", None), None
+        if handle:
+            getattr(lib(), self._RELEASE)(handle)
+
+    def __del__(self):
+        try:
+            self._drop()
+        except Exception:  # interpreter shutdown
+            pass
+
+
+class Group(_Handle):
     """A process group as this rank sees it (c10d's ProcessGroup)."""
 
+    _RELEASE = "muster_group_release"
+
     def __init__(self, handle, world=None):
-        self._handle = handle
+        super().__init__(handle)
         self._world = world
 
     @classmethod
@@ -379,18 +406,6 @@ class Group:
         """Wraps a muster_group* (an int) from elsewhere, e.g. the torch
         backend; takes a reference of its own."""
         return cls(lib().muster_group_retain(handle))
-
-    def __del__(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            try:
-                lib().muster_group_release(handle)
-            except Exception:
-                pass
-
-    @property
-    def handle(self):
-        return self._handle
 
     @property
     def rank(self):
@@ -671,19 +686,10 @@ class Group:
 
 # ---- the store ----
 
-class Store:
+class Store(_Handle):
     """A key-value store client with c10d's semantics (values are bytes)."""
 
-    def __init__(self, handle):
-        self._handle = handle
-
-    def __del__(self):
-        handle, self._handle = getattr(self, "_handle", None), None
-        if handle:
-            try:
-                lib().muster_store_release(handle)
-            except Exception:
-                pass
+    _RELEASE = "muster_store_release"
 
     @staticmethod
     def _bytes(value):
@@ -790,29 +796,19 @@ def daemon_store_port(socket=None):
 
 # ---- the world ----
 
-class World:
+class World(_Handle):
     """This process's membership in a job (one per process)."""
 
+    _RELEASE = "muster_world_release"
+
     def __init__(self, handle):
-        self._handle = handle
+        super().__init__(handle)
         self.group = Group(lib().muster_world_group(handle), self)
 
     def close(self):
         """Leaves the job once every group handle is gone."""
-        handle, self._handle = self._handle, None
-        if handle:
-            self.group = None
-            lib().muster_world_release(handle)
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
-
-    @property
-    def handle(self):
-        return self._handle
+        self.group = None
+        self._drop()
 
     @property
     def rank(self):
