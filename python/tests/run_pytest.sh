@@ -20,7 +20,10 @@ fi
 # A sanitizer build of libmuster.so needs its runtime loaded first, which a
 # Python interpreter does not do: say so instead of failing on it.
 LIB="${MUSTER_BIN_DIR:-$(cd "$TESTS/../.." && pwd)/bazel-bin}/client/libmuster.so"
-if ldd "$LIB" 2>/dev/null | grep -qE 'lib(a|t)san'; then
+# (ldd's output is read whole first: with pipefail, grep -q closing the pipe
+# early would fail the pipeline.)
+deps=$(ldd "$LIB" 2>/dev/null || true)
+if grep -qE 'lib(a|t)san' <<<"$deps"; then
   echo "MUSTER_TEST_SKIPPED: libmuster.so is a sanitizer build (--config=asan/tsan); the Python" \
        "suites run in the plain build (the C API's own test, //client:c_api_test, runs here)"
   exit 0
