@@ -310,9 +310,16 @@ int main(void) {
   }
   CHECK(saw_counter && nkeys >= 5, "list_keys: %zu keys, counter %d", nkeys, saw_counter);
   muster_free(listed);
+  MUST(muster_group_barrier(wg, 30.0)); /* both listed before a key goes */
   int existed = 0;
   MUST(muster_store_delete_key(store, "c-cas-0", &existed));
   MUST(muster_group_barrier(wg, 30.0));
+  if (my_rank == 0) {
+    int exist_now = 1;
+    const char* gone[1] = {"c-cas-0"};
+    MUST(muster_store_check(store, gone, 1, &exist_now));
+    CHECK(exist_now == 0, "c-cas-0 still exists after delete_key");
+  }
   muster_store_release(store);
 
   muster_group_release(wg);
