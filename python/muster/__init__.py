@@ -274,6 +274,8 @@ _orphans = []
 
 
 def _prune_orphans():
+    if not _orphans:  # the common case, without the lock (reads are atomic under the GIL)
+        return
     with _orphans_lock:
         if not _orphans:
             return
@@ -359,10 +361,18 @@ def _blobs(handle):
 
 def _finish(code, handle, keep, async_op, result=None):
     _check(code)
-    work = Work(handle.value, keep, result)
     if async_op:
-        return work
-    return work.wait()
+        return Work(handle.value, keep, result)
+    # Synchronous: wait and release the handle here (no Work object); the
+    # buffers in `keep` stay referenced by the caller's frame until then.
+    h = handle.value
+    try:
+        code = lib().muster_work_wait(h, -1.0)
+        if code != 0:
+            raise _error(code)
+        return None if result is None else result(h)
+    finally:
+        lib().muster_work_release(h)
 
 
 # ---- groups ----
