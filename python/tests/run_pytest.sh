@@ -29,7 +29,9 @@ if grep -qE 'lib(a|t)san' <<<"$deps"; then
   exit 0
 fi
 # The torch backend is compiled once per torch version into this cache.
-export MUSTER_TORCH_BUILD_DIR="${MUSTER_TORCH_BUILD_DIR:-/var/tmp/muster-torch-build}"
+# Private to this user: the backend refuses a folder others can write.
+export MUSTER_TORCH_BUILD_DIR="${MUSTER_TORCH_BUILD_DIR:-/var/tmp/muster-torch-build-$(id -u)}"
+mkdir -p -m 700 "$MUSTER_TORCH_BUILD_DIR"
 # HOME may be a fresh temporary directory under Bazel; torch's extension
 # builder and pip want one that exists.
 export HOME="${HOME:-/tmp}"

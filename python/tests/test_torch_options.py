@@ -77,3 +77,34 @@ def test_plain_env_with_muster_store_override():
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "MUSTER_STORE_PORT": "29510"}
     got, asked = resolve(env)
     assert got == dict(BASE, master_addr="127.0.0.1", master_port=29510)
+
+
+def _load_build():
+    path = REPO / "python" / "muster" / "torch" / "_build.py"
+    spec = importlib.util.spec_from_file_location("muster_torch_build", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_build_folder_must_be_private(tmp_path):
+    build = _load_build()
+    mine = tmp_path / "cache" / "torch-x"
+    build.private_dir(str(mine))  # created, mode 700
+    assert (mine.stat().st_mode & 0o777) == 0o700
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    with pytest.raises(RuntimeError, match="writable by another user"):
+        build.private_dir(str(shared / "torch-x"))
+
+
+def test_a_stamp_naming_a_file_outside_the_build_folder_is_ignored(tmp_path):
+    build = _load_build()
+    outside = tmp_path / "evil.so"
+    outside.write_bytes(b"not a module")
+    folder = tmp_path / "build"
+    folder.mkdir()
+    (folder / "muster_stamp.json").write_text(
+        '{"key": "k", "name": "muster_torch_C", "so": "%s"}' % outside)
+    assert build._load_built(str(folder), "k") is None

@@ -103,14 +103,33 @@ def _stamp_path(directory):
     return os.path.join(directory, "muster_stamp.json")
 
 
+def private_dir(directory):
+    """Creates `directory` (mode 700) if needed and checks that only this user
+    can write it or its parent: code loaded from a folder someone else can
+    write would run as whoever imports muster.torch. Raises RuntimeError."""
+    os.makedirs(directory, mode=0o700, exist_ok=True)
+    for d in (directory, os.path.dirname(os.path.abspath(directory))):
+        st = os.stat(d)
+        if st.st_uid != os.getuid() or st.st_mode & 0o022:
+            if d != directory and st.st_mode & 0o1000 and st.st_uid == 0:
+                continue  # a sticky root-owned parent such as /tmp: entries stay ours
+            raise RuntimeError(
+                "muster: the torch backend's build folder %s is writable by another user (owner "
+                "uid %d, mode %o); use a private one (MUSTER_TORCH_BUILD_DIR)"
+                % (d, st.st_uid, st.st_mode & 0o7777))
+
+
 def _load_built(directory, key):
-    """The already built extension if its stamp matches `key`, else None."""
+    """The already built extension if its stamp matches `key` and names a
+    file inside `directory`, else None."""
     try:
         with open(_stamp_path(directory)) as f:
             stamp = json.load(f)
     except (OSError, ValueError):
         return None
-    if stamp.get("key") != key or not os.path.exists(stamp.get("so", "")):
+    so = os.path.realpath(stamp.get("so", ""))
+    inside = so.startswith(os.path.realpath(directory) + os.sep)
+    if stamp.get("key") != key or not inside or not os.path.exists(so):
         return None
     spec = importlib.util.spec_from_file_location(stamp["name"], stamp["so"])
     module = importlib.util.module_from_spec(spec)
@@ -160,7 +179,7 @@ def load():
         from muster import _capi
         _capi.lib()
         directory = build_dir()
-        os.makedirs(directory, exist_ok=True)
+        private_dir(directory)
         include = include_dir()
         key = _build_key(lib, include)
         module = _load_built(directory, key)
