@@ -3,12 +3,14 @@
 // It owns no state of its own: Status asks a snapshot function supplied by
 // the daemon. Thread-safe: handlers run on gRPC's callback threads and only
 // read atomics or call the (thread-safe) snapshot function; they never block.
+// Any local user may call it; TCP callers must authenticate.
 #ifndef MUSTER_DAEMON_ADMIN_SERVICE_H_
 #define MUSTER_DAEMON_ADMIN_SERVICE_H_
 
 #include <atomic>
 #include <functional>
 
+#include "daemon/access/access_policy.h"
 #include "proto/admin.grpc.pb.h"
 
 namespace muster {
@@ -16,7 +18,9 @@ namespace muster {
 class AdminService final : public muster::v1::Admin::CallbackService {
  public:
   using SnapshotFn = std::function<muster::v1::StatusResponse()>;
-  explicit AdminService(SnapshotFn snapshot) : snapshot_(std::move(snapshot)) {}
+  // `access` (outlives the service) authenticates callers; nullptr: anyone.
+  AdminService(SnapshotFn snapshot, const AccessPolicy* access)
+      : snapshot_(std::move(snapshot)), access_(access) {}
 
   // After this, Health reports DRAINING.
   void SetDraining() { draining_.store(true); }
@@ -29,7 +33,11 @@ class AdminService final : public muster::v1::Admin::CallbackService {
                                    muster::v1::StatusResponse* response) override;
 
  private:
+  // OK, or why the caller may not call (UNAUTHENTICATED over TCP).
+  absl::Status Admit(grpc::CallbackServerContext* context) const;
+
   SnapshotFn snapshot_;
+  const AccessPolicy* access_;
   std::atomic<bool> draining_{false};
 };
 

@@ -4,10 +4,12 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "backends/shm/segment.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "daemon/access/unix_listener.h"
 #include "daemon/admin_service.h"
 #include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/gpu/gpu_service.h"
@@ -47,12 +49,34 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   std::unique_ptr<Daemon> daemon(new Daemon(options));
   ASSIGN_OR_RETURN(daemon->socket_lock_, SocketLock::Acquire(options.socket_path));
 
+  bool tls = !options.tls_cert_pem.empty() || !options.tls_key_pem.empty();
+  if (tls && (options.tls_cert_pem.empty() || options.tls_key_pem.empty())) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  if (!options.tls_ca_pem.empty() && !tls) {
+    return absl::InvalidArgumentError("--tls-ca needs --tls-cert and --tls-key");
+  }
+  if (tls && options.tls_ca_pem.empty() && options.access.token.empty()) {
+    return absl::InvalidArgumentError(
+        "TLS without --tls-ca or --token-file would let any TCP client in: give a CA for "
+        "client certificates, a cluster token, or both");
+  }
+  AccessOptions access = options.access;
+  access.tls_client_certificates = !options.tls_ca_pem.empty();
+  daemon->access_ = std::make_unique<AccessPolicy>(access);
+  UnixListenerOptions socket_options;
+  socket_options.path = options.socket_path;
+  socket_options.mode = options.socket_mode;
+  socket_options.gid = options.socket_gid;
+  ASSIGN_OR_RETURN(daemon->unix_listener_,
+                   UnixListener::Bind(socket_options, daemon->access_.get()));
+
   if (options.store_enabled) {
     StoreServerOptions store_options = options.store;
     store_options.listen_address = options.listen_address;
     ASSIGN_OR_RETURN(daemon->store_, StoreServer::Start(store_options));
-    daemon->store_service_ =
-        std::make_unique<StoreService>(daemon->store_.get(), store_options.limits);
+    daemon->store_service_ = std::make_unique<StoreService>(
+        daemon->store_.get(), store_options.limits, daemon->access_.get());
     MLOG(INFO) << "store serving on " << JoinHostPort(options.listen_address, daemon->store_port())
                << (store_options.token.empty() ? "" : " (token required)")
                << (store_options.state_dir.empty()
@@ -67,37 +91,66 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.hostname = Hostname();
   registry_options.store_token = options.store.token;
   registry_options.shm_slot_bytes = options.shm_slot_bytes;
+  registry_options.max_world_size = options.max_world_size;
+  registry_options.max_group_size = options.max_group_size;
+  registry_options.max_jobs = options.max_jobs;
+  registry_options.job_grace = options.job_grace;
+  const AccessPolicy* policy = daemon->access_.get();
   daemon->registry_ = std::make_unique<Registry>(registry_options);
-  daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get());
-  daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get());
+  daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get(), policy);
+  daemon->groups_service_ = std::make_unique<GroupsService>(daemon->registry_.get(), policy);
   daemon->gpu_service_ = std::make_unique<GpuService>(
-      daemon->registry_.get(), options.store.token,
+      daemon->registry_.get(), policy, options.store.token,
       options.gpu_runtime ? options.gpu_runtime() : LoadGpuRuntime(options.gpu_plugin));
 
   Daemon* self = daemon.get();
-  daemon->admin_service_ = std::make_unique<AdminService>([self] { return self->Snapshot(); });
+  daemon->admin_service_ =
+      std::make_unique<AdminService>([self] { return self->Snapshot(); }, policy);
 
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon could share the port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(absl::StrCat("unix:", options.socket_path),
-                           grpc::InsecureServerCredentials());
   std::string tcp_address = JoinHostPort(options.listen_address, options.grpc_port);
-  builder.AddListeningPort(tcp_address, grpc::InsecureServerCredentials(), &daemon->grpc_port_);
+  bool serve_tcp = tls || !options.access.token.empty();
+  if (serve_tcp) {
+    std::shared_ptr<grpc::ServerCredentials> credentials = grpc::InsecureServerCredentials();
+    if (tls) {
+      grpc::SslServerCredentialsOptions ssl(
+          access.tls_client_certificates
+              ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+              : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE);
+      ssl.pem_root_certs = options.tls_ca_pem;
+      ssl.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
+      credentials = grpc::SslServerCredentials(ssl);
+    }
+    builder.AddListeningPort(tcp_address, credentials, &daemon->grpc_port_);
+  } else {
+    MLOG(WARNING) << "gRPC over TCP is off: no --token-file and no --tls-cert/--tls-key, so "
+                     "only local users reach musterd (unix socket); peer daemons and remote "
+                     "musterctl need credentials";
+  }
   builder.RegisterService(daemon->admin_service_.get());
   if (daemon->store_service_ != nullptr) builder.RegisterService(daemon->store_service_.get());
   builder.RegisterService(daemon->session_service_.get());
   builder.RegisterService(daemon->groups_service_.get());
   builder.RegisterService(daemon->gpu_service_.get());
   daemon->server_ = builder.BuildAndStart();
-  if (daemon->server_ == nullptr || daemon->grpc_port_ == 0) {
+  if (daemon->server_ == nullptr || (serve_tcp && daemon->grpc_port_ == 0)) {
     if (daemon->server_ != nullptr) daemon->server_->Shutdown();
-    return absl::UnavailableError(absl::StrCat("cannot serve gRPC on ", tcp_address,
-                                               " and unix:", options.socket_path,
-                                               " (is the port in use, or the address not local?)"));
+    return absl::UnavailableError(
+        absl::StrCat("cannot serve gRPC on ", tcp_address,
+                     " (is the port in use, the address not local, or the TLS key or "
+                     "certificate invalid?)"));
   }
-  MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path << " and "
-             << JoinHostPort(options.listen_address, daemon->grpc_port_);
+  daemon->unix_listener_->Serve(daemon->server_.get());
+  MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path
+             << " (mode " << absl::StrFormat("%04o", options.socket_mode) << ")"
+             << (serve_tcp ? absl::StrCat(
+                                 " and ", JoinHostPort(options.listen_address, daemon->grpc_port_),
+                                 tls ? (access.tls_client_certificates ? " (mutual TLS" : " (TLS")
+                                     : " (plain TCP",
+                                 options.access.token.empty() ? ")" : ", token)")
+                           : "");
 
   if (!options.ready_file.empty()) {
     ReadyInfo info;
@@ -124,7 +177,7 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
   s.set_hostname(Hostname());
   s.set_uptime_seconds(absl::ToDoubleSeconds(absl::Now() - start_time_));
   s.set_socket_path(options_.socket_path);
-  s.set_grpc_address(JoinHostPort(options_.listen_address, grpc_port_));
+  if (grpc_port_ != 0) s.set_grpc_address(JoinHostPort(options_.listen_address, grpc_port_));
   s.set_grpc_port(grpc_port_);
   if (store_ != nullptr) {
     StoreServer::Stats stats = store_->stats();
@@ -160,6 +213,7 @@ void Daemon::Shutdown() {
   // The store next: its stop finishes parked gRPC store waits (UNAVAILABLE)
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
+  if (unix_listener_ != nullptr) unix_listener_->Stop();
   if (server_ != nullptr) {
     MLOG(INFO) << "shutting down: waiting up to " << absl::FormatDuration(options_.shutdown_grace)
                << " for in-flight RPCs";

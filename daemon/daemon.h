@@ -1,6 +1,8 @@
 // Daemon: one running musterd — its gRPC server (unix socket for local ranks
-// and the CLI, TCP for peer daemons), the TCP key-value store, the services
-// behind them, and the files it owns (socket, lock, ready file).
+// and the CLI, each connection identified by the kernel; TCP for peer
+// daemons and remote musterctl, only with a cluster token or mutual TLS),
+// the TCP key-value store, the services behind them, and the files it owns
+// (socket, lock, ready file).
 //
 // Lifecycle: Start() returns a serving daemon; Shutdown() (idempotent, any
 // thread) drains it: Health turns DRAINING, in-flight RPCs get up to
@@ -16,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "daemon/access/access_policy.h"
 #include "daemon/store/store_server.h"
 #include "proto/admin.pb.h"
 
@@ -25,7 +28,9 @@ class Server;
 
 namespace muster {
 
+class AccessPolicy;
 class AdminService;
+class UnixListener;
 class GroupsService;
 class Registry;
 class GpuService;
@@ -35,11 +40,28 @@ class SocketLock;
 class StoreService;
 
 struct DaemonOptions {
-  // Unix socket for local ranks and musterctl (required, absolute).
+  // Unix socket for local ranks and musterctl (required, absolute), its
+  // permission bits and group (-1: musterd's).
   std::string socket_path;
-  // TCP address and port of the gRPC server; port 0 picks a free one.
+  uint32_t socket_mode = 0660;
+  int64_t socket_gid = -1;
+  // TCP address and port of the gRPC server; port 0 picks a free one. The
+  // TCP listener only runs with a cluster token (access.token) or mutual
+  // TLS (tls_*): without credentials it is off.
   std::string listen_address = "0.0.0.0";
   int grpc_port = 29510;
+  // Cluster token, operator group, request field limits.
+  AccessOptions access;
+  // TLS of the TCP listener (PEM text): certificate and key of this daemon;
+  // with a CA, clients must present a certificate it signed (mutual TLS).
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+  std::string tls_ca_pem;
+  // Jobs and groups (see RegistryOptions).
+  int max_world_size = 1 << 20;
+  int max_group_size = 1 << 20;
+  int max_jobs = 1024;
+  absl::Duration job_grace = absl::Seconds(60);
   // If set, where to write the ready JSON once serving.
   std::string ready_file;
   // How long in-flight RPCs may run after shutdown begins.
@@ -67,6 +89,7 @@ class Daemon {
   // Stops serving and removes the daemon's files. Idempotent.
   void Shutdown();
 
+  // 0 when the TCP listener is off.
   int grpc_port() const { return grpc_port_; }
   int store_port() const { return store_ != nullptr ? store_->port() : 0; }
   const std::string& socket_path() const { return options_.socket_path; }
@@ -80,6 +103,8 @@ class Daemon {
   const absl::Time start_time_;
   int grpc_port_ = 0;
   std::unique_ptr<SocketLock> socket_lock_;
+  std::unique_ptr<AccessPolicy> access_;
+  std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<StoreServer> store_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;

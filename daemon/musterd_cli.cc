@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,7 @@
 #include "common/logging.h"
 #include "common/paths.h"
 #include "common/version.h"
+#include "daemon/access/unix_listener.h"
 #include "daemon/daemon.h"
 
 namespace {
@@ -36,12 +38,29 @@ bool SetLogLevel(const std::string& name) {
   return true;
 }
 
-// Reads the store token: the file's content without surrounding whitespace.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
+// Reads a whole file (PEM certificates and keys).
+absl::StatusOr<std::string> ReadWholeFile(const std::string& flag, const std::string& path) {
   FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) {
     return absl::NotFoundError(
-        absl::StrCat("cannot read --store-token-file ", path, ": ", std::strerror(errno)));
+        absl::StrCat("cannot read --", flag, " ", path, ": ", std::strerror(errno)));
+  }
+  std::string data;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+  std::fclose(f);
+  if (data.empty())
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, " is empty"));
+  return data;
+}
+
+// Reads a token: the file's content without surrounding whitespace.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+  FILE* f = std::fopen(path.c_str(), "r");
+  if (f == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("cannot read --", flag, " ", path, ": ", std::strerror(errno)));
   }
   std::string data;
   char buf[4096];
@@ -56,8 +75,7 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": token longer than 4096 bytes"));
   }
   if (loose) {
-    MLOG(WARNING) << "--store-token-file " << path
-                  << " is readable by group or others; chmod 600 it";
+    MLOG(WARNING) << "--" << flag << " " << path << " is readable by group or others; chmod 600 it";
   }
   return token;
 }
@@ -96,6 +114,15 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t max_connections = options.store.max_connections;
   int64_t max_total_bytes = options.store.max_total_bytes;
   int64_t shm_slot_bytes = options.shm_slot_bytes;
+  std::string cluster_token_file;
+  std::string tls_cert, tls_key, tls_ca;
+  std::string socket_mode = "0660";
+  std::string socket_group;
+  std::string operator_group;
+  int64_t max_world_size = options.max_world_size;
+  int64_t max_group_size = options.max_group_size;
+  int64_t max_jobs = options.max_jobs;
+  double job_grace_seconds = absl::ToDoubleSeconds(options.job_grace);
 
   muster::FlagSet flags(
       "musterd",
@@ -107,9 +134,39 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "Unix socket for local ranks and musterctl. Empty means the default:\n"
                   "/run/muster/musterd.sock as root, else $XDG_RUNTIME_DIR/muster/musterd.sock,\n"
                   "else /tmp/muster-<uid>/musterd.sock.");
+  flags.AddString("socket-mode", &socket_mode,
+                  "Permission bits of the socket (octal): who may connect at all. Every caller\n"
+                  "is identified by the kernel (SO_PEERCRED) and sees and aborts only the jobs\n"
+                  "of its own user; 0666 lets every local user run jobs.");
+  flags.AddString("socket-group", &socket_group,
+                  "Group (name or gid) owning the socket, e.g. the group of users who run jobs\n"
+                  "(with --socket-mode 0660). Empty: musterd's group.");
+  flags.AddString("operator-group", &operator_group,
+                  "Members of this group (name or gid) see and may abort every job, like root\n"
+                  "and musterd's own user. Empty: none.");
   flags.AddString("listen", &options.listen_address,
-                  "Address the TCP gRPC server binds to (0.0.0.0, 127.0.0.1, ::, ...).");
-  flags.AddInt("grpc-port", &grpc_port, "TCP port of the gRPC server; 0 picks a free port.");
+                  "Address the TCP gRPC server and the store bind to (0.0.0.0, 127.0.0.1, ::).");
+  flags.AddInt("grpc-port", &grpc_port,
+               "TCP port of the gRPC server; 0 picks a free port. The TCP server runs only\n"
+               "with --token-file and/or --tls-cert/--tls-key (otherwise it is off).");
+  flags.AddString("token-file", &cluster_token_file,
+                  "File holding the cluster token: every gRPC call over TCP (peer daemons,\n"
+                  "musterctl --addr) must carry it. Compared in constant time, never logged.\n"
+                  "Keep it from job users (it grants every job); --store-token-file may name\n"
+                  "the same file if one secret should serve both.");
+  flags.AddString("tls-cert", &tls_cert, "PEM certificate of this daemon's TCP gRPC server.");
+  flags.AddString("tls-key", &tls_key, "PEM private key for --tls-cert.");
+  flags.AddString("tls-ca", &tls_ca,
+                  "PEM CA bundle: TCP clients must present a certificate it signed (mutual\n"
+                  "TLS between daemons, and for musterctl --addr).");
+  flags.AddInt("max-world-size", &max_world_size,
+               "Largest world size a job may register (checked before any allocation).");
+  flags.AddInt("max-group-size", &max_group_size, "Most ranks in one process group.");
+  flags.AddInt("max-jobs", &max_jobs,
+               "Most jobs held at once; finished jobs count until they are removed.");
+  flags.AddDouble("job-grace-seconds", &job_grace_seconds,
+                  "How long a job stays listed after its last rank on this node left or\n"
+                  "failed; then it is removed with its threads and store connections.");
   flags.AddString(
       "ready-file", &options.ready_file,
       "Once serving, write {\"pid\",\"grpc_port\",\"store_port\",\"socket\",\"version\"}\n"
@@ -204,8 +261,59 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   options.store.max_connections = max_connections;
   options.store.max_total_bytes = max_total_bytes;
   options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
+  for (auto [name, value] : {std::pair<const char*, int64_t>{"max-world-size", max_world_size},
+                             {"max-group-size", max_group_size},
+                             {"max-jobs", max_jobs}}) {
+    if (value <= 0 || value > (int64_t{1} << 30)) {
+      std::fprintf(stderr, "musterd: --%s must be in [1, 2^30], got %lld\n", name,
+                   static_cast<long long>(value));
+      return 2;
+    }
+  }
+  if (!(job_grace_seconds >= 0 && job_grace_seconds <= 86400)) {
+    std::fprintf(stderr, "musterd: --job-grace-seconds must be in [0, 86400]\n");
+    return 2;
+  }
+  options.max_world_size = static_cast<int>(max_world_size);
+  options.max_group_size = static_cast<int>(max_group_size);
+  options.max_jobs = static_cast<int>(max_jobs);
+  options.job_grace = absl::Seconds(job_grace_seconds);
+  auto mode = muster::ParseSocketMode(socket_mode);
+  auto socket_gid = muster::ResolveGroup(socket_group);
+  auto operator_gid = muster::ResolveGroup(operator_group);
+  for (auto [flag, status] : {std::pair<const char*, absl::Status>{"socket-mode", mode.status()},
+                              {"socket-group", socket_gid.status()},
+                              {"operator-group", operator_gid.status()}}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "musterd: --%s: %s\n", flag, std::string(status.message()).c_str());
+      return 2;
+    }
+  }
+  options.socket_mode = *mode;
+  options.socket_gid = *socket_gid;
+  options.access.operator_gid = *operator_gid;
+  if (!cluster_token_file.empty()) {
+    auto token = ReadTokenFile("token-file", cluster_token_file);
+    if (!token.ok()) {
+      std::fprintf(stderr, "musterd: %s\n", std::string(token.status().message()).c_str());
+      return 2;
+    }
+    options.access.token = *token;
+  }
+  for (auto [flag, path, out] : {std::tuple<const char*, std::string*, std::string*>{
+                                     "tls-cert", &tls_cert, &options.tls_cert_pem},
+                                 {"tls-key", &tls_key, &options.tls_key_pem},
+                                 {"tls-ca", &tls_ca, &options.tls_ca_pem}}) {
+    if (path->empty()) continue;
+    auto pem = ReadWholeFile(flag, *path);
+    if (!pem.ok()) {
+      std::fprintf(stderr, "musterd: %s\n", std::string(pem.status().message()).c_str());
+      return 2;
+    }
+    *out = *pem;
+  }
   if (!token_file.empty()) {
-    auto token = ReadTokenFile(token_file);
+    auto token = ReadTokenFile("store-token-file", token_file);
     if (!token.ok()) {
       std::fprintf(stderr, "musterd: %s\n", std::string(token.status().message()).c_str());
       return 2;

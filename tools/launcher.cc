@@ -74,7 +74,7 @@ std::optional<v1::StatusResponse> ProbeDaemon(const std::string& socket) {
   DaemonTarget target;
   target.socket_path = socket;
   auto admin = v1::Admin::NewStub(ConnectToDaemon(target));
-  auto context = ContextWithTimeout(absl::Seconds(2));
+  auto context = ContextWithTimeout(target, absl::Seconds(2));
   v1::StatusResponse status;
   if (!admin->Status(context.get(), v1::StatusRequest(), &status).ok()) return std::nullopt;
   return status;
@@ -567,8 +567,8 @@ class Launcher {
           std::string mine = absl::StrCat("node ", o_.node_rank, ": ", what);
           auto first = store->CompareSet(failed_key, "", mine);
           if (first.ok() && *first != mine) {
-            failure_summary = absl::StrCat("the job failed on another node (", *first,
-                                           "); here ", failure_summary);
+            failure_summary = absl::StrCat("the job failed on another node (", *first, "); here ",
+                                           failure_summary);
           }
         }
       } else if (!remote_failure.empty()) {

@@ -148,11 +148,11 @@ int RunStatus(const CtlOptions& options) {
   auto channel = ConnectToDaemon(options.target);
   auto admin = muster::v1::Admin::NewStub(channel);
   muster::v1::HealthResponse health;
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   grpc::Status rpc = admin->Health(context.get(), muster::v1::HealthRequest(), &health);
   if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "Health"));
   muster::v1::StatusResponse status;
-  context = ContextWithTimeout(options.timeout);
+  context = ContextWithTimeout(options.target, options.timeout);
   rpc = admin->Status(context.get(), muster::v1::StatusRequest(), &status);
   if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "Status"));
   bool healthy = health.status() == muster::v1::HealthResponse::SERVING;
@@ -242,7 +242,7 @@ int RunStore(const CtlOptions& options, const std::vector<std::string>& args) {
   auto stub = muster::v1::Store::NewStub(ConnectToDaemon(options.target));
   // Blocking calls wait up to --timeout on the daemon; the RPC gets 5 s more.
   int64_t wait_ms = absl::ToInt64Milliseconds(options.timeout);
-  auto context = ContextWithTimeout(options.timeout + absl::Seconds(5));
+  auto context = ContextWithTimeout(options.target, options.timeout + absl::Seconds(5));
   grpc::Status rpc;
   if (sub == "get" && args.size() == 3) {
     v1::GetRequest req;
@@ -325,7 +325,7 @@ int RunStore(const CtlOptions& options, const std::vector<std::string>& args) {
 
 int RunRanks(const CtlOptions& options) {
   auto stub = v1::Session::NewStub(ConnectToDaemon(options.target));
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   v1::ListRanksRequest req;
   req.set_job_id(options.job);
   v1::ListRanksResponse resp;
@@ -373,7 +373,7 @@ int RunRanks(const CtlOptions& options) {
 
 int RunJobs(const CtlOptions& options) {
   auto stub = v1::Session::NewStub(ConnectToDaemon(options.target));
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   v1::ListJobsResponse resp;
   grpc::Status rpc = stub->ListJobs(context.get(), v1::ListJobsRequest(), &resp);
   if (!rpc.ok()) return Unreachable(options, FromGrpc(rpc, "ListJobs"));
@@ -392,6 +392,8 @@ int RunJobs(const CtlOptions& options) {
           .Int(j.num_local_ranks())
           .Key("state")
           .String(j.state())
+          .Key("uid")
+          .Int(j.uid())
           .EndObject();
     }
     w.EndArray();
@@ -401,15 +403,15 @@ int RunJobs(const CtlOptions& options) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& j : resp.jobs()) {
     rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.world_size()),
-                    absl::StrCat(j.num_local_ranks()), j.state()});
+                    absl::StrCat(j.num_local_ranks()), j.state(), absl::StrCat(j.uid())});
   }
-  PrintTable({"JOB", "GEN", "WORLD", "LOCAL_RANKS", "STATE"}, rows);
+  PrintTable({"JOB", "GEN", "WORLD", "LOCAL_RANKS", "STATE", "UID"}, rows);
   return 0;
 }
 
 int RunGroups(const CtlOptions& options) {
   auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   v1::ListGroupsRequest req;
   req.set_job_id(options.job);
   v1::ListGroupsResponse resp;
@@ -434,7 +436,7 @@ int RunGroups(const CtlOptions& options) {
 
 int RunGroup(const CtlOptions& options, const std::string& name) {
   auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   v1::GetGroupRequest req;
   req.set_job_id(options.job);
   req.set_name(name);
@@ -474,7 +476,7 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
 int RunAbort(const CtlOptions& options, const std::vector<std::string>& args) {
   if (args.size() < 2 || args.size() > 3) return Usage("abort JOB [GROUP] [--reason TEXT]");
   auto channel = ConnectToDaemon(options.target);
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   grpc::Status rpc;
   if (args.size() == 2) {
     v1::AbortJobRequest req;
@@ -503,7 +505,7 @@ int RunAbort(const CtlOptions& options, const std::vector<std::string>& args) {
 }  // namespace
 int RunGpu(const CtlOptions& options) {
   auto stub = v1::Gpu::NewStub(ConnectToDaemon(options.target));
-  auto context = ContextWithTimeout(options.timeout);
+  auto context = ContextWithTimeout(options.target, options.timeout);
   v1::ListCommunicatorsRequest req;
   req.set_job_id(options.job);
   v1::ListCommunicatorsResponse resp;
@@ -573,6 +575,7 @@ int main(int argc, char** argv) {
   muster::CtlOptions options;
   std::string socket_path;
   std::string address;
+  std::string token_file, tls_ca, tls_cert, tls_key;
   double timeout_seconds = 5;
   muster::FlagSet flags(
       "musterctl",
@@ -599,6 +602,16 @@ int main(int argc, char** argv) {
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
   flags.AddString("addr", &address,
                   "TCP host:port of the daemon's gRPC server (instead of --socket).");
+  flags.AddString("token-file", &token_file,
+                  "With --addr: file holding the cluster token (musterd --token-file).\n"
+                  "Default: $MUSTER_TOKEN_FILE, else the token in $MUSTER_TOKEN.");
+  flags.AddString("tls-ca", &tls_ca,
+                  "With --addr: PEM CA that signed the daemon's certificate (turns TLS on).\n"
+                  "Default: $MUSTER_TLS_CA.");
+  flags.AddString("tls-cert", &tls_cert,
+                  "With --addr and --tls-ca: PEM client certificate for mutual TLS\n"
+                  "(e.g. the node's daemon certificate). Default: $MUSTER_TLS_CERT.");
+  flags.AddString("tls-key", &tls_key, "PEM key of --tls-cert. Default: $MUSTER_TLS_KEY.");
   flags.AddBool("json", &options.json, "Print JSON instead of a table.");
   flags.AddDouble("timeout", &timeout_seconds,
                   "Seconds to wait for the daemon's answer (store get/wait: for the keys).");
@@ -618,6 +631,12 @@ int main(int argc, char** argv) {
   options.target.address = address;
   options.target.socket_path = socket_path.empty() ? muster::ClientSocketPath() : socket_path;
   options.timeout = absl::Seconds(timeout_seconds);
+  if (absl::Status loaded =
+          muster::LoadCredentials(token_file, tls_ca, tls_cert, tls_key, &options.target);
+      !loaded.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", std::string(loaded.message()).c_str());
+    return 2;
+  }
   if (args.empty()) {
     std::fprintf(stderr, "musterctl: missing command (see musterctl --help)\n");
     return 2;

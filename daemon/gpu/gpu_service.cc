@@ -1,8 +1,11 @@
 #include "daemon/gpu/gpu_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/registry/job_coordinator.h"
+#include "daemon/registry/services.h"
 #include "muster/tcp_store.h"
 
 namespace muster {
@@ -15,9 +18,12 @@ grpc::Status ToGrpc(const absl::Status& s) {
 
 }  // namespace
 
-GpuService::GpuService(Registry* registry, std::string store_token,
+GpuService::GpuService(Registry* registry, const AccessPolicy* access, std::string store_token,
                        std::unique_ptr<GpuRuntime> runtime)
-    : registry_(registry), store_token_(std::move(store_token)), runtime_(std::move(runtime)) {
+    : registry_(registry),
+      access_(access),
+      store_token_(std::move(store_token)),
+      runtime_(std::move(runtime)) {
   if (runtime_ == nullptr) runtime_ = UnavailableGpuRuntime("no GPU runtime");
   engine_ = std::make_unique<NcclEngine>(runtime_.get(), this);
   registry_->SetObserver(this);
@@ -30,10 +36,23 @@ void GpuService::Shutdown() {
   engine_->Shutdown();
 }
 
+absl::StatusOr<Caller> GpuService::Admit(grpc::CallbackServerContext* context,
+                                         const google::protobuf::Message& request,
+                                         const std::string& job_id) {
+  absl::StatusOr<Caller> caller = AdmitCaller(access_, *context, &request);
+  if (!caller.ok() || job_id.empty()) return caller;
+  if (absl::Status s = registry_->CheckAccess(job_id, *caller); !s.ok()) return s;
+  return caller;
+}
+
 grpc::ServerUnaryReactor* GpuService::Collective(grpc::CallbackServerContext* context,
                                                  const v1::GpuCollectiveRequest* request,
                                                  v1::GpuCollectiveResponse* response) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (auto caller = Admit(context, *request, request->caller().job_id()); !caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   engine_->Collective(
       *request, [this, reactor, request, response](absl::StatusOr<uint64_t> launched) {
         if (launched.ok()) {
@@ -49,6 +68,11 @@ grpc::ServerUnaryReactor* GpuService::Collective(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* GpuService::CollectiveStatus(grpc::CallbackServerContext* context,
                                                        const v1::CollectiveStatusRequest* request,
                                                        v1::CollectiveStatusResponse* response) {
+  if (auto caller = Admit(context, *request, request->caller().job_id()); !caller.ok()) {
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
   bool finished = false;
   absl::Status s =
       engine_->CollectiveStatus(request->caller().job_id(), request->group(),
@@ -62,8 +86,22 @@ grpc::ServerUnaryReactor* GpuService::CollectiveStatus(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* GpuService::ListCommunicators(grpc::CallbackServerContext* context,
                                                         const v1::ListCommunicatorsRequest* request,
                                                         v1::ListCommunicatorsResponse* response) {
-  *response = engine_->List(request->job_id());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  absl::StatusOr<Caller> caller = Admit(context, *request, "");
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpc(caller.status()));
+    return reactor;
+  }
+  *response = engine_->List(request->job_id());
+  if (!caller->privileged) {
+    // Only the caller's own jobs.
+    auto* all = response->mutable_communicators();
+    all->erase(std::remove_if(all->begin(), all->end(),
+                              [&](const v1::GpuCommunicatorInfo& c) {
+                                return !registry_->CheckAccess(c.job_id(), *caller).ok();
+                              }),
+               all->end());
+  }
   reactor->Finish(grpc::Status::OK);
   return reactor;
 }
@@ -74,7 +112,7 @@ absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const
     return absl::FailedPreconditionError(absl::StrCat("rank ", global_rank, " of job '", job_id,
                                                       "' is not a live rank of this musterd"));
   }
-  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group);
+  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group, Caller::InProcess());
   if (!info.ok()) return info.status();
   if (info->state() == v1::GROUP_STATE_BROKEN) {
     return absl::AbortedError(info->broken_reason());
@@ -102,7 +140,7 @@ absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const
 }
 
 std::string GpuService::BrokenReason(const std::string& job_id, const std::string& group) {
-  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group);
+  absl::StatusOr<v1::GroupInfo> info = registry_->GetGroup(job_id, group, Caller::InProcess());
   if (!info.ok()) return std::string(info.status().message());
   if (info->state() == v1::GROUP_STATE_BROKEN || info->state() == v1::GROUP_STATE_DESTROYED) {
     return info->broken_reason().empty() ? "the group was destroyed" : info->broken_reason();
@@ -112,7 +150,7 @@ std::string GpuService::BrokenReason(const std::string& job_id, const std::strin
 
 void GpuService::BreakGroup(const std::string& job_id, const std::string& group,
                             const std::string& reason) {
-  (void)registry_->AbortGroup(job_id, group, reason);
+  (void)registry_->AbortGroup(job_id, group, reason, Caller::InProcess());
 }
 
 absl::StatusOr<std::shared_ptr<Store>> GpuService::JobStore(const std::string& job_id) {

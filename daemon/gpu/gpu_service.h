@@ -13,6 +13,7 @@
 
 #include "backends/nccl/gpu_runtime.h"
 #include "backends/nccl/nccl_engine.h"
+#include "daemon/access/access_policy.h"
 #include "daemon/registry/registry.h"
 #include "proto/gpu.grpc.pb.h"
 
@@ -24,7 +25,9 @@ class GpuService final : public v1::Gpu::CallbackService,
  public:
   // `runtime`: see LoadGpuRuntime (null: GPUs unavailable). `store_token`:
   // the token for the jobs' stores (the unique-id exchange).
-  GpuService(Registry* registry, std::string store_token,
+  // `access` (outlives the service; nullptr: anyone) admits callers: a rank
+  // may only drive its own job's communicators.
+  GpuService(Registry* registry, const AccessPolicy* access, std::string store_token,
              std::unique_ptr<GpuRuntime> runtime = nullptr);
   ~GpuService() override;
   // Detaches from the registry and stops the engine (queued requests fail
@@ -59,7 +62,12 @@ class GpuService final : public v1::Gpu::CallbackService,
   void RankGone(const std::string& job_id, int global_rank) override;
 
  private:
+  // The caller of `context`, if it may act on `job_id` (empty: any job).
+  absl::StatusOr<Caller> Admit(grpc::CallbackServerContext* context,
+                               const google::protobuf::Message& request, const std::string& job_id);
+
   Registry* const registry_;
+  const AccessPolicy* const access_;
   const std::string store_token_;
   std::unique_ptr<GpuRuntime> runtime_;
   std::unique_ptr<NcclEngine> engine_;

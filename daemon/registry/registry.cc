@@ -81,6 +81,7 @@ Registry::Registry(RegistryOptions options)
     daemon_id_ =
         absl::StrCat(options_.hostname, "/", ::getpid(), "/", absl::ToUnixNanos(absl::Now()));
   }
+  reaper_ = std::thread([this] { ReapLoop(); });
 }
 
 Registry::~Registry() { Shutdown(); }
@@ -102,6 +103,61 @@ void Registry::Shutdown() {
     }
   }
   coordinators.clear();  // joins the failure watchers outside the lock
+  if (reaper_.joinable()) reaper_.join();
+}
+
+void Registry::NoteIfIdle(Job& job) {
+  for (const auto& [r, rec] : job.ranks) {
+    if (rec.local && (rec.joining || rec.info.state() == v1::RANK_STATE_ALIVE)) return;
+  }
+  if (job.idle_since == absl::InfiniteFuture()) job.idle_since = absl::Now();
+}
+
+void Registry::ReapLoop() {
+  absl::Duration period =
+      std::clamp(options_.job_grace / 4, absl::Milliseconds(10), absl::Seconds(1));
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
+    std::vector<std::shared_ptr<JobCoordinator>> removed;
+    absl::Time now = absl::Now();
+    for (auto it = jobs_.begin(); it != jobs_.end();) {
+      Job& job = it->second;
+      if (job.idle_since == absl::InfiniteFuture() || now - job.idle_since < options_.job_grace) {
+        ++it;
+        continue;
+      }
+      MLOG(INFO) << "job " << job.id << ": removed, " << absl::FormatDuration(now - job.idle_since)
+                 << " after its last rank on this daemon left or failed";
+      ReleaseSegments(job, "the job was removed");
+      for (const auto& [r, rec] : job.ranks) {
+        if (!rec.session_id.empty()) sessions_.erase(rec.session_id);
+      }
+      if (job.coordinator != nullptr) {
+        job.coordinator->Cancel();
+        removed.push_back(std::move(job.coordinator));
+      }
+      it = jobs_.erase(it);
+    }
+    if (removed.empty()) continue;
+    // Destroying a coordinator joins its failure watcher, whose callback
+    // takes mu_: never under the lock.
+    mu_.Unlock();
+    removed.clear();
+    mu_.Lock();
+  }
+}
+
+absl::Status Registry::Authorize(const Job& job, const Caller& who) {
+  if (who.MayAccess(job.owner_uid)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat("job '", job.id, "' belongs to uid ",
+                                                  job.owner_uid, ", not to ", who.description));
+}
+
+absl::Status Registry::CheckAccess(const std::string& job_id, const Caller& who) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return Authorize(*job, who);
 }
 
 void Registry::Spawn(std::function<void()> fn) {
@@ -127,12 +183,13 @@ Registry::Job* Registry::FindJob(const std::string& id) {
   return it == jobs_.end() ? nullptr : &it->second;
 }
 
-absl::StatusOr<Registry::Job*> Registry::CallerJob(const v1::RankId& caller) {
+absl::StatusOr<Registry::Job*> Registry::CallerJob(const v1::RankId& caller, const Caller& who) {
   if (stopping_) return absl::UnavailableError("musterd is shutting down");
   Job* job = FindJob(caller.job_id());
   if (job == nullptr) {
     return absl::NotFoundError(absl::StrCat("no job '", caller.job_id(), "' on this daemon"));
   }
+  if (absl::Status s = Authorize(*job, who); !s.ok()) return s;
   auto it = job->ranks.find(caller.global_rank());
   if (it == job->ranks.end() || !it->second.local || it->second.joining) {
     return absl::FailedPreconditionError(absl::StrCat("rank ", caller.global_rank(), " of job '",
@@ -146,13 +203,19 @@ absl::StatusOr<Registry::Job*> Registry::CallerJob(const v1::RankId& caller) {
   return job;
 }
 
-void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, RegisterDone done) {
+void Registry::Register(const v1::RegisterRequest& req, const Caller& who, SessionSink* sink,
+                        RegisterDone done) {
   const v1::RankId& id = req.rank();
   int rank = id.global_rank();
   absl::Status bad = ValidateJobId(id.job_id());
   if (bad.ok() && req.world_size() < 1) {
     bad =
         absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", req.world_size()));
+  }
+  if (bad.ok() && req.world_size() > options_.max_world_size) {
+    bad = absl::InvalidArgumentError(
+        absl::StrCat("world size ", req.world_size(),
+                     " exceeds this daemon's --max-world-size=", options_.max_world_size));
   }
   if (bad.ok() && (rank < 0 || rank >= req.world_size())) {
     bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the world of size ",
@@ -170,9 +233,12 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
   int port = 0;
   if (bad.ok()) bad = SplitHostPort(req.master_store_address(), &host, &port);
   if (!bad.ok()) {
+    MLOG(WARNING) << "refused a registration from " << who.description << ": " << bad.message();
     done(bad);
     return;
   }
+  // The kernel's word on who the rank is, over the client's.
+  int64_t pid = who.pid > 0 ? who.pid : req.pid();
 
   std::shared_ptr<JobCoordinator> coordinator;
   std::string session_id;
@@ -197,6 +263,17 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
         jobs_.erase(id.job_id());  // a restart: start the new attempt afresh
         job = nullptr;
       }
+    }
+    if (bad.ok() && job != nullptr && job->owner_uid != who.uid) {
+      bad = absl::PermissionDeniedError(
+          absl::StrCat("job '", id.job_id(), "' on this daemon runs as uid ", job->owner_uid,
+                       "; rank ", rank, " runs as ", who.description));
+    }
+    if (bad.ok() && job == nullptr && static_cast<int>(jobs_.size()) >= options_.max_jobs) {
+      bad = absl::ResourceExhaustedError(
+          absl::StrCat("musterd holds ", jobs_.size(), " jobs (--max-jobs=", options_.max_jobs,
+                       "); a finished job is removed ", absl::FormatDuration(options_.job_grace),
+                       " after its last rank left"));
     }
     if (bad.ok() && job != nullptr && job->world_size != req.world_size()) {
       bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " says world size ",
@@ -229,6 +306,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
         fresh.generation = req.generation();
         fresh.world_size = req.world_size();
         fresh.master = req.master_store_address();
+        fresh.owner_uid = who.uid;
         fresh.coordinator = std::make_shared<JobCoordinator>(fresh.id, fresh.generation,
                                                              fresh.master, options_.store_token);
         job = &jobs_.emplace(fresh.id, std::move(fresh)).first->second;
@@ -240,6 +318,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
           MarkFailed(*j, f.rank, f.host, f.pid, f.reason);
         });
       }
+      job->idle_since = absl::InfiniteFuture();
       Rank& r = job->ranks[rank];
       r.local = true;
       r.joining = true;
@@ -249,7 +328,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
       *r.info.mutable_rank() = id;
       r.info.set_world_size(req.world_size());
       r.info.set_local_rank(req.local_rank());
-      r.info.set_pid(req.pid());
+      r.info.set_pid(pid);
       r.info.set_host(req.host().empty() ? options_.hostname : req.host());
       r.info.set_generation(req.generation());
       r.info.set_state(v1::RANK_STATE_UNSPECIFIED);
@@ -259,13 +338,14 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
     }
   }
   if (!bad.ok()) {
+    MLOG(WARNING) << "refused a registration from " << who.description << ": " << bad.message();
     done(bad);
     return;
   }
   RemoteRank me;
   me.rank = rank;
   me.host = req.host().empty() ? options_.hostname : req.host();
-  me.pid = req.pid();
+  me.pid = pid;
   me.daemon = daemon_id_;
   int world = req.world_size();
   std::string job_id = id.job_id();
@@ -287,6 +367,7 @@ void Registry::Register(const v1::RegisterRequest& req, SessionSink* sink, Regis
       } else if (!published.ok()) {
         job->ranks.erase(rank);
         sessions_.erase(session_id);
+        NoteIfIdle(*job);
       } else {
         rec->joining = false;
         rec->info.set_state(v1::RANK_STATE_ALIVE);
@@ -316,6 +397,7 @@ void Registry::Leave(const std::string& session_id) {
     MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
     if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
   }
+  NoteIfIdle(*job);
 }
 
 void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
@@ -338,6 +420,7 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
     if (stopping_) return;                 // the daemon is going away, not the rank
     if (r.joining) {
       job->ranks.erase(it);
+      NoteIfIdle(*job);
       return;
     }
     if (r.info.state() != v1::RANK_STATE_ALIVE) return;  // left in order, or already failed
@@ -394,6 +477,7 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
     if (observer_ != nullptr) observer_->GroupBroken(job.id, name, what);
   }
   if (observer_ != nullptr && r.local) observer_->RankGone(job.id, rank);
+  if (r.local) NoteIfIdle(job);
   v1::SessionServerMessage event;
   *event.mutable_rank_failed()->mutable_rank() = r.info;
   for (auto& [other, rec] : job.ranks) {
@@ -431,7 +515,13 @@ std::string Registry::AbortReasonLocked(const Job& job, const Group* group,
   return "";
 }
 
-void Registry::CreateGroup(const v1::CreateGroupRequest& req, GroupDone done) {
+void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who, GroupDone done) {
+  if (req.ranks_size() > options_.max_group_size) {
+    done(absl::InvalidArgumentError(
+        absl::StrCat("group '", req.name().substr(0, 256), "' has ", req.ranks_size(),
+                     " ranks; this daemon's --max-group-size is ", options_.max_group_size)));
+    return;
+  }
   std::vector<int> ranks(req.ranks().begin(), req.ranks().end());
   int caller = req.caller().global_rank();
   absl::Status bad;
@@ -457,7 +547,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, GroupDone done) {
     absl::MutexLock lock(&mu_);
     Job* job = nullptr;
     if (bad.ok()) {
-      auto j = CallerJob(req.caller());
+      auto j = CallerJob(req.caller(), who);
       if (!j.ok()) {
         bad = j.status();
       } else {
@@ -638,7 +728,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
   for (auto& d : waiting) d(result);
 }
 
-void Registry::Barrier(const v1::BarrierRequest& req, StatusDone done) {
+void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusDone done) {
   int caller = req.caller().global_rank();
   std::shared_ptr<JobCoordinator> coordinator;
   std::vector<int> members;
@@ -647,7 +737,7 @@ void Registry::Barrier(const v1::BarrierRequest& req, StatusDone done) {
   absl::Status bad;
   {
     absl::MutexLock lock(&mu_);
-    auto j = CallerJob(req.caller());
+    auto j = CallerJob(req.caller(), who);
     if (!j.ok()) {
       bad = j.status();
     } else {
@@ -747,9 +837,9 @@ void Registry::RunBarrier(std::string job_id, std::string name, int64_t sequence
   for (auto& d : waiting) d(s);
 }
 
-absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req) {
+absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req, const Caller& who) {
   absl::MutexLock lock(&mu_);
-  auto j = CallerJob(req.caller());
+  auto j = CallerJob(req.caller(), who);
   if (!j.ok()) return j.status();
   Job* job = *j;
   auto it = job->groups.find(req.name());
@@ -772,10 +862,11 @@ absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req) {
 }
 
 absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& name,
-                                  const std::string& reason) {
+                                  const std::string& reason, const Caller& who) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (absl::Status s = Authorize(*job, who); !s.ok()) return s;
   auto it = job->groups.find(name);
   if (it == job->groups.end()) {
     return absl::NotFoundError(absl::StrCat("no group '", name, "' in job '", job_id, "'"));
@@ -808,10 +899,17 @@ absl::StatusOr<std::string> Registry::JobMaster(const std::string& job_id) {
   return job->master;
 }
 
-absl::Status Registry::AbortJob(const std::string& job_id, const std::string& reason) {
+absl::Status Registry::AbortJob(const std::string& job_id, const std::string& reason,
+                                const Caller& who) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);
   if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  if (absl::Status s = Authorize(*job, who); !s.ok()) {
+    MLOG(WARNING) << "refused to abort job " << job_id << ": " << s.message();
+    return s;
+  }
+  MLOG(WARNING) << "job " << job_id << ": aborted by " << who.description
+                << (reason.empty() ? "" : absl::StrCat(": ", reason));
   job->abort_reason = reason.empty() ? "aborted by the operator" : reason;
   for (auto& [name, g] : job->groups) {
     if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
@@ -831,11 +929,12 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
   return absl::OkStatus();
 }
 
-std::vector<v1::RankInfo> Registry::ListRanks(const std::string& job_id) {
+std::vector<v1::RankInfo> Registry::ListRanks(const std::string& job_id, const Caller& who) {
   absl::MutexLock lock(&mu_);
   std::vector<v1::RankInfo> out;
   for (const auto& [id, job] : jobs_) {
     if (!job_id.empty() && id != job_id) continue;
+    if (!who.MayAccess(job.owner_uid)) continue;
     for (const auto& [r, rec] : job.ranks) {
       if (rec.joining) continue;
       out.push_back(rec.info);
@@ -844,14 +943,16 @@ std::vector<v1::RankInfo> Registry::ListRanks(const std::string& job_id) {
   return out;
 }
 
-std::vector<v1::JobInfo> Registry::ListJobs() {
+std::vector<v1::JobInfo> Registry::ListJobs(const Caller& who) {
   absl::MutexLock lock(&mu_);
   std::vector<v1::JobInfo> out;
   for (const auto& [id, job] : jobs_) {
+    if (!who.MayAccess(job.owner_uid)) continue;
     v1::JobInfo info;
     info.set_job_id(id);
     info.set_world_size(job.world_size);
     info.set_generation(job.generation);
+    info.set_uid(job.owner_uid);
     int local = 0, alive = 0, failed = 0;
     for (const auto& [r, rec] : job.ranks) {
       if (rec.local) ++local;
@@ -868,11 +969,12 @@ std::vector<v1::JobInfo> Registry::ListJobs() {
   return out;
 }
 
-std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id) {
+std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id, const Caller& who) {
   absl::MutexLock lock(&mu_);
   std::vector<v1::GroupInfo> out;
   for (const auto& [id, job] : jobs_) {
     if (!job_id.empty() && id != job_id) continue;
+    if (!who.MayAccess(job.owner_uid)) continue;
     for (const auto& [name, g] : job.groups) {
       v1::GroupInfo info = g.info;
       for (v1::GroupMember& m : *info.mutable_members()) {
@@ -908,10 +1010,13 @@ std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id) {
   return out;
 }
 
-absl::StatusOr<v1::GroupInfo> Registry::GetGroup(const std::string& job_id,
-                                                 const std::string& name) {
+absl::StatusOr<v1::GroupInfo> Registry::GetGroup(const std::string& job_id, const std::string& name,
+                                                 const Caller& who) {
+  if (!job_id.empty()) {
+    if (absl::Status s = CheckAccess(job_id, who); !s.ok()) return s;
+  }
   std::vector<v1::GroupInfo> matches;
-  for (v1::GroupInfo& g : ListGroups(job_id)) {
+  for (v1::GroupInfo& g : ListGroups(job_id, who)) {
     if (g.name() == name) matches.push_back(std::move(g));
   }
   if (matches.empty()) {

@@ -13,6 +13,12 @@
 // pid — on every node within about a second (the failure is published in
 // the store and watched by every daemon).
 //
+// Access: a job belongs to the user its ranks run as (the first rank's
+// kernel credentials); every rank of a job must run as that user. Callers
+// see and act on their own jobs only, unless privileged (Caller::MayAccess);
+// others get PERMISSION_DENIED. Jobs whose every local rank left or failed
+// are removed `job_grace` later, with their store connections and threads.
+//
 // Thread-safety: all methods are thread-safe and never block on the network;
 // work that talks to the store runs on worker threads owned by the
 // registry, and results are delivered through callbacks (never called with
@@ -25,12 +31,14 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/shm/segment.h"
+#include "daemon/access/caller.h"
 #include "daemon/registry/job_coordinator.h"
 #include "proto/groups.pb.h"
 #include "proto/session.pb.h"
@@ -71,6 +79,13 @@ struct RegistryOptions {
   // Bytes per rank of each node-local group's shared-memory segment (the
   // largest piece one collective round moves per rank).
   uint64_t shm_slot_bytes = 4 << 20;
+  // Largest world and group accepted (checked before anything is allocated).
+  int max_world_size = 1 << 20;
+  int max_group_size = 1 << 20;
+  // Most jobs this daemon holds at once (finished ones count until removed).
+  int max_jobs = 1024;
+  // How long a job stays listed after its last local rank left or failed.
+  absl::Duration job_grace = absl::Seconds(60);
 };
 
 class Registry {
@@ -88,8 +103,10 @@ class Registry {
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
-  // A new session's Register message. `sink` stays valid until Detach.
-  void Register(const v1::RegisterRequest& request, SessionSink* sink, RegisterDone done);
+  // A new session's Register message from `caller` (the rank's process, over
+  // the unix socket). `sink` stays valid until Disconnected.
+  void Register(const v1::RegisterRequest& request, const Caller& caller, SessionSink* sink,
+                RegisterDone done);
   // The session said goodbye (orderly exit).
   void Leave(const std::string& session_id);
   // The session's stream ended; without a Leave first, the rank failed.
@@ -105,18 +122,22 @@ class Registry {
   bool IsLiveLocalRank(const std::string& job_id, int global_rank);
   // "host:port" of the job's authoritative store; NotFound for no such job.
   absl::StatusOr<std::string> JobMaster(const std::string& job_id);
+  // OK if `caller` may act on `job_id`; NotFound or PermissionDenied.
+  absl::Status CheckAccess(const std::string& job_id, const Caller& caller);
 
-  void CreateGroup(const v1::CreateGroupRequest& request, GroupDone done);
-  absl::Status DestroyGroup(const v1::DestroyGroupRequest& request);
-  void Barrier(const v1::BarrierRequest& request, StatusDone done);
+  void CreateGroup(const v1::CreateGroupRequest& request, const Caller& caller, GroupDone done);
+  absl::Status DestroyGroup(const v1::DestroyGroupRequest& request, const Caller& caller);
+  void Barrier(const v1::BarrierRequest& request, const Caller& caller, StatusDone done);
   absl::Status AbortGroup(const std::string& job_id, const std::string& name,
-                          const std::string& reason);
-  absl::Status AbortJob(const std::string& job_id, const std::string& reason);
+                          const std::string& reason, const Caller& caller);
+  absl::Status AbortJob(const std::string& job_id, const std::string& reason, const Caller& caller);
 
-  std::vector<v1::RankInfo> ListRanks(const std::string& job_id);
-  std::vector<v1::JobInfo> ListJobs();
-  std::vector<v1::GroupInfo> ListGroups(const std::string& job_id);
-  absl::StatusOr<v1::GroupInfo> GetGroup(const std::string& job_id, const std::string& name);
+  // What `caller` may see (its own jobs, or all when privileged).
+  std::vector<v1::RankInfo> ListRanks(const std::string& job_id, const Caller& caller);
+  std::vector<v1::JobInfo> ListJobs(const Caller& caller);
+  std::vector<v1::GroupInfo> ListGroups(const std::string& job_id, const Caller& caller);
+  absl::StatusOr<v1::GroupInfo> GetGroup(const std::string& job_id, const std::string& name,
+                                         const Caller& caller);
 
   struct Counts {
     int sessions = 0;
@@ -165,12 +186,24 @@ class Registry {
     std::map<std::string, Group> groups;
     std::shared_ptr<JobCoordinator> coordinator;
     std::string abort_reason;
+    int64_t owner_uid = -1;  // the user the job's ranks run as
+    // Since when no local rank is alive or joining (InfiniteFuture: some is).
+    absl::Time idle_since = absl::InfiniteFuture();
   };
 
   // Runs `fn` on a registry-owned worker thread.
   void Spawn(std::function<void()> fn);
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<Job*> CallerJob(const v1::RankId& caller) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job of a rank calling through `who`: it must be a live local rank
+  // of a job `who` may access.
+  absl::StatusOr<Job*> CallerJob(const v1::RankId& caller, const Caller& who)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PermissionDenied unless `who` may act on `job`.
+  static absl::Status Authorize(const Job& job, const Caller& who);
+  // Starts the job's grace period if no local rank is alive or joining.
+  void NoteIfIdle(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Removes jobs idle for longer than job_grace, until Shutdown.
+  void ReapLoop();
   // Why an operation needing `ranks` of `group` (may be null) cannot go on;
   // empty if it can.
   std::string AbortReason(const std::string& job_id, const std::string& group,
@@ -202,6 +235,7 @@ class Registry {
   uint64_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   int active_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::thread reaper_;
 };
 
 // Validates a job id: 1-128 of [A-Za-z0-9_.-].

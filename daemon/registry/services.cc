@@ -3,6 +3,8 @@
 #include <deque>
 
 #include "absl/synchronization/mutex.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace muster {
 namespace {
@@ -18,6 +20,11 @@ grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const abs
   return reactor;
 }
 
+// Admits the call or finishes it with the refusal: `caller` is set on success.
+#define ADMIT_OR_FINISH(caller, context, request)                              \
+  absl::StatusOr<Caller> caller = AdmitCaller(access_, *(context), (request)); \
+  if (!caller.ok()) return Finish((context), caller.status())
+
 // One rank's session stream. The first client message must be `register`;
 // the registry pushes events through SessionSink::Push; the end of the
 // stream (the rank exited, or its connection broke) tells the registry.
@@ -25,7 +32,18 @@ class SessionReactor final
     : public grpc::ServerBidiReactor<v1::SessionClientMessage, v1::SessionServerMessage>,
       public SessionSink {
  public:
-  explicit SessionReactor(Registry* registry) : registry_(registry) { StartRead(&in_); }
+  // A session of `caller`, or one that ends at once with `caller`'s error.
+  SessionReactor(Registry* registry, absl::StatusOr<Caller> caller)
+      : registry_(registry), caller_(std::move(caller)) {
+    if (!caller_.ok()) {
+      FinishWith(ToGrpc(caller_.status()));
+    } else if (caller_->via == Caller::Via::kTcp) {
+      FinishWith(grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
+                              "ranks register over musterd's unix socket, not over TCP"));
+    } else {
+      StartRead(&in_);
+    }
+  }
 
   void Push(const v1::SessionServerMessage& message) override {
     absl::MutexLock lock(&mu_);
@@ -54,11 +72,17 @@ class SessionReactor final
                                 "a session registers exactly once"));
         return;
       }
+      if (absl::Status bad = CheckFieldLimits(in_.register_(), FieldLimits()); !bad.ok()) {
+        MLOG(WARNING) << "refused a registration from " << caller_->description << ": "
+                      << bad.message();
+        FinishWith(ToGrpc(bad));
+        return;
+      }
       {
         absl::MutexLock lock(&mu_);
         register_in_flight_ = true;
       }
-      registry_->Register(in_.register_(), this,
+      registry_->Register(in_.register_(), *caller_, this,
                           [this](absl::StatusOr<v1::Registered> r) { OnRegistered(std::move(r)); });
       return;
     }
@@ -165,6 +189,7 @@ class SessionReactor final
   }
 
   Registry* registry_;
+  const absl::StatusOr<Caller> caller_;
   v1::SessionClientMessage in_;
   absl::Mutex mu_;
   std::deque<v1::SessionServerMessage> out_ ABSL_GUARDED_BY(mu_);
@@ -182,36 +207,52 @@ class SessionReactor final
 
 }  // namespace
 
+absl::StatusOr<Caller> AdmitCaller(const AccessPolicy* access,
+                                   const grpc::CallbackServerContext& context,
+                                   const google::protobuf::Message* request) {
+  if (access == nullptr) {
+    if (request != nullptr) RETURN_IF_ERROR(CheckFieldLimits(*request, FieldLimits()));
+    return Caller::InProcess();
+  }
+  return access->Admit(context, request);
+}
+
 grpc::ServerBidiReactor<v1::SessionClientMessage, v1::SessionServerMessage>* SessionService::Attach(
-    grpc::CallbackServerContext*) {
-  return new SessionReactor(registry_);
+    grpc::CallbackServerContext* context) {
+  return new SessionReactor(registry_, AdmitCaller(access_, *context, nullptr));
 }
 
 grpc::ServerUnaryReactor* SessionService::ListRanks(grpc::CallbackServerContext* context,
                                                     const v1::ListRanksRequest* request,
                                                     v1::ListRanksResponse* response) {
-  for (auto& r : registry_->ListRanks(request->job_id())) *response->add_ranks() = std::move(r);
+  ADMIT_OR_FINISH(caller, context, request);
+  for (auto& r : registry_->ListRanks(request->job_id(), *caller)) {
+    *response->add_ranks() = std::move(r);
+  }
   return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* SessionService::ListJobs(grpc::CallbackServerContext* context,
-                                                   const v1::ListJobsRequest*,
+                                                   const v1::ListJobsRequest* request,
                                                    v1::ListJobsResponse* response) {
-  for (auto& j : registry_->ListJobs()) *response->add_jobs() = std::move(j);
+  ADMIT_OR_FINISH(caller, context, request);
+  for (auto& j : registry_->ListJobs(*caller)) *response->add_jobs() = std::move(j);
   return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* SessionService::AbortJob(grpc::CallbackServerContext* context,
                                                    const v1::AbortJobRequest* request,
                                                    v1::AbortJobResponse*) {
-  return Finish(context, registry_->AbortJob(request->job_id(), request->reason()));
+  ADMIT_OR_FINISH(caller, context, request);
+  return Finish(context, registry_->AbortJob(request->job_id(), request->reason(), *caller));
 }
 
 grpc::ServerUnaryReactor* GroupsService::CreateGroup(grpc::CallbackServerContext* context,
                                                      const v1::CreateGroupRequest* request,
                                                      v1::CreateGroupResponse* response) {
+  ADMIT_OR_FINISH(caller, context, request);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  registry_->CreateGroup(*request, [reactor, response](absl::StatusOr<v1::GroupInfo> r) {
+  registry_->CreateGroup(*request, *caller, [reactor, response](absl::StatusOr<v1::GroupInfo> r) {
     if (r.ok()) *response->mutable_group() = std::move(*r);
     reactor->Finish(ToGrpc(r.status()));
   });
@@ -221,20 +262,25 @@ grpc::ServerUnaryReactor* GroupsService::CreateGroup(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* GroupsService::DestroyGroup(grpc::CallbackServerContext* context,
                                                       const v1::DestroyGroupRequest* request,
                                                       v1::DestroyGroupResponse*) {
-  return Finish(context, registry_->DestroyGroup(*request));
+  ADMIT_OR_FINISH(caller, context, request);
+  return Finish(context, registry_->DestroyGroup(*request, *caller));
 }
 
 grpc::ServerUnaryReactor* GroupsService::ListGroups(grpc::CallbackServerContext* context,
                                                     const v1::ListGroupsRequest* request,
                                                     v1::ListGroupsResponse* response) {
-  for (auto& g : registry_->ListGroups(request->job_id())) *response->add_groups() = std::move(g);
+  ADMIT_OR_FINISH(caller, context, request);
+  for (auto& g : registry_->ListGroups(request->job_id(), *caller)) {
+    *response->add_groups() = std::move(g);
+  }
   return Finish(context, absl::OkStatus());
 }
 
 grpc::ServerUnaryReactor* GroupsService::GetGroup(grpc::CallbackServerContext* context,
                                                   const v1::GetGroupRequest* request,
                                                   v1::GetGroupResponse* response) {
-  auto g = registry_->GetGroup(request->job_id(), request->name());
+  ADMIT_OR_FINISH(caller, context, request);
+  auto g = registry_->GetGroup(request->job_id(), request->name(), *caller);
   if (g.ok()) *response->mutable_group() = std::move(*g);
   return Finish(context, g.status());
 }
@@ -242,15 +288,17 @@ grpc::ServerUnaryReactor* GroupsService::GetGroup(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* GroupsService::AbortGroup(grpc::CallbackServerContext* context,
                                                     const v1::AbortGroupRequest* request,
                                                     v1::AbortGroupResponse*) {
-  return Finish(context,
-                registry_->AbortGroup(request->job_id(), request->name(), request->reason()));
+  ADMIT_OR_FINISH(caller, context, request);
+  return Finish(context, registry_->AbortGroup(request->job_id(), request->name(),
+                                               request->reason(), *caller));
 }
 
 grpc::ServerUnaryReactor* GroupsService::Barrier(grpc::CallbackServerContext* context,
                                                  const v1::BarrierRequest* request,
                                                  v1::BarrierResponse*) {
+  ADMIT_OR_FINISH(caller, context, request);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  registry_->Barrier(*request, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  registry_->Barrier(*request, *caller, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
   return reactor;
 }
 

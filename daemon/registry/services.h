@@ -3,19 +3,31 @@
 // tells the daemon the rank is gone; the Groups calls that wait (formation,
 // barriers) finish from registry callbacks, never blocking a gRPC thread.
 //
+// Every call is admitted by the AccessPolicy first (who is calling, field
+// limits); the registry then decides what that caller may see and do.
+//
 // Thread-safe.
 #ifndef MUSTER_DAEMON_REGISTRY_SERVICES_H_
 #define MUSTER_DAEMON_REGISTRY_SERVICES_H_
 
+#include "daemon/access/access_policy.h"
 #include "daemon/registry/registry.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
 
 namespace muster {
 
+// The caller of `context`, admitted by `access` (nullptr: musterd itself).
+absl::StatusOr<Caller> AdmitCaller(const AccessPolicy* access,
+                                   const grpc::CallbackServerContext& context,
+                                   const google::protobuf::Message* request);
+
 class SessionService final : public v1::Session::CallbackService {
  public:
-  explicit SessionService(Registry* registry) : registry_(registry) {}
+  // `access` (outlives the service) admits callers; nullptr: every caller
+  // is treated as musterd itself (tests).
+  SessionService(Registry* registry, const AccessPolicy* access)
+      : registry_(registry), access_(access) {}
 
   grpc::ServerBidiReactor<v1::SessionClientMessage, v1::SessionServerMessage>* Attach(
       grpc::CallbackServerContext* context) override;
@@ -31,11 +43,13 @@ class SessionService final : public v1::Session::CallbackService {
 
  private:
   Registry* registry_;
+  const AccessPolicy* access_;
 };
 
 class GroupsService final : public v1::Groups::CallbackService {
  public:
-  explicit GroupsService(Registry* registry) : registry_(registry) {}
+  GroupsService(Registry* registry, const AccessPolicy* access)
+      : registry_(registry), access_(access) {}
 
   grpc::ServerUnaryReactor* CreateGroup(grpc::CallbackServerContext* context,
                                         const v1::CreateGroupRequest* request,
@@ -58,6 +72,7 @@ class GroupsService final : public v1::Groups::CallbackService {
 
  private:
   Registry* registry_;
+  const AccessPolicy* access_;
 };
 
 }  // namespace muster

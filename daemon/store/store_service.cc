@@ -21,8 +21,25 @@ absl::Duration TimeoutOf(const v1::Timeout& t) {
 
 }  // namespace
 
-grpc::Status StoreService::CheckSizes(const std::vector<const std::string*>& keys,
+grpc::Status StoreService::Gate(grpc::CallbackServerContext* context) const {
+  if (access_ == nullptr) return grpc::Status::OK;
+  absl::StatusOr<Caller> caller = access_->Admit(*context, nullptr);
+  if (!caller.ok()) return ToGrpc(caller.status());
+  if (!caller->privileged) {
+    return grpc::Status(
+        grpc::StatusCode::PERMISSION_DENIED,
+        absl::StrCat("the store holds every job's keys: over musterd's socket it "
+                     "is open to root, musterd's user and the operator group, not "
+                     "to ",
+                     caller->description, " (ranks use the TCP store with the job's token)"));
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status StoreService::CheckSizes(grpc::CallbackServerContext* context,
+                                      const std::vector<const std::string*>& keys,
                                       const std::vector<const std::string*>& values) const {
+  if (grpc::Status s = Gate(context); !s.ok()) return s;
   if (keys.size() > limits_.max_keys_per_request) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat(keys.size(), " keys exceed --store-max-keys-per-request=",
@@ -49,6 +66,10 @@ grpc::Status StoreService::CheckSizes(const std::vector<const std::string*>& key
 
 grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Task task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status s = Gate(context); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
     grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
     loop.AfterFlush([reactor, status] { reactor->Finish(status); });
@@ -61,6 +82,10 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
                                                        std::vector<std::string> keys,
                                                        const v1::Timeout& timeout, Task on_ready) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status s = Gate(context); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
   absl::Duration wait_for = TimeoutOf(timeout);
   auto task = [reactor, keys = std::move(keys), wait_for,
                on_ready = std::move(on_ready)](StoreServer::Loop& loop) {
@@ -108,7 +133,7 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
                                             const v1::SetRequest* request, v1::SetResponse*) {
-  if (grpc::Status s = CheckSizes({&request->key()}, {&request->value()}); !s.ok()) {
+  if (grpc::Status s = CheckSizes(context, {&request->key()}, {&request->value()}); !s.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;
@@ -188,7 +213,7 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
                                                v1::AppendResponse*) {
-  if (grpc::Status s = CheckSizes({&request->key()}, {&request->value()}); !s.ok()) {
+  if (grpc::Status s = CheckSizes(context, {&request->key()}, {&request->value()}); !s.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;
@@ -218,7 +243,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     keys.push_back(&e.key());
     values.push_back(&e.value());
   }
-  if (grpc::Status s = CheckSizes(keys, values); !s.ok()) {
+  if (grpc::Status s = CheckSizes(context, keys, values); !s.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;

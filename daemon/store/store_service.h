@@ -10,6 +10,7 @@
 #define MUSTER_DAEMON_STORE_STORE_SERVICE_H_
 
 #include "common/store_wire.h"
+#include "daemon/access/access_policy.h"
 #include "daemon/store/store_server.h"
 #include "proto/store.grpc.pb.h"
 
@@ -18,8 +19,9 @@ namespace muster {
 class StoreService final : public muster::v1::Store::CallbackService {
  public:
   // `server` must outlive the service's last call.
-  StoreService(StoreServer* server, const wire::StoreLimits& limits)
-      : server_(server), limits_(limits) {}
+  // `access` (outlives the service) decides who may call; nullptr: anyone.
+  StoreService(StoreServer* server, const wire::StoreLimits& limits, const AccessPolicy* access)
+      : server_(server), limits_(limits), access_(access) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext*, const v1::SetRequest*,
                                 v1::SetResponse*) override;
@@ -54,11 +56,16 @@ class StoreService final : public muster::v1::Store::CallbackService {
   grpc::ServerUnaryReactor* RunWhenPresent(grpc::CallbackServerContext* context,
                                            std::vector<std::string> keys,
                                            const v1::Timeout& timeout, Task on_ready);
-  grpc::Status CheckSizes(const std::vector<const std::string*>& keys,
+  // The store holds every job's keys: over gRPC only privileged callers
+  // (root, musterd's user, the operator group, authenticated TCP peers).
+  grpc::Status Gate(grpc::CallbackServerContext* context) const;
+  grpc::Status CheckSizes(grpc::CallbackServerContext* context,
+                          const std::vector<const std::string*>& keys,
                           const std::vector<const std::string*>& values) const;
 
   StoreServer* server_;
   wire::StoreLimits limits_;
+  const AccessPolicy* access_;
 };
 
 }  // namespace muster
