@@ -4,6 +4,7 @@
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
@@ -27,8 +28,34 @@ std::unique_ptr<TestDaemon> StartDaemon(TestDaemonOptions options = {}) {
   return *std::move(daemon);
 }
 
-TEST_CASE("musterd writes its ready file and answers Health and Status over both transports") {
+// A cluster token file for daemons that serve gRPC over TCP.
+struct ClusterToken {
+  TempDir dir;
+  std::string path = dir.File("cluster.token");
+  std::string token = "cluster-token-for-tests";
+  ClusterToken() {
+    FILE* f = std::fopen(path.c_str(), "w");
+    std::fputs(token.c_str(), f);
+    std::fclose(f);
+    ::chmod(path.c_str(), 0600);
+  }
+  std::string DaemonFlag() const { return "--token-file=" + path; }
+};
+
+TEST_CASE("without a token or TLS musterd serves no TCP gRPC, and says so") {
   auto daemon = StartDaemon();
+  CHECK(daemon->grpc_port() == 0);
+  CHECK(absl::StrContains(daemon->process().Stderr(), "gRPC over TCP is off"));
+  auto status = Run({Musterctl(), daemon->SocketFlag(), "status", "--json"});
+  REQUIRE(status.ok());
+  CHECK(status->exit.code == 0);
+}
+
+TEST_CASE("musterd writes its ready file and answers Health and Status over both transports") {
+  ClusterToken token;
+  TestDaemonOptions options;
+  options.extra_args = {token.DaemonFlag()};
+  auto daemon = StartDaemon(options);
   CHECK(daemon->grpc_port() > 0);
   CHECK(daemon->store_port() > 0);
   CHECK(daemon->store_port() != daemon->grpc_port());
@@ -41,10 +68,12 @@ TEST_CASE("musterd writes its ready file and answers Health and Status over both
     auto stub =
         muster::v1::Admin::NewStub(grpc::CreateChannel(target, grpc::InsecureChannelCredentials()));
     grpc::ClientContext health_context;
+    health_context.AddMetadata("authorization", "Bearer " + token.token);
     muster::v1::HealthResponse health;
     REQUIRE(stub->Health(&health_context, {}, &health).ok());
     CHECK(health.status() == muster::v1::HealthResponse::SERVING);
     grpc::ClientContext status_context;
+    status_context.AddMetadata("authorization", "Bearer " + token.token);
     muster::v1::StatusResponse status;
     REQUIRE(stub->Status(&status_context, {}, &status).ok());
     CHECK(status.pid() == daemon->pid());
@@ -56,7 +85,10 @@ TEST_CASE("musterd writes its ready file and answers Health and Status over both
 }
 
 TEST_CASE("musterctl status prints a table, and JSON with --json, for --socket and --addr") {
-  auto daemon = StartDaemon();
+  ClusterToken token;
+  TestDaemonOptions options;
+  options.extra_args = {token.DaemonFlag()};
+  auto daemon = StartDaemon(options);
   auto table = Run({Musterctl(), daemon->SocketFlag(), "status"});
   REQUIRE(table.ok());
   INFO(table->err);
@@ -66,8 +98,8 @@ TEST_CASE("musterctl status prints a table, and JSON with --json, for --socket a
   CHECK(absl::StrContains(table->out, "pid        " + std::to_string(daemon->pid())));
   CHECK(absl::StrContains(table->out, "socket     " + daemon->socket_path()));
 
-  auto json = Run(
-      {Musterctl(), "--addr=127.0.0.1:" + std::to_string(daemon->grpc_port()), "status", "--json"});
+  auto json = Run({Musterctl(), "--addr=127.0.0.1:" + std::to_string(daemon->grpc_port()),
+                   "--token-file=" + token.path, "status", "--json"});
   REQUIRE(json.ok());
   CHECK(json->exit.code == 0);
   auto parsed = ParseFlatJsonObject(json->out);
@@ -190,12 +222,36 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   auto help = Run({RunfilePath("daemon/musterd"), "--help"});
   REQUIRE(help.ok());
   CHECK(help->exit.code == 0);
-  for (const char* flag :
-       {"--socket", "--listen", "--grpc-port", "--ready-file", "--shutdown-grace-seconds",
-        "--log-level", "--version", "--store", "--store-port", "--store-token-file",
-        "--store-allow-unauthenticated", "--store-max-key-bytes", "--store-max-value-bytes",
-        "--store-max-keys-per-request", "--store-max-request-bytes", "--store-max-connections",
-        "--store-max-total-bytes", "--state-dir", "--store-fsync"}) {
+  for (const char* flag : {"--socket",
+                           "--listen",
+                           "--grpc-port",
+                           "--ready-file",
+                           "--shutdown-grace-seconds",
+                           "--log-level",
+                           "--version",
+                           "--store",
+                           "--store-port",
+                           "--store-token-file",
+                           "--store-allow-unauthenticated",
+                           "--store-max-key-bytes",
+                           "--store-max-value-bytes",
+                           "--store-max-keys-per-request",
+                           "--store-max-request-bytes",
+                           "--store-max-connections",
+                           "--store-max-total-bytes",
+                           "--state-dir",
+                           "--store-fsync",
+                           "--token-file",
+                           "--tls-cert",
+                           "--tls-key",
+                           "--tls-ca",
+                           "--socket-mode",
+                           "--socket-group",
+                           "--operator-group",
+                           "--max-world-size",
+                           "--max-group-size",
+                           "--max-jobs",
+                           "--job-grace-seconds"}) {
     INFO(flag);
     CHECK(absl::StrContains(help->out, flag));
   }
@@ -206,9 +262,12 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
 }
 
 TEST_CASE("musterd fails clearly when its gRPC port is taken") {
-  auto first = StartDaemon();
+  ClusterToken token;
+  TestDaemonOptions first_options;
+  first_options.extra_args = {token.DaemonFlag()};
+  auto first = StartDaemon(first_options);
   TestDaemonOptions options;
-  options.extra_args = {"--grpc-port=" + std::to_string(first->grpc_port())};
+  options.extra_args = {token.DaemonFlag(), "--grpc-port=" + std::to_string(first->grpc_port())};
   auto second = TestDaemon::Start(options);
   REQUIRE_FALSE(second.ok());
   CHECK(absl::StrContains(second.status().message(),

@@ -43,7 +43,8 @@ GroupSegment::~GroupSegment() { ::munmap(base_, bytes_); }
 
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::string& name,
                                                                    int nranks, uint64_t slot_bytes,
-                                                                   uint64_t mailbox_bytes) {
+                                                                   uint64_t mailbox_bytes,
+                                                                   int64_t owner_uid) {
   if (nranks < 1 || nranks > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("a shared-memory group has 1..", kMaxRanks, " ranks, not ", nranks));
@@ -57,6 +58,13 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   uint64_t bytes = mailboxes_offset + mailbox_stride * nranks * nranks;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
+  if (owner_uid >= 0 && static_cast<uid_t>(owner_uid) != ::geteuid() &&
+      ::fchown(fd, static_cast<uid_t>(owner_uid), static_cast<gid_t>(-1)) != 0) {
+    int err = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return ErrnoToStatus(err, absl::StrCat("giving shared memory ", name, " to uid ", owner_uid));
+  }
   if (::ftruncate(fd, static_cast<off_t>(bytes)) != 0) {
     int err = errno;
     ::close(fd);

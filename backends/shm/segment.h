@@ -76,10 +76,13 @@ class GroupSegment {
   static constexpr int kMaxRanks = 256;
   static constexpr uint64_t kMetaWords = 64;
 
-  // Creates (and truncates) the segment `name` (a POSIX shm name, "/…").
+  // Creates (and truncates) the segment `name` (a POSIX shm name, "/…"),
+  // readable and writable by its owner only: `owner_uid` (the user whose
+  // ranks map it) if >= 0, else the calling process's user.
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(const std::string& name, int nranks,
                                                               uint64_t slot_bytes,
-                                                              uint64_t mailbox_bytes = 256 << 10);
+                                                              uint64_t mailbox_bytes = 256 << 10,
+                                                              int64_t owner_uid = -1);
   // Maps an existing segment; checks its magic and rank count.
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Open(const std::string& name,
                                                             int expected_nranks);

@@ -1040,8 +1040,8 @@ void Registry::AttachSegment(Job& job, Group& g) {
   }
   if (local.empty()) return;  // only non-members of it run here
   std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++);
-  auto segment =
-      GroupSegment::Create(name, static_cast<int>(local.size()), options_.shm_slot_bytes);
+  auto segment = GroupSegment::Create(name, static_cast<int>(local.size()), options_.shm_slot_bytes,
+                                      256 << 10, job.owner_uid);
   if (!segment.ok()) {
     g.info.set_shm_error(std::string(segment.status().message()));
     MLOG(WARNING) << "job " << job.id << ": group '" << g.info.name()
