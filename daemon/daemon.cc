@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/version.h"
+#include "daemon/access/malformed_request.h"
 #include "daemon/access/unix_listener.h"
 #include "daemon/admin_service.h"
 #include "daemon/gpu/gpu_runtime_loader.h"
@@ -110,6 +111,9 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   grpc::ServerBuilder builder;
   // Without this, gRPC sets SO_REUSEPORT and a second daemon could share the port.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(std::make_unique<MalformedRequestInterceptorFactory>());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   std::string tcp_address = JoinHostPort(options.listen_address, options.grpc_port);
   bool serve_tcp = tls || !options.access.token.empty();
   if (serve_tcp) {
