@@ -11,10 +11,11 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <condition_variable>
 #include <cstdio>
 #include <fstream>
-#include <condition_variable>
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -270,13 +271,12 @@ TEST_CASE("malformed requests are INVALID_ARGUMENT") {
     std::condition_variable cv;
     bool done = false;
     grpc::Status result;
-    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response,
-                   [&](grpc::Status s) {
-                     std::lock_guard<std::mutex> lock(mu);
-                     result = s;
-                     done = true;
-                     cv.notify_all();
-                   });
+    stub.UnaryCall(&context, method, grpc::StubOptions(), &request, &response, [&](grpc::Status s) {
+      std::lock_guard<std::mutex> lock(mu);
+      result = s;
+      done = true;
+      cv.notify_all();
+    });
     std::unique_lock<std::mutex> lock(mu);
     cv.wait(lock, [&] { return done; });
     INFO(result.error_message());
@@ -284,6 +284,327 @@ TEST_CASE("malformed requests are INVALID_ARGUMENT") {
   }
   // The daemon is fine.
   CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
+}
+
+// A directory every user may enter, holding copies of the test binaries
+// (the runfiles tree under /root is closed to other users).
+struct SharedDir {
+  std::string path;
+  SharedDir() {
+    char tmpl[] = "/tmp/muster-users-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    path = tmpl;
+    ::chmod(path.c_str(), 0755);
+  }
+  ~SharedDir() { (void)Run({"/bin/rm", "-rf", path}); }
+  std::string Copy(const std::string& runfile, const std::string& name) {
+    std::string to = path + "/" + name;
+    auto cp = Run({"/bin/cp", RunfilePath(runfile), to});
+    REQUIRE(cp.ok());
+    REQUIRE(cp->exit.code == 0);
+    ::chmod(to.c_str(), 0755);
+    return to;
+  }
+};
+
+// argv run as `nobody` (uid and gid 65534, no supplementary groups).
+std::vector<std::string> AsNobody(std::vector<std::string> argv) {
+  std::vector<std::string> out = {"/usr/bin/setpriv", "--reuid=65534", "--regid=65534",
+                                  "--clear-groups", "--"};
+  out.insert(out.end(), argv.begin(), argv.end());
+  return out;
+}
+
+std::vector<v1::JobInfo> Jobs(const std::string& socket) {
+  auto stub = v1::Session::NewStub(UnixChannel(socket));
+  grpc::ClientContext context;
+  SetDeadline(&context);
+  v1::ListJobsResponse jobs;
+  REQUIRE(stub->ListJobs(&context, {}, &jobs).ok());
+  return {jobs.jobs().begin(), jobs.jobs().end()};
+}
+
+const v1::JobInfo* FindJob(const std::vector<v1::JobInfo>& jobs, const std::string& id) {
+  for (const auto& j : jobs) {
+    if (j.job_id() == id) return &j;
+  }
+  return nullptr;
+}
+
+TEST_CASE("a user sees and aborts only the jobs of its own user; root sees and aborts all") {
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) {
+    WARN("SKIPPED: needs root and setpriv to run a rank as nobody");
+    return;
+  }
+  SharedDir shared;
+  std::string rank_binary = shared.Copy("test/muster-test-rank", "muster-test-rank");
+  std::string musterctl = shared.Copy("tools/musterctl", "musterctl");
+  TestDaemonOptions options;
+  options.socket_path = shared.path + "/musterd.sock";
+  options.extra_args = {"--socket-mode=0666"};
+  auto daemon = StartDaemon(options);
+  const std::string& socket = daemon->socket_path();
+
+  // root's job: this process, one rank, registered and holding its session.
+  auto session_stub = v1::Session::NewStub(UnixChannel(socket));
+  Session root_rank;
+  v1::SessionServerMessage reply;
+  REQUIRE(root_rank
+              .Register(session_stub.get(), RegisterRequest("rootjob", 0, 1, daemon->store_port()),
+                        &reply)
+              .ok());
+
+  // nobody's job: a real rank process (world init, an all_reduce over shared
+  // memory the root daemon created for it), then it stays.
+  std::map<std::string, std::string> env = {{"RANK", "0"},
+                                            {"WORLD_SIZE", "1"},
+                                            {"LOCAL_RANK", "0"},
+                                            {"LOCAL_WORLD_SIZE", "1"},
+                                            {"MASTER_ADDR", "127.0.0.1"},
+                                            {"MASTER_PORT", absl::StrCat(daemon->store_port())},
+                                            {"MUSTER_SOCKET", socket},
+                                            {"MUSTER_JOB_ID", "nobodyjob"}};
+  TempDir out;
+  auto nobody_rank = Subprocess::Start(
+      AsNobody({rank_binary, "init;allreduce world 1000;sleep 30000"}), out.path(), env);
+  REQUIRE(nobody_rank.ok());
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (!absl::StrContains((*nobody_rank)->Stdout(), "allreduce world 1000 ok") &&
+         absl::Now() < deadline && (*nobody_rank)->Running()) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO((*nobody_rank)->Stdout() + (*nobody_rank)->Stderr());
+  REQUIRE(absl::StrContains((*nobody_rank)->Stdout(), "allreduce world 1000 ok"));
+
+  // root (privileged) sees both, with their users.
+  auto all = Jobs(socket);
+  REQUIRE(FindJob(all, "rootjob") != nullptr);
+  REQUIRE(FindJob(all, "nobodyjob") != nullptr);
+  CHECK(FindJob(all, "rootjob")->uid() == 0);
+  CHECK(FindJob(all, "nobodyjob")->uid() == 65534);
+
+  // nobody sees its own job only, and cannot read or abort root's.
+  auto jobs = Run(AsNobody({musterctl, "--socket=" + socket, "jobs", "--json"}));
+  REQUIRE(jobs.ok());
+  INFO(jobs->out + jobs->err);
+  CHECK(jobs->exit.code == 0);
+  CHECK(absl::StrContains(jobs->out, "\"nobodyjob\""));
+  CHECK_FALSE(absl::StrContains(jobs->out, "rootjob"));
+  auto ranks = Run(AsNobody({musterctl, "--socket=" + socket, "ranks", "--job=rootjob"}));
+  REQUIRE(ranks.ok());
+  CHECK_FALSE(absl::StrContains(ranks->out, "rootjob"));
+  auto abort = Run(AsNobody({musterctl, "--socket=" + socket, "abort", "rootjob"}));
+  REQUIRE(abort.ok());
+  INFO(abort->err);
+  CHECK(abort->exit.code != 0);
+  CHECK(absl::StrContains(abort->err, "belongs to uid 0, not to uid 65534"));
+  auto group = Run(AsNobody({musterctl, "--socket=" + socket, "abort", "rootjob", "world"}));
+  REQUIRE(group.ok());
+  CHECK(group->exit.code != 0);
+  CHECK(absl::StrContains(group->err, "belongs to uid 0"));
+  auto keys = Run(AsNobody({musterctl, "--socket=" + socket, "store", "keys"}));
+  REQUIRE(keys.ok());
+  CHECK(keys->exit.code != 0);
+  CHECK(absl::StrContains(keys->err, "the store holds every job's keys"));
+  CHECK(FindJob(Jobs(socket), "rootjob")->state() == "running");
+
+  // nobody cannot slip a rank into root's job.
+  env["MUSTER_JOB_ID"] = "rootjob";
+  env["WORLD_SIZE"] = "2";
+  env["RANK"] = "1";
+  auto intruder = Run(AsNobody({rank_binary, "init"}), env);
+  REQUIRE(intruder.ok());
+  INFO(intruder->out + intruder->err);
+  CHECK(intruder->exit.code != 0);
+  CHECK(absl::StrContains(intruder->out + intruder->err, "runs as uid 0"));
+
+  // root aborts nobody's job.
+  auto root_abort =
+      Run({RunfilePath("tools/musterctl"), "--socket=" + socket, "abort", "nobodyjob"});
+  REQUIRE(root_abort.ok());
+  INFO(root_abort->err);
+  CHECK(root_abort->exit.code == 0);
+  CHECK(FindJob(Jobs(socket), "nobodyjob")->state() == "aborted");
+  CHECK(absl::StrContains(daemon->process().Stderr(), "job nobodyjob: aborted by uid 0"));
+  (void)(*nobody_rank)->Signal(SIGKILL);
+  (void)(*nobody_rank)->Wait(absl::Seconds(10));
+  root_rank.Leave();
+}
+
+TEST_CASE("huge world sizes and names are refused at once, without memory growth") {
+  TestDaemonOptions options;
+  options.extra_args = {"--max-group-size=1000", "--max-world-size=4096"};
+  auto daemon = StartDaemon(options);
+  auto session = v1::Session::NewStub(UnixChannel(daemon->socket_path()));
+  auto groups = v1::Groups::NewStub(UnixChannel(daemon->socket_path()));
+  // A live job to ask for groups in.
+  Session rank;
+  v1::SessionServerMessage reply;
+  REQUIRE(
+      rank.Register(session.get(), RegisterRequest("limits", 0, 2, daemon->store_port()), &reply)
+          .ok());
+
+  int64_t rss_before = ProcStatus(daemon->pid(), "VmRSS");
+  absl::Duration slowest;
+  auto refused = [&](const std::function<grpc::Status()>& call, const std::string& why) {
+    absl::Time start = absl::Now();
+    grpc::Status s = call();
+    absl::Duration took = absl::Now() - start;
+    slowest = std::max(slowest, took);
+    INFO(why << ": " << s.error_message() << " in " << absl::FormatDuration(took));
+    CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
+    CHECK(absl::StrContains(s.error_message(), why));
+  };
+  std::string mb(1 << 20, 'x');
+  for (int i = 0; i < 20; ++i) {
+    refused(
+        [&] {
+          Session s;
+          v1::SessionServerMessage r;
+          return s.Register(session.get(),
+                            RegisterRequest("huge", 0, 2147483647, daemon->store_port()), &r);
+        },
+        "world size 2147483647 exceeds this daemon's --max-world-size=4096");
+    refused(
+        [&] {
+          Session s;
+          v1::SessionServerMessage r;
+          v1::RegisterRequest q = RegisterRequest("bighost", 0, 1, daemon->store_port());
+          q.set_host(mb);
+          return s.Register(session.get(), q, &r);
+        },
+        "muster.v1.RegisterRequest.host is 1048576 bytes (limit 255)");
+    refused(
+        [&] {
+          Session s;
+          v1::SessionServerMessage r;
+          return s.Register(session.get(), RegisterRequest(mb, 0, 1, daemon->store_port()), &r);
+        },
+        "muster.v1.RankId.job_id is 1048576 bytes (limit 128)");
+    refused(
+        [&] {
+          grpc::ClientContext c;
+          SetDeadline(&c);
+          v1::CreateGroupRequest q;
+          q.mutable_caller()->set_job_id("limits");
+          q.set_name(mb);
+          q.add_ranks(0);
+          v1::CreateGroupResponse r;
+          return groups->CreateGroup(&c, q, &r);
+        },
+        "muster.v1.CreateGroupRequest.name is 1048576 bytes (limit 256)");
+    refused(
+        [&] {
+          grpc::ClientContext c;
+          SetDeadline(&c);
+          v1::CreateGroupRequest q;
+          q.mutable_caller()->set_job_id("limits");
+          q.set_name("big");
+          for (int r = 0; r < 1001; ++r) q.add_ranks(r);
+          v1::CreateGroupResponse r;
+          return groups->CreateGroup(&c, q, &r);
+        },
+        "--max-group-size is 1000");
+  }
+  int64_t rss_after = ProcStatus(daemon->pid(), "VmRSS");
+  INFO("slowest refusal " << absl::FormatDuration(slowest) << ", RSS " << rss_before << " -> "
+                          << rss_after << " kB");
+  std::printf("limits: slowest refusal %s; daemon RSS %lld -> %lld kB\n",
+              absl::FormatDuration(slowest).c_str(), static_cast<long long>(rss_before),
+              static_cast<long long>(rss_after));
+  CHECK(slowest < absl::Milliseconds(10));
+  CHECK(rss_after - rss_before < 16 * 1024);  // 100 MB of refused requests leave < 16 MB
+  CHECK(DaemonStatus(daemon->socket_path()).num_jobs() == 1);
+  CHECK(absl::StrContains(daemon->process().Stderr(),
+                          absl::StrCat("refused a registration from uid 0 (pid ", ::getpid())));
+  rank.Leave();
+}
+
+TEST_CASE("1,000 jobs started and finished leave threads and store connections where they began") {
+  TestDaemonOptions options;
+  options.extra_args = {"--job-grace-seconds=0.2"};
+  auto daemon = StartDaemon(options);
+  auto session = v1::Session::NewStub(UnixChannel(daemon->socket_path()));
+  auto run_jobs = [&](int first, int count) {
+    for (int i = first; i < first + count; ++i) {
+      Session rank;
+      v1::SessionServerMessage reply;
+      grpc::Status s = rank.Register(
+          session.get(), RegisterRequest(absl::StrCat("churn", i), 0, 1, daemon->store_port()),
+          &reply);
+      INFO(s.error_message());
+      REQUIRE(s.ok());
+      rank.Leave();
+    }
+  };
+  struct Counts {
+    int jobs, sessions, connections;
+    int64_t threads;
+  };
+  auto counts = [&] {
+    v1::StatusResponse status = DaemonStatus(daemon->socket_path());
+    return Counts{status.num_jobs(), status.num_sessions(), status.num_store_connections(),
+                  ProcStatus(daemon->pid(), "Threads")};
+  };
+  // Waits until `done` holds (the reaper removes jobs a grace period after
+  // their last rank left, and their failure watchers stop within 0.5 s).
+  auto settle = [&](const std::function<bool(const Counts&)>& done) {
+    absl::Time deadline = absl::Now() + absl::Seconds(30);
+    Counts c = counts();
+    while (!done(c) && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(100));
+      c = counts();
+    }
+    return c;
+  };
+  run_jobs(0, 20);  // warm up gRPC's and the store's thread pools
+  absl::SleepFor(absl::Seconds(1));
+  Counts before = settle([](const Counts& c) { return c.jobs == 0 && c.connections == 0; });
+  REQUIRE(before.jobs == 0);
+  absl::Time start = absl::Now();
+  run_jobs(100, 1000);
+  absl::Duration took = absl::Now() - start;
+  Counts after = settle([&](const Counts& c) {
+    return c.jobs == 0 && c.sessions == 0 && c.connections == before.connections &&
+           c.threads <= before.threads + 2;
+  });
+  absl::Duration settled = absl::Now() - start - took;
+  INFO("1000 jobs in " << absl::FormatDuration(took) << ", settled "
+                       << absl::FormatDuration(settled) << " later; threads " << before.threads
+                       << " -> " << after.threads << ", store connections " << before.connections
+                       << " -> " << after.connections);
+  std::printf(
+      "churn: 1000 jobs in %s, settled %s later; threads %lld -> %lld, store "
+      "connections %d -> %d\n",
+      absl::FormatDuration(took).c_str(), absl::FormatDuration(settled).c_str(),
+      static_cast<long long>(before.threads), static_cast<long long>(after.threads),
+      before.connections, after.connections);
+  CHECK(after.jobs == 0);
+  CHECK(after.connections == before.connections);
+  CHECK(after.threads <= before.threads + 2);
+  CHECK(absl::StrContains(daemon->process().Stderr(), "job churn1099: removed"));
+}
+
+TEST_CASE(
+    "a daemon holds at most --max-jobs jobs; a finished one frees its place after the grace") {
+  TestDaemonOptions options;
+  options.extra_args = {"--max-jobs=2", "--job-grace-seconds=1"};
+  auto daemon = StartDaemon(options);
+  auto session = v1::Session::NewStub(UnixChannel(daemon->socket_path()));
+  Session a, b, c;
+  v1::SessionServerMessage reply;
+  REQUIRE(a.Register(session.get(), RegisterRequest("a", 0, 1, daemon->store_port()), &reply).ok());
+  REQUIRE(b.Register(session.get(), RegisterRequest("b", 0, 1, daemon->store_port()), &reply).ok());
+  grpc::Status third =
+      c.Register(session.get(), RegisterRequest("c", 0, 1, daemon->store_port()), &reply);
+  CHECK(third.error_code() == grpc::StatusCode::RESOURCE_EXHAUSTED);
+  CHECK(absl::StrContains(third.error_message(), "--max-jobs=2"));
+  a.Leave();
+  absl::SleepFor(absl::Milliseconds(1600));
+  Session d;
+  CHECK(d.Register(session.get(), RegisterRequest("d", 0, 1, daemon->store_port()), &reply).ok());
+  d.Leave();
+  b.Leave();
 }
 
 }  // namespace
