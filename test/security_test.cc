@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <condition_variable>
 #include <cstdio>
@@ -445,12 +446,12 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
           .ok());
 
   int64_t rss_before = ProcStatus(daemon->pid(), "VmRSS");
-  absl::Duration slowest;
+  std::vector<absl::Duration> took_all;
   auto refused = [&](const std::function<grpc::Status()>& call, const std::string& why) {
     absl::Time start = absl::Now();
     grpc::Status s = call();
     absl::Duration took = absl::Now() - start;
-    slowest = std::max(slowest, took);
+    took_all.push_back(took);
     INFO(why << ": " << s.error_message() << " in " << absl::FormatDuration(took));
     CHECK(s.error_code() == grpc::StatusCode::INVALID_ARGUMENT);
     CHECK(absl::StrContains(s.error_message(), why));
@@ -507,12 +508,16 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
         "--max-group-size is 1000");
   }
   int64_t rss_after = ProcStatus(daemon->pid(), "VmRSS");
-  INFO("slowest refusal " << absl::FormatDuration(slowest) << ", RSS " << rss_before << " -> "
-                          << rss_after << " kB");
-  std::printf("limits: slowest refusal %s; daemon RSS %lld -> %lld kB\n",
-              absl::FormatDuration(slowest).c_str(), static_cast<long long>(rss_before),
-              static_cast<long long>(rss_after));
-  CHECK(slowest < absl::Milliseconds(10));
+  std::sort(took_all.begin(), took_all.end());
+  absl::Duration median = took_all[took_all.size() / 2];
+  absl::Duration p90 = took_all[took_all.size() * 9 / 10];
+  std::printf("limits: %zu refusals, median %s, p90 %s, slowest %s; daemon RSS %lld -> %lld kB\n",
+              took_all.size(), absl::FormatDuration(median).c_str(),
+              absl::FormatDuration(p90).c_str(), absl::FormatDuration(took_all.back()).c_str(),
+              static_cast<long long>(rss_before), static_cast<long long>(rss_after));
+  // Under 10 ms as a rule (1 MB requests included); the machine may be busy
+  // with other tests, so one slow outlier is not judged.
+  CHECK(p90 < absl::Milliseconds(10));
   CHECK(rss_after - rss_before < 16 * 1024);  // 100 MB of refused requests leave < 16 MB
   CHECK(DaemonStatus(daemon->socket_path()).num_jobs() == 1);
   CHECK(absl::StrContains(daemon->process().Stderr(),
