@@ -239,7 +239,8 @@ TEST_CASE("over TCP every service refuses calls without the cluster token or wit
   v1::StatusResponse status = DaemonStatus(daemon->socket_path());
   CHECK(status.num_store_keys() == 1);
   CHECK(status.num_jobs() == 0);
-  // The token never reaches the log.
+  // Refusals are logged naming the peer; the token never reaches the log.
+  CHECK(absl::StrContains(daemon->process().Stderr(), "refused a call from ipv4:127.0.0.1:"));
   CHECK_FALSE(absl::StrContains(daemon->process().Stderr(), kToken));
 
   // musterctl over TCP: refused without the token, served with it.

@@ -10,6 +10,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
 #include "google/protobuf/descriptor.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/reflection.h"
@@ -169,12 +171,36 @@ absl::StatusOr<Caller> AccessPolicy::Identify(const grpc::ServerContextBase& con
   return c;
 }
 
+void AccessPolicy::LogRefusal(const std::string& who, const absl::Status& why) const {
+  // At most one line per second: a flood of bad calls must not flood the log.
+  absl::Time now = absl::Now();
+  int64_t suppressed;
+  {
+    absl::MutexLock lock(&mu_);
+    if (now - last_refusal_log_ < absl::Seconds(1)) {
+      ++suppressed_refusals_;
+      return;
+    }
+    last_refusal_log_ = now;
+    suppressed = suppressed_refusals_;
+    suppressed_refusals_ = 0;
+  }
+  MLOG(WARNING) << "refused a call from " << who << ": " << why.message()
+                << (suppressed > 0 ? absl::StrCat(" (and ", suppressed, " more refusals)") : "");
+}
+
 absl::StatusOr<Caller> AccessPolicy::Admit(const grpc::ServerContextBase& context,
                                            const Message* request) const {
   absl::StatusOr<Caller> caller = Identify(context);
-  if (!caller.ok()) return caller;
+  if (!caller.ok()) {
+    LogRefusal(context.peer(), caller.status());
+    return caller;
+  }
   if (request != nullptr) {
-    if (absl::Status s = CheckFieldLimits(*request, options_.limits); !s.ok()) return s;
+    if (absl::Status s = CheckFieldLimits(*request, options_.limits); !s.ok()) {
+      LogRefusal(caller->description, s);
+      return s;
+    }
   }
   return caller;
 }

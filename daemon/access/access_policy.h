@@ -19,6 +19,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "daemon/access/caller.h"
 
 namespace google::protobuf {
@@ -75,10 +76,14 @@ class AccessPolicy {
 
  private:
   absl::StatusOr<Caller> Identify(const grpc::ServerContextBase& context) const;
+  // Logs a refused call naming `who` (rate-limited).
+  void LogRefusal(const std::string& who, const absl::Status& why) const;
 
   const AccessOptions options_;
   mutable absl::Mutex mu_;
   std::map<std::string, Caller> unix_peers_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time last_refusal_log_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  mutable int64_t suppressed_refusals_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 // Constant-time comparison of two secrets (time depends on the lengths only).
