@@ -261,6 +261,21 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   CHECK(absl::StrContains(bad->err, "--grpc-port"));
 }
 
+TEST_CASE("musterctl --help documents its credentials for TCP") {
+  auto help = Run({Musterctl(), "--help"});
+  REQUIRE(help.ok());
+  CHECK(help->exit.code == 0);
+  for (const char* text : {"--token-file", "--tls-ca", "--tls-cert", "--tls-key",
+                           "MUSTER_TOKEN_FILE", "MUSTER_TLS_CA"}) {
+    INFO(text);
+    CHECK(absl::StrContains(help->out, text));
+  }
+  auto missing = Run({Musterctl(), "--addr=127.0.0.1:1", "--token-file=/nonexistent", "status"});
+  REQUIRE(missing.ok());
+  CHECK(missing->exit.code == 2);
+  CHECK(absl::StrContains(missing->err, "cannot read token file /nonexistent"));
+}
+
 TEST_CASE("musterd fails clearly when its gRPC port is taken") {
   ClusterToken token;
   TestDaemonOptions first_options;
