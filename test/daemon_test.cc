@@ -190,12 +190,27 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   auto help = Run({RunfilePath("daemon/musterd"), "--help"});
   REQUIRE(help.ok());
   CHECK(help->exit.code == 0);
-  for (const char* flag :
-       {"--socket", "--listen", "--grpc-port", "--ready-file", "--shutdown-grace-seconds",
-        "--log-level", "--version", "--store", "--store-port", "--store-token-file",
-        "--store-allow-unauthenticated", "--store-max-key-bytes", "--store-max-value-bytes",
-        "--store-max-keys-per-request", "--store-max-request-bytes", "--store-max-connections",
-        "--store-max-total-bytes", "--state-dir", "--store-fsync"}) {
+  for (const char* flag : {"--socket",
+                           "--listen",
+                           "--grpc-port",
+                           "--ready-file",
+                           "--shutdown-grace-seconds",
+                           "--log-level",
+                           "--version",
+                           "--store",
+                           "--store-port",
+                           "--store-token-file",
+                           "--store-allow-unauthenticated",
+                           "--store-max-key-bytes",
+                           "--store-max-value-bytes",
+                           "--store-max-keys-per-request",
+                           "--store-max-request-bytes",
+                           "--store-max-connections",
+                           "--store-max-total-bytes",
+                           "--store-max-unauthenticated-connections",
+                           "--store-auth-timeout-seconds",
+                           "--state-dir",
+                           "--store-fsync"}) {
     INFO(flag);
     CHECK(absl::StrContains(help->out, flag));
   }
