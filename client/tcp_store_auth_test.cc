@@ -222,6 +222,23 @@ TEST_CASE("the server proves the token as documented and checks the client's pro
   }
 }
 
+TEST_CASE("a client from before the challenge-response is told to upgrade") {
+  auto server = StartServer(UniqueToken());
+  int fd = ConnectToLoopback(server->port());
+  REQUIRE(fd >= 0);
+  std::string old_auth;  // AUTH, u64 length, the token in clear
+  wire::PutU8(&old_auth, wire::kAuthByte);
+  wire::PutBytes(&old_auth, "old-token");
+  REQUIRE(::send(fd, old_auth.data(), old_auth.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(old_auth.size()));
+  auto [code, message] = RawReadError(fd);
+  CHECK(code == static_cast<int>(absl::StatusCode::kInvalidArgument));
+  CHECK(absl::StrContains(message, "native AUTH without the challenge-response magic"));
+  CHECK(absl::StrContains(message, "upgrade the client"));
+  CHECK_FALSE(absl::StrContains(message, "old-token"));
+  ::close(fd);
+}
+
 TEST_CASE("the token never crosses the wire to a store that does not know it") {
   const std::string token = UniqueToken();
   const size_t kHello = 1 + 4 + wire::kAuthNonceBytes;

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <random>
@@ -79,10 +80,10 @@ int ConnectToLoopback(int port, bool nonblocking) {
 bool ReadsEof(int fd, absl::Duration timeout) {
   absl::Time deadline = absl::Now() + timeout;
   while (true) {
-    absl::Duration left = deadline - absl::Now();
-    if (left < absl::ZeroDuration()) return false;
+    // Polls at least once, so a past deadline still sees a close that came.
+    absl::Duration left = std::max(deadline - absl::Now(), absl::ZeroDuration());
     pollfd p{fd, POLLIN, 0};
-    int r = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)) + 1);
+    int r = ::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(left)));
     if (r < 0 && errno == EINTR) continue;
     if (r <= 0) return false;
     char buf[256];

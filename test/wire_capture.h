@@ -25,7 +25,8 @@ int ListenOnLoopback(int* port);
 // connect may still be in progress when it returns.
 int ConnectToLoopback(int port, bool nonblocking = false);
 // Whether reading `fd` reports an orderly close (EOF, not a reset) within
-// `timeout`; bytes that arrive first are skipped.
+// `timeout` (checked at least once, even if it is not positive); bytes
+// that arrive first are skipped.
 bool ReadsEof(int fd, absl::Duration timeout);
 // Raises RLIMIT_NOFILE's soft limit to its hard limit; returns the new one.
 uint64_t RaiseFileLimit();

@@ -254,6 +254,9 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
       min_needed_ = 1 + dry.needed();
       return Result::kNeedMore;
     case Step::kError:
+      // A malformed AUTH still came from a native client: it is told why in
+      // a native error reply (e.g. an old client, which reads those too).
+      if (dialect == wire::Dialect::kNative) dialect_ = dialect;
       return Result::kError;
     case Step::kOk:
       break;

@@ -46,6 +46,7 @@ class RequestParser {
   // what was wrong; the connection must be closed.
   Result Next(absl::string_view input, StoreRequest* request, size_t* consumed, std::string* error);
 
+  // Known once a request parsed; native also after a malformed first AUTH.
   wire::Dialect dialect() const { return dialect_; }
 
  private:

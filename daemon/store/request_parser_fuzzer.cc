@@ -220,7 +220,10 @@ class ParseRun {
   ParseOutcome Finish(size_t leftover, size_t size) {
     out_.dialect = parser_.dialect();
     if (!out_.failed) FUZZ_CHECK(out_.consumed + leftover == size);
-    if (out_.requests.empty()) FUZZ_CHECK(out_.dialect == Dialect::kUnknown);
+    if (out_.requests.empty()) {
+      FUZZ_CHECK(out_.dialect == Dialect::kUnknown ||
+                 (out_.failed && out_.dialect == Dialect::kNative));
+    }
     return std::move(out_);
   }
 

@@ -267,6 +267,7 @@ TEST_CASE("malformed or misplaced handshake messages are errors") {
     CHECK(p.Next(in.substr(0, 5), &req, &used, &err) == RequestParser::Result::kError);
     CHECK(err.find("without the challenge-response magic") != std::string::npos);
     CHECK(err.find("upgrade the client") != std::string::npos);
+    CHECK(p.dialect() == Dialect::kNative);  // so it gets a native error reply
   }
   {
     // AUTH whose nonce has not fully arrived.
