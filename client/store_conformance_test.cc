@@ -23,13 +23,16 @@ struct HashFixture {
   static constexpr bool kCountsAllKeys = true;
 };
 
-template <Protocol P>
+// kToken: the server requires a token and the client proves it holds it.
+template <Protocol P, bool kToken = false>
 struct TcpFixture {
+  static constexpr const char* kTheToken = "conformance-token";
   std::unique_ptr<StoreServer> server;
   TcpFixture() {
     StoreServerOptions options;
     options.listen_address = "127.0.0.1";
     options.port = 0;
+    if (kToken) options.token = kTheToken;
     auto started = StoreServer::Start(options);
     REQUIRE(started.ok());
     server = std::move(*started);
@@ -38,12 +41,14 @@ struct TcpFixture {
     TcpStoreOptions options;
     options.port = server->port();
     options.protocol = P;
+    if (kToken) options.token = kTheToken;
     auto store = TcpStore::Connect(options);
     REQUIRE(store.ok());
     return std::shared_ptr<Store>(std::move(*store));
   }
 };
 using TcpNativeFixture = TcpFixture<Protocol::kNative>;
+using TcpNativeTokenFixture = TcpFixture<Protocol::kNative, true>;
 using TcpTorch113Fixture = TcpFixture<Protocol::kTorch113>;
 
 template <typename Base>
@@ -54,8 +59,9 @@ struct PrefixFixture {
 using PrefixHashFixture = PrefixFixture<HashFixture>;
 using PrefixTcpFixture = PrefixFixture<TcpNativeFixture>;
 
-#define STORE_FIXTURES \
-  HashFixture, TcpNativeFixture, TcpTorch113Fixture, PrefixHashFixture, PrefixTcpFixture
+#define STORE_FIXTURES                                                                         \
+  HashFixture, TcpNativeFixture, TcpNativeTokenFixture, TcpTorch113Fixture, PrefixHashFixture, \
+      PrefixTcpFixture
 
 TEMPLATE_TEST_CASE("Set then Get returns the bytes, including NUL and empty values", "[store]",
                    STORE_FIXTURES) {

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
+#include "common/store_auth.h"
 #include "common/store_wire.h"
 
 namespace muster {
@@ -215,14 +216,75 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const TcpStoreOption
 absl::Status TcpStore::EnsureConnected() {
   if (conn_ != nullptr) return absl::OkStatus();
   absl::Time deadline = absl::Now() + options_.connect_timeout;
-  ASSIGN_OR_RETURN(conn_, Connection::Open(options_.host, options_.port, deadline));
-  if (!native()) return absl::OkStatus();
-  std::string auth;
-  wire::PutU8(&auth, wire::kAuthByte);
-  wire::PutBytes(&auth, options_.token);
-  RETURN_IF_ERROR(SendAndReadStatus(auth, deadline));
+  absl::Duration backoff = absl::Milliseconds(10);
+  while (true) {
+    ASSIGN_OR_RETURN(conn_, Connection::Open(options_.host, options_.port, deadline));
+    if (!native()) return absl::OkStatus();
+    // A store at its connection limits closes new connections unanswered:
+    // like a refused connect, worth retrying until the deadline.
+    bool closed_unanswered = false;
+    absl::Status shaken = Handshake(deadline, &closed_unanswered);
+    if (shaken.ok() || !closed_unanswered || absl::Now() + backoff > deadline) return shaken;
+    absl::SleepFor(backoff);
+    backoff = std::min(backoff * 2, absl::Seconds(1));
+  }
+}
+
+// The native handshake (common/store_wire.h): the server proves it knows the
+// token before this client proves it; the token itself is never sent.
+absl::Status TcpStore::Handshake(absl::Time deadline, bool* closed_unanswered) {
+  *closed_unanswered = false;
+  absl::StatusOr<std::string> client_nonce = store_auth::RandomNonce();
+  if (!client_nonce.ok()) return Fail(client_nonce.status());
+  std::string hello;
+  wire::PutU8(&hello, wire::kAuthByte);
+  wire::PutU32(&hello, wire::kAuthMagic);
+  hello += *client_nonce;
+  absl::Status sent = conn_->Send(hello, deadline);
+  if (!sent.ok()) {
+    *closed_unanswered = sent.code() == absl::StatusCode::kUnavailable;
+    return Fail(sent);
+  }
+  auto status = conn_->ReadU8(deadline);
+  if (!status.ok()) {
+    *closed_unanswered = status.status().code() == absl::StatusCode::kUnavailable;
+    return Fail(status.status());
+  }
+  if (*status != wire::kReplyOk) return FailWithErrorReply(deadline);
+  std::string server_nonce(wire::kAuthNonceBytes, '\0');
+  absl::Status read = conn_->ReadExact(server_nonce.data(), server_nonce.size(), deadline);
+  if (!read.ok()) return Fail(read);
+  auto proof_len = conn_->ReadU64(deadline);
+  if (!proof_len.ok()) return Fail(proof_len.status());
+  if (*proof_len != 0 && *proof_len != wire::kAuthProofBytes) {
+    return Fail(absl::DataLossError(
+        absl::StrCat("malformed authentication challenge (a proof of ", *proof_len, " bytes)")));
+  }
+  std::string server_proof(*proof_len, '\0');
+  read = conn_->ReadExact(server_proof.data(), server_proof.size(), deadline);
+  if (!read.ok()) return Fail(read);
+  std::string client_proof;  // empty: this client has no token
+  if (!options_.token.empty()) {
+    if (server_proof.empty()) {
+      return Fail(absl::UnauthenticatedError(
+          "the server has no store token (started without --store-token-file?), so it cannot "
+          "prove it knows this client's token; refusing it (the token was not sent)"));
+    }
+    if (!store_auth::ProofEquals(
+            server_proof, store_auth::ServerProof(options_.token, *client_nonce, server_nonce))) {
+      return Fail(absl::UnauthenticatedError(
+          "the server does not know this client's store token (its proof does not match): the "
+          "tokens differ, or this is not the intended store; refusing it (the token was not "
+          "sent)"));
+    }
+    client_proof = store_auth::ClientProof(options_.token, server_nonce, *client_nonce);
+  }
+  std::string proof;
+  wire::PutU8(&proof, wire::kAuthProofByte);
+  wire::PutBytes(&proof, client_proof);
+  RETURN_IF_ERROR(SendAndReadStatus(proof, deadline));
   uint64_t limits[4];
-  absl::Status read = conn_->ReadExact(reinterpret_cast<char*>(limits), sizeof(limits), deadline);
+  read = conn_->ReadExact(reinterpret_cast<char*>(limits), sizeof(limits), deadline);
   if (!read.ok()) return Fail(read);
   max_key_bytes_ = limits[0];
   max_value_bytes_ = limits[1];
@@ -243,6 +305,10 @@ absl::Status TcpStore::SendAndReadStatus(const std::string& request, absl::Time 
   auto status = conn_->ReadU8(deadline);
   if (!status.ok()) return Fail(status.status());
   if (*status == wire::kReplyOk) return absl::OkStatus();
+  return FailWithErrorReply(deadline);
+}
+
+absl::Status TcpStore::FailWithErrorReply(absl::Time deadline) {
   auto code = conn_->ReadU8(deadline);
   auto message = conn_->ReadBytes(deadline);
   if (!code.ok() || !message.ok()) return Fail(absl::UnavailableError("malformed error reply"));

@@ -31,6 +31,7 @@ constexpr ByteOp kTorch2Ops[] = {
 
 constexpr ByteOp kNativeExtraOps[] = {
     {kAuthByte, Op::kAuth},
+    {kAuthProofByte, Op::kAuthProof},
     {kWaitForByte, Op::kWaitFor},
     {kGetWaitForByte, Op::kGetWaitFor},
 };
@@ -93,6 +94,8 @@ const char* OpName(Op op) {
       return "LIST_KEYS";
     case Op::kAuth:
       return "AUTH";
+    case Op::kAuthProof:
+      return "AUTH_PROOF";
     case Op::kWaitFor:
       return "WAIT_FOR";
     case Op::kGetWaitFor:
@@ -131,7 +134,9 @@ std::optional<Op> OpFromByte(Dialect dialect, uint8_t byte) {
   }
   if (dialect == Dialect::kNative) {
     for (const ByteOp& b : kNativeExtraOps) {
-      if (b.byte == byte && b.op != Op::kAuth) return b.op;
+      // The handshake's commands are only valid in their place, which the
+      // parser checks itself.
+      if (b.byte == byte && b.op != Op::kAuth && b.op != Op::kAuthProof) return b.op;
     }
   }
   return std::nullopt;

@@ -22,6 +22,12 @@ TEST_CASE("command bytes follow PyTorch 1.13 and 2.2+ numbering") {
   CHECK(OpFromByte(Dialect::kTorch2, 6) == Op::kWait);
   CHECK_FALSE(OpFromByte(Dialect::kTorch2, kWaitForByte).has_value());
   CHECK_FALSE(OpFromByte(Dialect::kTorch2, 200).has_value());
+  // The handshake has command bytes but is never an ordinary request.
+  CHECK(CommandByte(Dialect::kNative, Op::kAuth) == kAuthByte);
+  CHECK(CommandByte(Dialect::kNative, Op::kAuthProof) == kAuthProofByte);
+  CHECK_FALSE(OpFromByte(Dialect::kNative, kAuthByte).has_value());
+  CHECK_FALSE(OpFromByte(Dialect::kNative, kAuthProofByte).has_value());
+  CHECK_FALSE(OpFromByte(Dialect::kTorch113, kAuthProofByte).has_value());
 }
 
 TEST_CASE("encoding is little-endian with u64 length prefixes") {

@@ -112,6 +112,8 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t max_keys_per_request = options.store.limits.max_keys_per_request;
   int64_t max_request_bytes = options.store.limits.max_request_bytes;
   int64_t max_connections = options.store.max_connections;
+  int64_t max_unauthenticated = options.store.max_unauthenticated_connections;
+  double auth_timeout_seconds = absl::ToDoubleSeconds(options.store.auth_timeout);
   int64_t max_total_bytes = options.store.max_total_bytes;
   int64_t shm_slot_bytes = options.shm_slot_bytes;
   std::string cluster_token_file;
@@ -183,8 +185,10 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                "TCP port of the key-value store (PyTorch's MASTER_PORT); 0 picks a free port.\n"
                "It listens on --listen (0.0.0.0 or :: mean every IPv4 and IPv6 address).");
   flags.AddString("store-token-file", &token_file,
-                  "File holding a secret token; clients must present it (muster's clients do)\n"
-                  "before any other command. Unauthenticated connections are refused.");
+                  "File holding a secret token; clients must prove they hold it (muster's\n"
+                  "clients do, by challenge-response: the token is never sent) before any other\n"
+                  "command, and musterd proves it to them. Unauthenticated connections are\n"
+                  "refused.");
   flags.AddString("store-allow-unauthenticated", &allow_unauthenticated,
                   "With --store-token-file: comma-separated CIDRs whose clients may skip the\n"
                   "token (e.g. unmodified PyTorch ranks on 10.0.0.0/8).");
@@ -195,7 +199,16 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("store-max-request-bytes", &max_request_bytes,
                "Largest request (sum of its keys and values).");
   flags.AddInt("store-max-connections", &max_connections,
-               "Most simultaneous store connections; more are refused.");
+               "Most simultaneous (authenticated) store connections; more are refused.");
+  flags.AddInt("store-max-unauthenticated-connections", &max_unauthenticated,
+               "With --store-token-file: most connections still authenticating, counted apart\n"
+               "from --store-max-connections; past it the oldest is replaced if it has been\n"
+               "trying for over a quarter of the timeout (at most 1 s), else a new one is\n"
+               "refused.");
+  flags.AddDouble("store-auth-timeout-seconds", &auth_timeout_seconds,
+                  "With --store-token-file: a connection that has not authenticated within this\n"
+                  "is closed (PyTorch clients admitted by --store-allow-unauthenticated are not\n"
+                  "subject to it).");
   flags.AddInt("store-max-total-bytes", &max_total_bytes,
                "Most bytes the store holds (keys + values); writes beyond are refused.");
   flags.AddString("state-dir", &options.store.state_dir,
@@ -241,12 +254,18 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                              {"store-max-keys-per-request", max_keys_per_request},
                              {"store-max-request-bytes", max_request_bytes},
                              {"store-max-connections", max_connections},
+                             {"store-max-unauthenticated-connections", max_unauthenticated},
                              {"store-max-total-bytes", max_total_bytes}}) {
     if (value <= 0) {
       std::fprintf(stderr, "musterd: --%s must be positive, got %lld\n", name,
                    static_cast<long long>(value));
       return 2;
     }
+  }
+  if (!(auth_timeout_seconds > 0 && auth_timeout_seconds <= 3600)) {
+    std::fprintf(stderr, "musterd: --store-auth-timeout-seconds must be in (0, 3600], got %g\n",
+                 auth_timeout_seconds);
+    return 2;
   }
   if (store_port < 0 || store_port > 65535) {
     std::fprintf(stderr, "musterd: --store-port must be in [0, 65535], got %lld\n",
@@ -259,6 +278,8 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   options.store.limits.max_keys_per_request = max_keys_per_request;
   options.store.limits.max_request_bytes = max_request_bytes;
   options.store.max_connections = max_connections;
+  options.store.max_unauthenticated_connections = max_unauthenticated;
+  options.store.auth_timeout = absl::Seconds(auth_timeout_seconds);
   options.store.max_total_bytes = max_total_bytes;
   options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
   for (auto [name, value] : {std::pair<const char*, int64_t>{"max-world-size", max_world_size},

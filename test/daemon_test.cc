@@ -239,6 +239,8 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
                            "--store-max-request-bytes",
                            "--store-max-connections",
                            "--store-max-total-bytes",
+                           "--store-max-unauthenticated-connections",
+                           "--store-auth-timeout-seconds",
                            "--state-dir",
                            "--store-fsync",
                            "--token-file",

@@ -3,6 +3,7 @@
 // musterctl store commands. Each test starts real musterd processes.
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <grpcpp/grpcpp.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -12,13 +13,17 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "common/store_wire.h"
 #include "muster/tcp_store.h"
+#include "proto/session.grpc.pb.h"
 #include "test/daemon_harness.h"
+#include "test/wire_capture.h"
 
 namespace muster::testing {
 namespace {
@@ -90,6 +95,33 @@ class RawClient {
  private:
   int fd_ = -1;
 };
+
+// Writes `token` to DIR/token, mode 600; returns the path.
+std::string WriteToken(const TempDir& dir, const std::string& token) {
+  std::string path = dir.File("token");
+  FILE* f = std::fopen(path.c_str(), "w");
+  REQUIRE(f != nullptr);
+  std::fputs((token + "\n").c_str(), f);
+  std::fclose(f);
+  ::chmod(path.c_str(), 0600);
+  return path;
+}
+
+// Lines of the daemon's stderr containing `needle`.
+int CountLogLines(TestDaemon& daemon, const std::string& needle) {
+  int n = 0;
+  for (absl::string_view line : absl::StrSplit(daemon.process().Stderr(), '\n')) {
+    if (absl::StrContains(line, needle)) ++n;
+  }
+  return n;
+}
+
+int LocalPort(int fd) {
+  sockaddr_in addr{};
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  return ntohs(addr.sin_port);
+}
 
 bool WaitForLog(TestDaemon& daemon, const std::string& needle) {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
@@ -186,8 +218,17 @@ TEST_CASE("a token-protected store admits the right token and refuses everyone e
   bad_options.token = "guess";
   auto bad = TcpStore::Connect(bad_options);
   REQUIRE_FALSE(bad.ok());
-  CHECK(bad.status().code() == absl::StatusCode::kPermissionDenied);
-  CHECK(absl::StrContains(bad.status().message(), "wrong store token"));
+  CHECK(bad.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(absl::StrContains(bad.status().message(),
+                          "the server does not know this client's store token"));
+  CHECK(WaitForLog(*daemon, "hung up during authentication"));
+
+  TcpStoreOptions no_token;
+  no_token.port = port;
+  auto none = TcpStore::Connect(no_token);
+  REQUIRE_FALSE(none.ok());
+  CHECK(none.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(absl::StrContains(none.status().message(), "this store requires a token"));
 
   // A PyTorch 1.13 client cannot authenticate: refused, with a log line.
   TcpStoreOptions torch;
@@ -217,6 +258,166 @@ TEST_CASE("--store-allow-unauthenticated lets listed PyTorch clients in without 
   CHECK(*torch->Get("n") == "2");
 }
 
+TEST_CASE("musterd's registry never sends its token to a job store named by a rank") {
+  // A rank's Session.Attach names the job's store; here that is the test's
+  // own listener, posing as a store that does not know the token.
+  TempDir dir;
+  const std::string token = "registry-token-0f3a9c1e7b2d4856";
+  auto daemon = StartDaemon({"--store-token-file=" + WriteToken(dir, token)});
+  auto channel =
+      grpc::CreateChannel("unix:" + daemon->socket_path(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Session::NewStub(channel);
+  struct Case {
+    testing::CaptureServer::Mode mode;
+    const char* job;
+    const char* error;
+  };
+  for (const Case& c : {Case{testing::CaptureServer::Mode::kBogusProof, "capture-bogus",
+                             "the server does not know this client's store token"},
+                        Case{testing::CaptureServer::Mode::kNoProof, "capture-tokenless",
+                             "the server has no store token"},
+                        Case{testing::CaptureServer::Mode::kSilent, "capture-silent", ""}}) {
+    INFO(c.job);
+    testing::CaptureServer capture(c.mode);
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+    auto stream = stub->Attach(&context);
+    v1::SessionClientMessage msg;
+    v1::RegisterRequest* reg = msg.mutable_register_();
+    reg->mutable_rank()->set_job_id(c.job);
+    reg->mutable_rank()->set_global_rank(0);
+    reg->set_world_size(1);
+    reg->set_pid(::getpid());
+    reg->set_master_store_address(absl::StrCat("127.0.0.1:", capture.port()));
+    REQUIRE(stream->Write(msg));
+    if (c.mode == testing::CaptureServer::Mode::kSilent) {
+      // musterd connected and sent its hello; it waits for an answer.
+      CHECK(capture.WaitForBytes(1 + 4 + wire::kAuthNonceBytes, absl::Seconds(10)));
+      absl::SleepFor(absl::Milliseconds(200));
+      context.TryCancel();
+      v1::SessionServerMessage reply;
+      while (stream->Read(&reply)) {
+      }
+      stream->Finish();
+    } else {
+      v1::SessionServerMessage reply;
+      CHECK_FALSE(stream->Read(&reply));  // registration fails: the store is not trusted
+      grpc::Status status = stream->Finish();
+      INFO(status.error_message());
+      CHECK(status.error_code() == grpc::StatusCode::UNAUTHENTICATED);
+      CHECK(absl::StrContains(status.error_message(), c.error));
+      CHECK_FALSE(absl::StrContains(status.error_message(), token));
+    }
+    CHECK(capture.connections() >= 1);
+    std::string received = capture.Received();
+    CHECK(received.size() >= 1 + 4 + wire::kAuthNonceBytes);
+    CHECK(static_cast<uint8_t>(received[0]) == wire::kAuthByte);
+    CHECK_FALSE(absl::StrContains(received, token));
+    CHECK_FALSE(absl::StrContains(received, token.substr(0, 12)));
+  }
+  CHECK_FALSE(absl::StrContains(daemon->process().Stderr(), token));
+}
+
+TEST_CASE("a store connection that does not authenticate in time is closed, the log naming it") {
+  TempDir dir;
+  auto daemon = StartDaemon({"--store-token-file=" + WriteToken(dir, "deadline-token"),
+                             "--store-auth-timeout-seconds=1"});
+  absl::Time start = absl::Now();
+  int fd = testing::ConnectToLoopback(daemon->store_port());
+  REQUIRE(fd >= 0);
+  int port = LocalPort(fd);
+  CHECK(testing::ReadsEof(fd, absl::Seconds(5)));
+  absl::Duration took = absl::Now() - start;
+  CHECK(took >= absl::Milliseconds(900));
+  CHECK(took < absl::Seconds(3));
+  ::close(fd);
+  CHECK(WaitForLog(*daemon, absl::StrCat("closing connection from 127.0.0.1:", port,
+                                         " (unknown client): not authenticated within "
+                                         "--store-auth-timeout-seconds=1")));
+  // A token holder is not subject to it.
+  auto store = Connect(daemon->store_port(), "deadline-token");
+  absl::SleepFor(absl::Milliseconds(1300));
+  CHECK(store->Set("k", "v").ok());
+  CHECK(*store->Get("k") == "v");
+}
+
+TEST_CASE("1000 idle unauthenticated connections to musterd do not keep a token holder out") {
+  REQUIRE(testing::RaiseFileLimit() >= 1100);
+  TempDir dir;
+  const std::string token = "flood-token";
+  auto daemon =
+      StartDaemon({"--store-token-file=" + WriteToken(dir, token), "--store-auth-timeout-seconds=1",
+                   "--store-max-unauthenticated-connections=2000", "--store-max-connections=8"});
+  int port = daemon->store_port();
+  absl::Time opened = absl::Now();
+  std::vector<int> idle;
+  for (int i = 0; i < 1000; ++i) {
+    int fd = testing::ConnectToLoopback(port, /*nonblocking=*/true);
+    REQUIRE(fd >= 0);
+    idle.push_back(fd);
+  }
+  absl::SleepFor(absl::Milliseconds(100));  // let musterd accept them
+  absl::Time start = absl::Now();
+  auto store = Connect(port, token);
+  REQUIRE(store->Set("k", "v").ok());
+  CHECK(*store->Get("k") == "v");
+  absl::Duration took = absl::Now() - start;
+  INFO("token holder took " << absl::FormatDuration(took));
+  CHECK(took < absl::Milliseconds(800));  // before the 1 s deadline freed anything
+  int eof = 0;
+  for (int fd : idle) eof += testing::ReadsEof(fd, opened + absl::Seconds(5) - absl::Now());
+  CHECK(eof == 1000);
+  CHECK(absl::Now() - opened >= absl::Milliseconds(900));
+  for (int fd : idle) ::close(fd);
+  // Logged, but rate-limited: not one line per connection.
+  CHECK(WaitForLog(*daemon, "not authenticated within --store-auth-timeout-seconds=1"));
+  int lines = CountLogLines(*daemon, "not authenticated within");
+  CHECK(lines >= 1);
+  CHECK(lines <= 40);
+  CHECK(*store->Get("k") == "v");  // the token holder is still connected
+}
+
+TEST_CASE(
+    "past --store-max-unauthenticated-connections musterd refuses at accept, logging a "
+    "bounded number of lines") {
+  REQUIRE(testing::RaiseFileLimit() >= 1100);
+  TempDir dir;
+  const std::string token = "pool-token";
+  auto daemon =
+      StartDaemon({"--store-token-file=" + WriteToken(dir, token), "--store-auth-timeout-seconds=8",
+                   "--store-max-unauthenticated-connections=32"});
+  int port = daemon->store_port();
+  absl::Time opened = absl::Now();
+  std::vector<int> idle;
+  for (int i = 0; i < 1000; ++i) {
+    int fd = testing::ConnectToLoopback(port, /*nonblocking=*/true);
+    REQUIRE(fd >= 0);
+    idle.push_back(fd);
+  }
+  // All but the 32 in the pool are closed at once.
+  int closed = 0;
+  absl::Time deadline = absl::Now() + absl::Milliseconds(500);
+  for (int fd : idle) closed += testing::ReadsEof(fd, deadline - absl::Now());
+  CHECK(closed >= 1000 - 32);
+  CHECK(closed < 1000);
+  CHECK(WaitForLog(*daemon, "--store-max-unauthenticated-connections=32 reached"));
+  // A token holder gets in by replacing the oldest idle connection (idle for
+  // over 1 s), long before their 8 s deadline.
+  absl::SleepFor(opened + absl::Milliseconds(1200) - absl::Now());
+  absl::Time start = absl::Now();
+  auto store = Connect(port, token);
+  REQUIRE(store->Set("k", "v").ok());
+  absl::Duration took = absl::Now() - start;
+  INFO("token holder took " << absl::FormatDuration(took));
+  CHECK(took < absl::Seconds(1));
+  CHECK(absl::Now() - opened < absl::Seconds(7));
+  CHECK(WaitForLog(*daemon, "to admit one from 127.0.0.1:"));
+  // A new rate-limit window: the refusals were summarized, not logged 968 times.
+  CHECK(WaitForLog(*daemon, "similar warnings suppressed"));
+  CHECK(CountLogLines(*daemon, "refused connection from 127.0.0.1:") <= 40);
+  for (int fd : idle) ::close(fd);
+}
+
 TEST_CASE("bad store flags are refused at start with the flag named") {
   TempDir dir;
   auto missing = Run({RunfilePath("daemon/musterd"), "--store-token-file=" + dir.File("none")});
@@ -231,6 +432,14 @@ TEST_CASE("bad store flags are refused at start with the flag named") {
   REQUIRE(limit.ok());
   CHECK(limit->exit.code == 2);
   CHECK(absl::StrContains(limit->err, "--store-max-key-bytes must be positive"));
+  auto unauth = Run({RunfilePath("daemon/musterd"), "--store-max-unauthenticated-connections=0"});
+  REQUIRE(unauth.ok());
+  CHECK(unauth->exit.code == 2);
+  CHECK(absl::StrContains(unauth->err, "--store-max-unauthenticated-connections must be positive"));
+  auto deadline = Run({RunfilePath("daemon/musterd"), "--store-auth-timeout-seconds=0"});
+  REQUIRE(deadline.ok());
+  CHECK(deadline->exit.code == 2);
+  CHECK(absl::StrContains(deadline->err, "--store-auth-timeout-seconds must be in (0, 3600]"));
 }
 
 TEST_CASE("each size limit closes only the offending connection, with a log line") {

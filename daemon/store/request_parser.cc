@@ -39,6 +39,13 @@ class Reader {
     pos_ += 8;
     return Step::kOk;
   }
+  // Exactly `n` bytes (a fixed-size field).
+  Step Fixed(std::string* out, size_t n) {
+    if (pos_ + n > input_.size()) return NeedMore(n);
+    if (!dry_) out->assign(input_.data() + pos_, n);
+    pos_ += n;
+    return Step::kOk;
+  }
   Step I64(int64_t* v) {
     uint64_t u;
     Step s = U64(&u);
@@ -79,6 +86,7 @@ class Reader {
     }
     return Step::kOk;
   }
+  void Error(std::string message) { *error_ = std::move(message); }
   Step KeyList(std::vector<std::string>* keys) {
     uint64_t n;
     if (Step s = Count(&n); s != Step::kOk) return s;
@@ -111,7 +119,7 @@ class Reader {
   } while (0)
 
 // Parses the body of `op` (after its command byte).
-Step ParseBody(wire::Op op, Reader& r, StoreRequest* req, const wire::StoreLimits& limits) {
+Step ParseBody(wire::Op op, Reader& r, StoreRequest* req) {
   using wire::Op;
   switch (op) {
     case Op::kSet:
@@ -169,9 +177,30 @@ Step ParseBody(wire::Op op, Reader& r, StoreRequest* req, const wire::StoreLimit
       req->nonce = magic;
       return Step::kOk;
     }
-    case Op::kAuth:
+    case Op::kAuth: {
+      uint32_t magic;
+      STEP(r.U32(&magic));
+      if (magic != wire::kAuthMagic) {
+        r.Error(absl::StrCat("native AUTH without the challenge-response magic (got 0x",
+                             absl::Hex(magic, absl::kZeroPad8),
+                             "): the client predates it and would send its token in clear; "
+                             "upgrade the client"));
+        return Step::kError;
+      }
       req->values.resize(1);
-      return r.Bytes(&req->values[0], limits.max_token_bytes, "token", "the token limit");
+      return r.Fixed(&req->values[0], wire::kAuthNonceBytes);
+    }
+    case Op::kAuthProof: {
+      uint64_t len;
+      STEP(r.U64(&len));
+      if (len != 0 && len != wire::kAuthProofBytes) {
+        r.Error(absl::StrCat("AUTH_PROOF of ", len, " bytes (must be 0 or ", wire::kAuthProofBytes,
+                             ")"));
+        return Step::kError;
+      }
+      req->values.resize(1);
+      return r.Fixed(&req->values[0], len);
+    }
   }
   return Step::kError;
 }
@@ -198,8 +227,15 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
     }
   }
   std::optional<wire::Op> op;
-  if (dialect_ == wire::Dialect::kUnknown && dialect == wire::Dialect::kNative) {
+  if (dialect == wire::Dialect::kNative && parsed_ == 0) {
     op = wire::Op::kAuth;
+  } else if (dialect == wire::Dialect::kNative && parsed_ == 1) {
+    if (command != wire::kAuthProofByte) {
+      *error = absl::StrCat("a native client must send AUTH_PROOF after AUTH, got command byte ",
+                            static_cast<int>(command));
+      return Result::kError;
+    }
+    op = wire::Op::kAuthProof;
   } else {
     op = wire::OpFromByte(dialect, command);
   }
@@ -213,11 +249,14 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
     return Result::kError;
   }
   Reader dry(input.substr(1), limits_, /*dry=*/true, error);
-  switch (ParseBody(*op, dry, request, limits_)) {
+  switch (ParseBody(*op, dry, request)) {
     case Step::kNeedMore:
       min_needed_ = 1 + dry.needed();
       return Result::kNeedMore;
     case Step::kError:
+      // A malformed AUTH still came from a native client: it is told why in
+      // a native error reply (e.g. an old client, which reads those too).
+      if (dialect == wire::Dialect::kNative) dialect_ = dialect;
       return Result::kError;
     case Step::kOk:
       break;
@@ -225,7 +264,7 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
   *request = StoreRequest();
   request->op = *op;
   Reader reader(input.substr(1), limits_, /*dry=*/false, error);
-  if (ParseBody(*op, reader, request, limits_) != Step::kOk) {
+  if (ParseBody(*op, reader, request) != Step::kOk) {
     *error = "internal parser error";  // the dry run accepted these bytes
     return Result::kError;
   }
@@ -235,6 +274,7 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
     return Result::kError;
   }
   dialect_ = dialect;
+  ++parsed_;
   *consumed = 1 + reader.position();
   return Result::kRequest;
 }

@@ -6,8 +6,10 @@
 //
 // The first bytes decide the dialect (see common/store_wire.h): AUTH means
 // native, VALIDATE + magic means PyTorch 2.2+, anything else PyTorch 1.13.
-// Limits are checked as soon as a length field arrives, so an oversized
-// request is rejected before its body is buffered.
+// A native stream must be AUTH, then AUTH_PROOF, then ordinary requests;
+// the handshake commands anywhere else are errors. Limits are checked as
+// soon as a length field arrives, so an oversized request is rejected
+// before its body is buffered.
 //
 // Not thread-safe: one parser per connection, used by the connection's loop.
 #ifndef MUSTER_DAEMON_STORE_REQUEST_PARSER_H_
@@ -26,7 +28,8 @@ struct StoreRequest {
   wire::Op op = wire::Op::kValidate;
   std::vector<std::string> keys;
   // SET/APPEND/QUEUE_PUSH: one value; COMPARE_SET: expected, desired;
-  // MULTI_SET: one value per key; AUTH: the token.
+  // MULTI_SET: one value per key; AUTH: the client nonce (kAuthNonceBytes);
+  // AUTH_PROOF: the client proof (empty or kAuthProofBytes).
   std::vector<std::string> values;
   int64_t number = 0;  // ADD delta; WAIT_FOR/GET_WAIT_FOR timeout in ms
   uint32_t nonce = 0;  // PING
@@ -43,6 +46,7 @@ class RequestParser {
   // what was wrong; the connection must be closed.
   Result Next(absl::string_view input, StoreRequest* request, size_t* consumed, std::string* error);
 
+  // Known once a request parsed; native also after a malformed first AUTH.
   wire::Dialect dialect() const { return dialect_; }
 
  private:
@@ -50,6 +54,8 @@ class RequestParser {
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   // The pending request cannot complete with fewer buffered bytes.
   size_t min_needed_ = 0;
+  // Requests parsed so far (the native handshake's place).
+  uint64_t parsed_ = 0;
 };
 
 }  // namespace muster

@@ -10,7 +10,8 @@
 //    and the same final outcome (need-more with the same leftover, or the
 //    same error);
 //  - every request is well formed for its op and dialect and within the
-//    StoreLimits the parser was given;
+//    StoreLimits the parser was given; a native stream is AUTH (32-byte
+//    nonce), AUTH_PROOF (empty or 32 bytes), then neither again;
 //  - KvStore::total_bytes() equals the key+value bytes of ListKeys() entries
 //    plus key+item bytes of queued items, and never exceeds max_total_bytes;
 //  - a rejected write changes nothing and reports no mutation; the reported
@@ -70,7 +71,6 @@ wire::StoreLimits FuzzLimits() {
   limits.max_value_bytes = 384;
   limits.max_keys_per_request = 8;
   limits.max_request_bytes = 640;
-  limits.max_token_bytes = 40;
   return limits;
 }
 constexpr uint64_t kMaxTotalBytes = 1200;
@@ -102,7 +102,8 @@ std::string Describe(const StoreRequest& r) {
   return s;
 }
 
-bool IsNativeOnly(Op op) { return op == Op::kAuth || op == Op::kWaitFor || op == Op::kGetWaitFor; }
+bool IsHandshake(Op op) { return op == Op::kAuth || op == Op::kAuthProof; }
+bool IsNativeOnly(Op op) { return IsHandshake(op) || op == Op::kWaitFor || op == Op::kGetWaitFor; }
 bool IsTorch2Only(Op op) {
   return op == Op::kValidate || op == Op::kPing || op == Op::kQueuePush || op == Op::kQueuePop ||
          op == Op::kQueueLen || op == Op::kListKeys;
@@ -152,17 +153,23 @@ void CheckRequest(const StoreRequest& r, size_t index, Dialect dialect,
       break;
     case Op::kAuth:
       FUZZ_CHECK(nk == 0 && nv == 1);
-      FUZZ_CHECK(r.values[0].size() <= limits.max_token_bytes);
+      FUZZ_CHECK(r.values[0].size() == wire::kAuthNonceBytes);
+      break;
+    case Op::kAuthProof:
+      FUZZ_CHECK(nk == 0 && nv == 1);
+      FUZZ_CHECK(r.values[0].empty() || r.values[0].size() == wire::kAuthProofBytes);
       break;
   }
   // Handshakes only first, and only in their dialect.
   if (r.op == Op::kValidate) FUZZ_CHECK(index == 0 && dialect == Dialect::kTorch2);
   if (r.op == Op::kAuth) FUZZ_CHECK(index == 0 && dialect == Dialect::kNative);
+  if (r.op == Op::kAuthProof) FUZZ_CHECK(index == 1 && dialect == Dialect::kNative);
   if (index == 0 && dialect == Dialect::kTorch2) FUZZ_CHECK(r.op == Op::kValidate);
   if (index == 0 && dialect == Dialect::kNative) FUZZ_CHECK(r.op == Op::kAuth);
+  if (index == 1 && dialect == Dialect::kNative) FUZZ_CHECK(r.op == Op::kAuthProof);
   if (IsNativeOnly(r.op)) FUZZ_CHECK(dialect == Dialect::kNative);
   if (IsTorch2Only(r.op)) FUZZ_CHECK(dialect != Dialect::kTorch113);
-  if (dialect == Dialect::kTorch113) FUZZ_CHECK(r.op != Op::kValidate && r.op != Op::kAuth);
+  if (dialect == Dialect::kTorch113) FUZZ_CHECK(r.op != Op::kValidate && !IsHandshake(r.op));
 
   // Limits.
   FUZZ_CHECK(nk <= limits.max_keys_per_request);
@@ -171,9 +178,12 @@ void CheckRequest(const StoreRequest& r, size_t index, Dialect dialect,
     FUZZ_CHECK(k.size() <= limits.max_key_bytes);
     total += k.size();
   }
-  for (const std::string& v : r.values) {
-    if (r.op != Op::kAuth) FUZZ_CHECK(v.size() <= limits.max_value_bytes);
-    total += v.size();
+  // The handshake's fixed-size fields are not store data.
+  if (!IsHandshake(r.op)) {
+    for (const std::string& v : r.values) {
+      FUZZ_CHECK(v.size() <= limits.max_value_bytes);
+      total += v.size();
+    }
   }
   FUZZ_CHECK(total <= limits.max_request_bytes);
 }
@@ -210,7 +220,10 @@ class ParseRun {
   ParseOutcome Finish(size_t leftover, size_t size) {
     out_.dialect = parser_.dialect();
     if (!out_.failed) FUZZ_CHECK(out_.consumed + leftover == size);
-    if (out_.requests.empty()) FUZZ_CHECK(out_.dialect == Dialect::kUnknown);
+    if (out_.requests.empty()) {
+      FUZZ_CHECK(out_.dialect == Dialect::kUnknown ||
+                 (out_.failed && out_.dialect == Dialect::kNative));
+    }
     return std::move(out_);
   }
 
@@ -328,6 +341,7 @@ class Emulator {
     ExpireWaits();
     switch (req.op) {
       case Op::kAuth:
+      case Op::kAuthProof:
       case Op::kValidate:
       case Op::kPing:
       case Op::kWatchKey:

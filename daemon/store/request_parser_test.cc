@@ -23,6 +23,21 @@ std::string Validate() {
   return s;
 }
 
+std::string AuthHello(const std::string& nonce) {
+  std::string s;
+  wire::PutU8(&s, wire::kAuthByte);
+  wire::PutU32(&s, wire::kAuthMagic);
+  s += nonce;
+  return s;
+}
+
+std::string AuthProof(const std::string& proof) {
+  std::string s;
+  wire::PutU8(&s, wire::kAuthProofByte);
+  wire::PutBytes(&s, proof);
+  return s;
+}
+
 TEST_CASE("the first bytes pick the dialect") {
   wire::StoreLimits limits;
   StoreRequest req;
@@ -47,12 +62,11 @@ TEST_CASE("the first bytes pick the dialect") {
   }
   {
     RequestParser p(limits);
-    std::string in;
-    wire::PutU8(&in, wire::kAuthByte);
-    wire::PutBytes(&in, "secret");
+    std::string in = AuthHello(std::string(32, 'n'));
     REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
     CHECK(req.op == Op::kAuth);
-    CHECK(req.values[0] == "secret");
+    CHECK(req.values == std::vector<std::string>{std::string(32, 'n')});
+    CHECK(used == 1 + 4 + 32);
     CHECK(p.dialect() == Dialect::kNative);
   }
   {
@@ -191,6 +205,125 @@ TEST_CASE("unknown commands and misplaced VALIDATE are errors") {
     REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
     in = std::string("\x14", 1);  // 20: unassigned in 2.x
     CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+  }
+}
+
+TEST_CASE("the native handshake: AUTH with a nonce, then AUTH_PROOF, then requests") {
+  wire::StoreLimits limits;
+  const std::string nonce = "0123456789abcdef0123456789abcdef";
+  const std::string proof(32, '\xee');
+  std::string get;
+  wire::PutU8(&get, *wire::CommandByte(Dialect::kNative, Op::kGet));
+  wire::PutBytes(&get, "k");
+  for (const std::string& sent_proof : {proof, std::string()}) {
+    std::string stream = AuthHello(nonce) + AuthProof(sent_proof) + get;
+    // Split at every byte boundary: the same three requests.
+    for (size_t chunk = 1; chunk <= stream.size(); ++chunk) {
+      RequestParser p(limits);
+      std::string buffer;
+      std::vector<StoreRequest> got;
+      for (size_t fed = 0; fed < stream.size();) {
+        size_t n = std::min(chunk, stream.size() - fed);
+        buffer.append(stream, fed, n);
+        fed += n;
+        while (true) {
+          StoreRequest req;
+          size_t used = 0;
+          std::string err;
+          auto r = p.Next(buffer, &req, &used, &err);
+          INFO(err);
+          REQUIRE(r != RequestParser::Result::kError);
+          if (r == RequestParser::Result::kNeedMore) break;
+          got.push_back(req);
+          buffer.erase(0, used);
+        }
+      }
+      INFO("chunk " << chunk);
+      REQUIRE(got.size() == 3);
+      CHECK(buffer.empty());
+      CHECK(got[0].op == Op::kAuth);
+      CHECK(got[0].values == std::vector<std::string>{nonce});
+      CHECK(got[1].op == Op::kAuthProof);
+      CHECK(got[1].values == std::vector<std::string>{sent_proof});
+      CHECK(got[2].op == Op::kGet);
+      CHECK(got[2].keys == std::vector<std::string>{"k"});
+    }
+  }
+}
+
+TEST_CASE("malformed or misplaced handshake messages are errors") {
+  wire::StoreLimits limits;
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  const std::string nonce(32, 'n');
+  {
+    // A client from before the challenge-response: AUTH + u64 length + token.
+    // Refused from the first 5 bytes, before any of the token is read.
+    RequestParser p(limits);
+    std::string in;
+    wire::PutU8(&in, wire::kAuthByte);
+    wire::PutU64(&in, 6);
+    CHECK(p.Next(in.substr(0, 5), &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err.find("without the challenge-response magic") != std::string::npos);
+    CHECK(err.find("upgrade the client") != std::string::npos);
+    CHECK(p.dialect() == Dialect::kNative);  // so it gets a native error reply
+  }
+  {
+    // AUTH whose nonce has not fully arrived.
+    RequestParser p(limits);
+    std::string in = AuthHello(nonce).substr(0, 20);
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kNeedMore);
+  }
+  {
+    // A proof of the wrong size, refused from its length field.
+    RequestParser p(limits);
+    std::string in = AuthHello(nonce);
+    REQUIRE(p.Next(in, &req, &used, &err) == RequestParser::Result::kRequest);
+    in.clear();
+    wire::PutU8(&in, wire::kAuthProofByte);
+    wire::PutU64(&in, 16);
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "AUTH_PROOF of 16 bytes (must be 0 or 32)");
+    RequestParser huge(limits);
+    REQUIRE(huge.Next(AuthHello(nonce), &req, &used, &err) == RequestParser::Result::kRequest);
+    in.clear();
+    wire::PutU8(&in, wire::kAuthProofByte);
+    wire::PutU64(&in, uint64_t{1} << 40);
+    CHECK(huge.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+  }
+  {
+    // Skipping AUTH_PROOF: any other command after AUTH.
+    RequestParser p(limits);
+    REQUIRE(p.Next(AuthHello(nonce), &req, &used, &err) == RequestParser::Result::kRequest);
+    std::string in;
+    wire::PutU8(&in, *wire::CommandByte(Dialect::kNative, Op::kGet));
+    wire::PutBytes(&in, "k");
+    CHECK(p.Next(in, &req, &used, &err) == RequestParser::Result::kError);
+    CHECK(err == "a native client must send AUTH_PROOF after AUTH, got command byte 3");
+  }
+  {
+    // A second AUTH, or a second AUTH_PROOF, after the handshake.
+    for (const std::string& again : {AuthHello(nonce), AuthProof(std::string(32, 'p'))}) {
+      RequestParser p(limits);
+      REQUIRE(p.Next(AuthHello(nonce), &req, &used, &err) == RequestParser::Result::kRequest);
+      REQUIRE(p.Next(AuthProof(""), &req, &used, &err) == RequestParser::Result::kRequest);
+      CHECK(p.Next(again, &req, &used, &err) == RequestParser::Result::kError);
+      CHECK(err.find("unknown command byte") != std::string::npos);
+    }
+  }
+  {
+    // AUTH_PROOF as a first message is a 1.13 client's unknown command.
+    RequestParser p(limits);
+    CHECK(p.Next(AuthProof(std::string(32, 'p')), &req, &used, &err) ==
+          RequestParser::Result::kError);
+    CHECK(err == "unknown command byte 166 for a torch-1.13 client");
+  }
+  {
+    // Torch 2.x clients cannot use the native handshake commands.
+    RequestParser p(limits);
+    REQUIRE(p.Next(Validate(), &req, &used, &err) == RequestParser::Result::kRequest);
+    CHECK(p.Next(AuthHello(nonce), &req, &used, &err) == RequestParser::Result::kError);
   }
 }
 

@@ -14,11 +14,13 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <set>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "common/store_auth.h"
 #include "daemon/store/request_parser.h"
 #include "daemon/store/store_log.h"
 
@@ -30,14 +32,6 @@ constexpr uint64_t kWakeId = 1;
 constexpr size_t kReadChunk = 64 << 10;
 // Per readable event, so one busy client cannot starve the others.
 constexpr size_t kMaxReadPerEvent = 1 << 20;
-
-// Compares tokens without an early exit (only the length can leak).
-bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= a[i] ^ b[i];
-  return diff == 0;
-}
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
   int fd = -1;
@@ -159,6 +153,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.connections = stat_connections_.load();
     s.bytes = stat_bytes_.load();
     s.refused_connections = stat_refused_.load();
+    s.unauthenticated_connections = stat_unauthenticated_.load();
+    s.refused_unauthenticated = stat_refused_unauthenticated_.load();
+    s.replaced_unauthenticated = stat_replaced_unauthenticated_.load();
+    s.auth_timeouts = stat_auth_timeouts_.load();
     return s;
   }
 
@@ -188,6 +186,15 @@ class StoreServer::Impl : public StoreServer::Loop {
     std::string peer;
     bool unauthenticated_allowed = false;
     bool authenticated = false;
+    // In pending_auth_ (the unauthenticated pool) until it
+    // authenticates or closes; auth_timer closes it at the deadline.
+    bool pending_auth = false;
+    TimerId auth_timer = 0;
+    absl::Time accepted_at;
+    // Native handshake: the challenge went out; the proof it must send back
+    // (empty when the server has no token).
+    bool challenged = false;
+    std::string expected_proof;
     RequestParser parser;
     std::string in;
     size_t in_off = 0;
@@ -333,6 +340,66 @@ class StoreServer::Impl : public StoreServer::Loop {
     stat_keys_ = kv_.NumKeys();
     stat_bytes_ = kv_.total_bytes();
     stat_connections_ = static_cast<int64_t>(conns_.size());
+    stat_unauthenticated_ = static_cast<int64_t>(pending_auth_.size());
+  }
+
+  uint64_t authenticated_connections() const { return conns_.size() - pending_auth_.size(); }
+
+  // How long the oldest unauthenticated connection must have been trying
+  // before a new one may replace it (a muster client needs two round trips).
+  absl::Duration ReplaceAfter() const {
+    return std::min(options_.auth_timeout / 4, absl::Seconds(1));
+  }
+
+  // The unauthenticated pool is full: closes its oldest connection if it had
+  // its chance, to make room. False if the newcomer must be refused instead.
+  bool ReplaceOldestUnauthenticated(const std::string& newcomer) {
+    if (pending_auth_.empty()) return false;
+    auto it = conns_.find(*pending_auth_.begin());
+    if (it == conns_.end()) return false;
+    Connection& oldest = *it->second;
+    absl::Duration age = absl::Now() - oldest.accepted_at;
+    if (age < ReplaceAfter()) return false;
+    ++stat_replaced_unauthenticated_;
+    Warn(absl::StrCat("closing unauthenticated connection from ", oldest.peer, " after ",
+                      absl::FormatDuration(absl::Trunc(age, absl::Milliseconds(1))),
+                      " to admit one from ", newcomer, ": --store-max-unauthenticated-connections=",
+                      options_.max_unauthenticated_connections, " reached"));
+    Close(oldest.id);
+    return true;
+  }
+
+  // The authentication deadline of connection `id` passed.
+  void AuthDeadline(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Connection& c = *it->second;
+    c.auth_timer = 0;
+    if (stopping_ || !c.pending_auth || c.closing) return;
+    ++stat_auth_timeouts_;
+    Reject(c, absl::DeadlineExceededError(
+                  absl::StrCat("not authenticated within --store-auth-timeout-seconds=",
+                               absl::ToDoubleSeconds(options_.auth_timeout))));
+  }
+
+  // Moves `c` from the unauthenticated pool to the authenticated one.
+  absl::Status LeavePendingAuth(Connection& c) {
+    if (!c.pending_auth) return absl::OkStatus();
+    if (authenticated_connections() >= options_.max_connections) {
+      ++stat_refused_;
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "--store-max-connections=", options_.max_connections, " reached; try again later"));
+    }
+    DropPendingAuth(c);
+    return absl::OkStatus();
+  }
+
+  void DropPendingAuth(Connection& c) {
+    if (!c.pending_auth) return;
+    c.pending_auth = false;
+    pending_auth_.erase(c.id);
+    CancelTimer(c.auth_timer);
+    c.auth_timer = 0;
   }
 
   void AcceptAll() {
@@ -355,7 +422,21 @@ class StoreServer::Impl : public StoreServer::Loop {
         return;
       }
       std::string peer = FormatPeer(addr);
-      if (conns_.size() >= options_.max_connections) {
+      // With a token, only allow_unauthenticated peers are admitted (by
+      // address) now; everyone else must authenticate first.
+      bool pending = !options_.token.empty() && !options_.allow_unauthenticated.Contains(addr);
+      if (pending) {
+        if (pending_auth_.size() >= options_.max_unauthenticated_connections &&
+            !ReplaceOldestUnauthenticated(peer)) {
+          ++stat_refused_unauthenticated_;
+          Warn(absl::StrCat("refused connection from ", peer,
+                            ": --store-max-unauthenticated-connections=",
+                            options_.max_unauthenticated_connections,
+                            " reached (connections that have not authenticated yet)"));
+          ::close(fd);
+          continue;
+        }
+      } else if (authenticated_connections() >= options_.max_connections) {
         ++stat_refused_;
         Warn(absl::StrCat("refused connection from ", peer,
                           ": --store-max-connections=", options_.max_connections, " reached"));
@@ -368,8 +449,15 @@ class StoreServer::Impl : public StoreServer::Loop {
       conn->id = next_conn_id_++;
       conn->fd = fd;
       conn->peer = std::move(peer);
-      conn->unauthenticated_allowed =
-          options_.token.empty() || options_.allow_unauthenticated.Contains(addr);
+      conn->unauthenticated_allowed = !pending;
+      conn->accepted_at = absl::Now();
+      if (pending) {
+        uint64_t id = conn->id;
+        conn->pending_auth = true;
+        pending_auth_.insert(id);
+        conn->auth_timer =
+            AddTimer(conn->accepted_at + options_.auth_timeout, [this, id] { AuthDeadline(id); });
+      }
       conn->events = EPOLLIN;
       Watch(fd, conn->id, EPOLLIN, EPOLL_CTL_ADD);
       MLOG(DEBUG) << "store: connection " << conn->id << " from " << conn->peer;
@@ -402,6 +490,13 @@ class StoreServer::Impl : public StoreServer::Loop {
       // EOF or error: the client is gone. What it sent before closing still
       // counts (a SET followed by close must not be lost); then close.
       MLOG(DEBUG) << "store: connection " << c.id << " from " << c.peer << " closed by peer";
+      if (c.challenged && !c.authenticated && c.in_off == c.in.size()) {
+        // A muster client that hangs up after the challenge did not accept
+        // this server's proof: most likely it holds another token.
+        Warn(absl::StrCat("native client from ", c.peer,
+                          " hung up during authentication (does it hold a different store "
+                          "token?)"));
+      }
       uint64_t id = c.id;
       ProcessInput(c);
       Close(id);
@@ -511,6 +606,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     if (it == conns_.end()) return;
     Connection& c = *it->second;
     CancelConnectionWait(c);
+    DropPendingAuth(c);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
     conns_.erase(it);
@@ -577,10 +673,45 @@ class StoreServer::Impl : public StoreServer::Loop {
     if (!c.closing) ProcessInput(c);
   }
 
+  // Handles the native handshake (see common/store_wire.h) and admits torch
+  // clients by address. True if `req` is an ordinary request to run now.
   bool Authenticate(Connection& c, const StoreRequest& req) {
-    if (req.op == wire::Op::kAuth) {
-      if (!options_.token.empty() && !ConstantTimeEquals(req.values[0], options_.token)) {
-        Reject(c, absl::PermissionDeniedError("authentication failed: wrong store token"));
+    if (req.op == wire::Op::kAuth) {  // the parser only yields it first
+      absl::StatusOr<std::string> server_nonce = store_auth::RandomNonce();
+      if (!server_nonce.ok()) {
+        Reject(c, server_nonce.status());
+        return false;
+      }
+      std::string& out = Reply(c);
+      out += *server_nonce;
+      if (options_.token.empty()) {
+        wire::PutBytes(&out, "");  // nothing to prove
+      } else {
+        wire::PutBytes(&out, store_auth::ServerProof(options_.token, req.values[0], *server_nonce));
+        c.expected_proof = store_auth::ClientProof(options_.token, *server_nonce, req.values[0]);
+      }
+      c.challenged = true;
+      return false;
+    }
+    if (req.op == wire::Op::kAuthProof) {  // only right after AUTH
+      std::string expected = std::move(c.expected_proof);
+      c.expected_proof.clear();
+      if (!options_.token.empty()) {
+        if (req.values[0].empty()) {
+          Reject(c, absl::UnauthenticatedError(
+                        "this store requires a token (--store-token-file) and the client has "
+                        "none; give the client the store token"));
+          return false;
+        }
+        if (!store_auth::ProofEquals(req.values[0], expected)) {
+          Reject(c, absl::UnauthenticatedError(
+                        "authentication failed: the client's proof does not match this "
+                        "store's token (wrong store token)"));
+          return false;
+        }
+      }
+      if (absl::Status admitted = LeavePendingAuth(c); !admitted.ok()) {
+        Reject(c, admitted);
         return false;
       }
       c.authenticated = true;
@@ -589,7 +720,7 @@ class StoreServer::Impl : public StoreServer::Loop {
       wire::PutU64(&out, options_.limits.max_value_bytes);
       wire::PutU64(&out, options_.limits.max_keys_per_request);
       wire::PutU64(&out, options_.limits.max_request_bytes);
-      return false;  // AUTH is fully handled
+      return false;  // the handshake is fully handled
     }
     if (!c.unauthenticated_allowed) {
       Reject(c, absl::PermissionDeniedError(absl::StrCat(
@@ -607,6 +738,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     if (!c.authenticated && !Authenticate(c, req)) return;
     switch (req.op) {
       case Op::kAuth:
+      case Op::kAuthProof:
       case Op::kValidate:
         return;
       case Op::kPing:
@@ -716,6 +848,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   // Loop-thread state.
   bool stopping_ = false;
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns_;
+  // Connections with pending_auth, oldest (lowest id) first.
+  std::set<uint64_t> pending_auth_;
   uint64_t next_conn_id_ = 2;      // 0 and 1 are the listener and the wake fd
   std::vector<uint64_t> dirty_;    // connections with replies to send
   std::vector<uint64_t> resumed_;  // connections whose wait was satisfied
@@ -734,6 +868,10 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::atomic<int64_t> stat_connections_{0};
   std::atomic<uint64_t> stat_bytes_{0};
   std::atomic<uint64_t> stat_refused_{0};
+  std::atomic<int64_t> stat_unauthenticated_{0};
+  std::atomic<uint64_t> stat_refused_unauthenticated_{0};
+  std::atomic<uint64_t> stat_replaced_unauthenticated_{0};
+  std::atomic<uint64_t> stat_auth_timeouts_{0};
 };
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -742,6 +880,12 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
   if (options.port < 0 || options.port > 65535) {
     return absl::InvalidArgumentError(
         absl::StrCat("--store-port must be in [0, 65535], got ", options.port));
+  }
+  if (options.max_unauthenticated_connections == 0) {
+    return absl::InvalidArgumentError("--store-max-unauthenticated-connections must be positive");
+  }
+  if (options.auth_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--store-auth-timeout-seconds must be positive");
   }
   auto impl = std::make_unique<Impl>(std::move(options));
   int port = 0;

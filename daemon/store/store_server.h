@@ -13,7 +13,17 @@
 // Bad input (malformed frames, oversized keys/values/requests, unknown
 // commands, missing authentication) closes only that connection, with a
 // rate-limited log line naming the peer and the reason; a native client
-// first gets the reason as an error reply. Memory is bounded by the store
+// first gets the reason as an error reply.
+//
+// Authentication (with a token): native clients run the challenge-response
+// of common/store_wire.h; torch clients are admitted by address
+// (allow_unauthenticated) at accept, or refused at their first request.
+// Until it authenticates, a connection counts toward
+// max_unauthenticated_connections, not max_connections, and is closed at
+// auth_timeout; when that pool is full, a new connection replaces the oldest
+// one if it has been authenticating for longer than min(auth_timeout / 4,
+// 1 s) (no muster client takes that long), else it is refused at accept. So
+// idle connections neither keep token holders out nor pin memory. Memory is bounded by the store
 // size limit, the request size limit and a per-connection output limit
 // (past it the connection is not read until its client drains replies).
 //
@@ -45,12 +55,17 @@ struct StoreServerOptions {
   std::string listen_address = "0.0.0.0";
   int port = 29500;  // 0 picks a free port
   wire::StoreLimits limits;
+  // Authenticated connections (and all of them without a token).
   uint64_t max_connections = 16384;
+  // With a token: connections still authenticating, counted apart.
+  uint64_t max_unauthenticated_connections = 128;
+  // With a token: how long a connection may take to authenticate.
+  absl::Duration auth_timeout = absl::Seconds(10);
   uint64_t max_total_bytes = uint64_t{4} << 30;
   // Past this many unsent reply bytes a connection is not read further.
   uint64_t max_output_bytes = 64 << 20;
-  // Non-empty: clients must authenticate with this token (native AUTH), or
-  // come from `allow_unauthenticated`.
+  // Non-empty: clients must prove they hold this token (native handshake), or
+  // come from `allow_unauthenticated`. Never logged, never sent.
   std::string token;
   CidrSet allow_unauthenticated;
   // Non-empty: durable store (write-ahead log) in this directory.
@@ -89,7 +104,11 @@ class StoreServer {
     int64_t keys = 0;
     int64_t connections = 0;
     uint64_t bytes = 0;
-    uint64_t refused_connections = 0;
+    uint64_t refused_connections = 0;  // past max_connections
+    int64_t unauthenticated_connections = 0;
+    uint64_t refused_unauthenticated = 0;   // past max_unauthenticated_connections
+    uint64_t replaced_unauthenticated = 0;  // the oldest one, closed for a new one
+    uint64_t auth_timeouts = 0;
   };
   Stats stats() const;
 

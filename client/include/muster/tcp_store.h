@@ -2,15 +2,18 @@
 // TCPStore server.
 //
 // Protocols:
-//  - kNative (default, musterd only): authenticates with the token, learns
+//  - kNative (default, musterd only): mutual challenge-response on the
+//    token (the token never crosses the wire; with a token, a server that
+//    cannot prove it holds the same one is refused: UNAUTHENTICATED), learns
 //    the server's size limits (and checks them before sending), and gets
 //    every blocking call in one round trip with the timeout enforced by the
 //    server; errors come back as messages.
 //  - kTorch113: PyTorch 1.13's protocol (WAIT then GET, no handshake) —
 //    works against musterd and against an unmodified torch 1.13 master;
 //    the optional operations are Unimplemented.
-// Connect() retries a refused connection until `connect_timeout` (ranks may
-// start before the store). A call that fails mid-reply, or a torch-protocol
+// Connect() retries a refused connection, or one the store closes unanswered
+// (at its connection limits), until `connect_timeout` (ranks may start before
+// the store). A call that fails mid-reply, or a torch-protocol
 // wait that times out, drops the connection; the next call reconnects.
 //
 // Thread-safe: calls are serialized on one connection (like c10d's
@@ -31,7 +34,8 @@ struct TcpStoreOptions {
   std::string host = "127.0.0.1";
   int port = 29500;
   enum class Protocol { kNative, kTorch113 } protocol = Protocol::kNative;
-  // Sent by the native protocol; required when musterd has --store-token-file.
+  // Proven (never sent) by the native protocol; required when musterd has
+  // --store-token-file, and then the server must prove it holds it too.
   std::string token;
   absl::Duration connect_timeout = absl::Seconds(60);
   absl::Duration timeout = kDefaultStoreTimeout;
@@ -70,7 +74,14 @@ class TcpStore : public Store {
   explicit TcpStore(const TcpStoreOptions& options);
 
   absl::Status EnsureConnected() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The native handshake on a fresh connection. *closed_unanswered: the
+  // store closed the connection before answering (worth a retry).
+  absl::Status Handshake(absl::Time deadline, bool* closed_unanswered)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status Fail(absl::Status status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // After an error status byte: reads the code and message, drops the
+  // connection and returns them.
+  absl::Status FailWithErrorReply(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckSizes(const std::vector<std::string>& keys,
                           const std::vector<std::string>& values) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
