@@ -446,7 +446,8 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
       rank.Register(session.get(), RegisterRequest("limits", 0, 2, daemon->store_port()), &reply)
           .ok());
 
-  int64_t rss_before = ProcStatus(daemon->pid(), "VmRSS");
+  int64_t rss_start = ProcStatus(daemon->pid(), "VmRSS");
+  int64_t rss_before = 0;  // after the first rounds (gRPC's buffers warmed up)
   std::vector<absl::Duration> took_all;
   auto refused = [&](const std::function<grpc::Status()>& call, const std::string& why) {
     absl::Time start = absl::Now();
@@ -458,7 +459,8 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
     CHECK(absl::StrContains(s.error_message(), why));
   };
   std::string mb(1 << 20, 'x');
-  for (int i = 0; i < 20; ++i) {
+  for (int i = 0; i < 60; ++i) {
+    if (i == 10) rss_before = ProcStatus(daemon->pid(), "VmRSS");
     refused(
         [&] {
           Session s;
@@ -512,14 +514,19 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
   std::sort(took_all.begin(), took_all.end());
   absl::Duration median = took_all[took_all.size() / 2];
   absl::Duration p90 = took_all[took_all.size() * 9 / 10];
-  std::printf("limits: %zu refusals, median %s, p90 %s, slowest %s; daemon RSS %lld -> %lld kB\n",
-              took_all.size(), absl::FormatDuration(median).c_str(),
-              absl::FormatDuration(p90).c_str(), absl::FormatDuration(took_all.back()).c_str(),
-              static_cast<long long>(rss_before), static_cast<long long>(rss_after));
+  std::printf(
+      "limits: %zu refusals, median %s, p90 %s, slowest %s; daemon RSS after 10 rounds %lld, after "
+      "40 %lld kB\n",
+      took_all.size(), absl::FormatDuration(median).c_str(), absl::FormatDuration(p90).c_str(),
+      absl::FormatDuration(took_all.back()).c_str(), static_cast<long long>(rss_before),
+      static_cast<long long>(rss_after));
+  std::printf("limits: RSS at start %lld kB\n", static_cast<long long>(rss_start));
   // Under 10 ms as a rule (1 MB requests included); the machine may be busy
   // with other tests, so one slow outlier is not judged.
   CHECK(p90 < absl::Milliseconds(10));
-  CHECK(rss_after - rss_before < 16 * 1024);  // 100 MB of refused requests leave < 16 MB
+  // 50 rounds (150 MB of refused requests) after the warm-up leave no more
+  // than allocator noise (RSS wanders by ~3 MB between rounds).
+  CHECK(rss_after - rss_before < 6 * 1024);
   CHECK(DaemonStatus(daemon->socket_path()).num_jobs() == 1);
   CHECK(absl::StrContains(daemon->process().Stderr(),
                           absl::StrCat("refused a registration from uid 0 (pid ", ::getpid())));
