@@ -516,7 +516,7 @@ TEST_CASE("huge world sizes and names are refused at once, without memory growth
   absl::Duration p90 = took_all[took_all.size() * 9 / 10];
   std::printf(
       "limits: %zu refusals, median %s, p90 %s, slowest %s; daemon RSS after 10 rounds %lld, after "
-      "40 %lld kB\n",
+      "60 %lld kB\n",
       took_all.size(), absl::FormatDuration(median).c_str(), absl::FormatDuration(p90).c_str(),
       absl::FormatDuration(took_all.back()).c_str(), static_cast<long long>(rss_before),
       static_cast<long long>(rss_after));
