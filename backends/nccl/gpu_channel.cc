@@ -57,10 +57,19 @@ GpuChannel::~GpuChannel() {
   if (owner_) ::shm_unlink(name_.c_str());
 }
 
-absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Create(const std::string& name) {
+absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Create(const std::string& name,
+                                                               int64_t owner_uid) {
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) {
     return absl::InternalError(absl::StrCat("shm_open ", name, ": ", std::strerror(errno)));
+  }
+  if (owner_uid >= 0 && static_cast<uid_t>(owner_uid) != ::geteuid() &&
+      ::fchown(fd, static_cast<uid_t>(owner_uid), static_cast<gid_t>(-1)) != 0) {
+    int e = errno;
+    ::close(fd);
+    ::shm_unlink(name.c_str());
+    return absl::InternalError(
+        absl::StrCat("giving ", name, " to uid ", owner_uid, ": ", std::strerror(e)));
   }
   if (::ftruncate(fd, sizeof(Layout)) != 0) {
     int e = errno;

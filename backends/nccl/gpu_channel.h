@@ -39,7 +39,10 @@ class GpuChannel {
   static constexpr size_t kMaxRequestBytes = 60 * 1024;
 
   // Daemon side: creates a fresh segment.
-  static absl::StatusOr<std::unique_ptr<GpuChannel>> Create(const std::string& name);
+  // `owner_uid` >= 0: the user whose rank opens it (the file is given to it,
+  // mode 0600); else musterd's user.
+  static absl::StatusOr<std::unique_ptr<GpuChannel>> Create(const std::string& name,
+                                                            int64_t owner_uid = -1);
   // Rank side.
   static absl::StatusOr<std::unique_ptr<GpuChannel>> Open(const std::string& name);
   ~GpuChannel();  // unmaps; the creator also unlinks

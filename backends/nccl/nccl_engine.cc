@@ -22,6 +22,7 @@ struct NcclEngine::Slot {
   // How many communicators this rank created for the group before (a
   // destroyed group re-created under its name): part of the unique-id key.
   int64_t epoch = 0;
+  int64_t user = -1;  // the uid the job's ranks run as (owns the channel)
 
   std::thread worker;
   std::mutex mu;
@@ -166,7 +167,7 @@ bool NcclEngine::Post(Slot& slot, std::function<void()> task) {
 
 void NcclEngine::AttachChannel(Slot& slot) {
   std::string name = absl::StrCat("/muster.", ::getpid(), ".gpu.", next_channel_++);
-  absl::StatusOr<std::unique_ptr<GpuChannel>> channel = GpuChannel::Create(name);
+  absl::StatusOr<std::unique_ptr<GpuChannel>> channel = GpuChannel::Create(name, slot.user);
   if (!channel.ok()) {
     MLOG(WARNING) << "no shared-memory channel for group " << slot.group << " rank "
                   << slot.global_rank << " (gRPC only): " << channel.status().message();
@@ -288,6 +289,7 @@ std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
   slot->group_size = static_cast<int>(view.ranks.size());
   slot->generation = view.generation;
   slot->timeout = view.timeout;
+  slot->user = view.owner_uid;
   slot->epoch = epochs_[key]++;
   AttachChannel(*slot);
   StartWorker(slot);
@@ -766,6 +768,7 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       child->group_size = static_cast<int>(members.size());
       child->generation = parent->generation;
       child->timeout = parent->timeout;
+      child->user = parent->user;
       child->origin = "split";
       child->epoch = epochs_[SlotKey{job_id, group, rank}]++;
       AttachChannel(*child);

@@ -56,6 +56,9 @@ struct GpuGroupView {
   absl::Duration timeout = absl::Minutes(30);
   std::string backend;  // canonical config, e.g. "cpu:gloo,cuda:nccl"
   bool local_synchronization = false;
+  // The uid the job's ranks run as (-1: musterd's): shared memory the ranks
+  // map is given to it.
+  int64_t owner_uid = -1;
 };
 
 // What the engine asks of the daemon's registry.

@@ -127,6 +127,9 @@ absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const
   if (view.timeout <= absl::ZeroDuration()) view.timeout = absl::Minutes(30);
   view.backend = info->backend();
   view.local_synchronization = info->local_synchronization();
+  if (absl::StatusOr<int64_t> owner = registry_->JobOwner(job_id); owner.ok()) {
+    view.owner_uid = *owner;
+  }
   bool member = false;
   for (const auto& m : info->members()) {
     view.ranks.push_back(m.global_rank());

@@ -153,6 +153,13 @@ absl::Status Registry::Authorize(const Job& job, const Caller& who) {
                                                   job.owner_uid, ", not to ", who.description));
 }
 
+absl::StatusOr<int64_t> Registry::JobOwner(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  Job* job = FindJob(job_id);
+  if (job == nullptr) return absl::NotFoundError(absl::StrCat("no job '", job_id, "'"));
+  return job->owner_uid;
+}
+
 absl::Status Registry::CheckAccess(const std::string& job_id, const Caller& who) {
   absl::MutexLock lock(&mu_);
   Job* job = FindJob(job_id);

@@ -122,6 +122,8 @@ class Registry {
   bool IsLiveLocalRank(const std::string& job_id, int global_rank);
   // "host:port" of the job's authoritative store; NotFound for no such job.
   absl::StatusOr<std::string> JobMaster(const std::string& job_id);
+  // The uid the job's ranks run as; NotFound for no such job.
+  absl::StatusOr<int64_t> JobOwner(const std::string& job_id);
   // OK if `caller` may act on `job_id`; NotFound or PermissionDenied.
   absl::Status CheckAccess(const std::string& job_id, const Caller& caller);
 
