@@ -2,6 +2,7 @@
 // the shared-memory channel; closing, oversized requests, bad segments.
 #include "backends/nccl/gpu_channel.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -105,6 +106,19 @@ TEST_CASE("bad input: oversized requests, missing or foreign segments, no answer
   CHECK(absl::IsUnavailable(GpuChannel::Open("/muster.no.such.channel").status()));
   // Creating over an existing name is refused (no hijacking).
   CHECK_FALSE(GpuChannel::Create((*daemon)->name()).ok());
+}
+
+TEST_CASE("a channel for another user's rank belongs to that user, mode 0600") {
+  if (::geteuid() != 0) {
+    WARN("SKIPPED: giving a channel to another user needs root");
+    return;
+  }
+  auto daemon = GpuChannel::Create(Name("owner"), 65534);
+  REQUIRE(daemon.ok());
+  struct stat st;
+  REQUIRE(::stat(("/dev/shm" + (*daemon)->name()).c_str(), &st) == 0);
+  CHECK(st.st_uid == 65534);
+  CHECK((st.st_mode & 0777) == 0600);
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 // every dtype x reduce op through all_reduce, desync, timeout and abort.
 #include "backends/shm/collectives.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -550,6 +551,21 @@ TEST_CASE("bad roots and dtype/op pairs are rejected before any data moves") {
   CHECK(c.AllReduce(&x, 1, DType::kFloat32, ReduceOp::kBxor, 1, Soon()).code() ==
         absl::StatusCode::kInvalidArgument);
   CHECK(c.sequence() == 0);
+  GroupSegment::Unlink(name);
+}
+
+TEST_CASE("a segment for another user's ranks belongs to that user, mode 0600") {
+  if (::geteuid() != 0) {
+    WARN("SKIPPED: giving a segment to another user needs root");
+    return;
+  }
+  std::string name = absl::StrCat("/muster-test-owner-", ::getpid());
+  auto seg = GroupSegment::Create(name, 2, 4096, 4096, 65534);
+  REQUIRE(seg.ok());
+  struct stat st;
+  REQUIRE(::stat(("/dev/shm" + name).c_str(), &st) == 0);
+  CHECK(st.st_uid == 65534);
+  CHECK((st.st_mode & 0777) == 0600);
   GroupSegment::Unlink(name);
 }
 
