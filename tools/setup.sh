@@ -17,7 +17,7 @@ PACKAGES=(
   build-essential clang clang-format libclang-rt-14-dev
   libgrpc++-dev protobuf-compiler-grpc protobuf-compiler libprotobuf-dev
   libabsl-dev catch2 libgloo-dev
-  iproute2 systemd
+  iproute2 systemd libssl-dev openssl util-linux
   python3-torch libtorch-dev pybind11-dev ninja-build
   python3-numpy python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
 )
