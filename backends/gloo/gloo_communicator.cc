@@ -56,7 +56,7 @@ std::chrono::milliseconds Left(absl::Time deadline) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
-absl::Status FromGloo(const std::exception& e, const char* what) {
+absl::Status GlooError(const std::exception& e, const char* what) {
   std::string message = absl::StrCat(what, " over gloo: ", e.what());
   if (message.find("imed out") != std::string::npos) {
     return absl::DeadlineExceededError(message);
@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     context->connectFullMesh(adapter, device);
     comm->context_ = std::move(context);
   } catch (const std::exception& e) {
-    return FromGloo(e, "connecting the group");
+    return GlooError(e, "connecting the group");
   }
   return comm;
 }
@@ -457,6 +457,24 @@ absl::Status GlooCommunicator::AllGatherV(const void* in, void* out,
     return FromGloo(e, "all_gatherv");
   }
   return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::FromGloo(const std::exception& e, const char* what) const {
+  if (aborted_.load(std::memory_order_acquire)) {
+    absl::MutexLock lock(&abort_mu_);
+    return abort_reason_;
+  }
+  return GlooError(e, what);
+}
+
+void GlooCommunicator::Abort(const absl::Status& reason) {
+  {
+    absl::MutexLock lock(&abort_mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  Close();
 }
 
 void GlooCommunicator::Close() {

@@ -18,15 +18,18 @@
 // fallback inside HierarchicalCommunicator, which checks signatures itself
 // across all members), collectives skip that exchange.
 //
-// Thread-compatible: one thread drives it (the group's executor).
+// Thread-compatible: one thread drives it (the group's executor); Abort is
+// thread-safe.
 #ifndef MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "backends/communicator.h"
 #include "muster/store.h"
 
@@ -50,6 +53,11 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Closes the connections (see Close) and makes every later failure
+  // report `reason`. A wait already inside Gloo ends when its peers' side
+  // of the connections ends (they fail once they see this side close), or
+  // at its deadline: this Gloo has no way to interrupt it locally.
+  void Abort(const absl::Status& reason) override;
   absl::Status Barrier(absl::Time deadline) override;
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
                          absl::Time deadline) override;
@@ -87,6 +95,9 @@ class GlooCommunicator : public Communicator {
   // on a mismatch.
   absl::Status CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root, ReduceOp op,
                               absl::Time deadline);
+  // A Gloo exception as a Status (DEADLINE_EXCEEDED for timeouts, else
+  // ABORTED), or the reason given to Abort.
+  absl::Status FromGloo(const std::exception& e, const char* what) const;
   uint64_t sequence_ = 0;
   // The collectives without the signature exchange (used inside others).
   absl::Status RawBarrier(absl::Time deadline);
@@ -98,6 +109,9 @@ class GlooCommunicator : public Communicator {
   uint32_t tag_ = 1;
   bool check_signatures_ = true;
   std::shared_ptr<gloo::Context> context_;
+  std::atomic<bool> aborted_{false};
+  mutable absl::Mutex abort_mu_;
+  absl::Status abort_reason_ ABSL_GUARDED_BY(abort_mu_);
 };
 
 // The local IPv4/IPv6 address this host uses to reach `host` (what the
