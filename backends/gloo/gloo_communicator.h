@@ -53,10 +53,12 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  // Closes the connections (see Close) and makes every later failure
-  // report `reason`. A wait already inside Gloo ends when its peers' side
-  // of the connections ends (they fail once they see this side close), or
-  // at its deadline: this Gloo has no way to interrupt it locally.
+  // Closes the connections (see Close: the peers' pending operations fail
+  // at once) and makes every later failure report `reason`. A wait of this
+  // rank already inside Gloo is not interrupted: Debian's Gloo signals
+  // none of a pair's waiters when the pair is closed locally, and exposes
+  // no other way (a test shows it), so that wait ends at its deadline,
+  // with `reason`.
   void Abort(const absl::Status& reason) override;
   absl::Status Barrier(absl::Time deadline) override;
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,

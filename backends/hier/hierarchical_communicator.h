@@ -39,7 +39,9 @@
 // Abort (the rank lost its musterd) breaks it from any thread with the
 // given reason: the node's segment is aborted for this process only (the
 // node's other members share that musterd and learn it themselves) and the
-// Gloo meshes are closed, so the other nodes stop waiting for this rank.
+// Gloo meshes are closed, so the other nodes stop waiting for this rank
+// (a leader's own wait inside a Gloo stage ends only at its deadline: see
+// GlooCommunicator::Abort).
 //
 // Thread-compatible: one thread drives it (the group's executor); Abort is
 // thread-safe.
