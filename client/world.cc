@@ -552,10 +552,13 @@ absl::Status ProcessGroup::Explain(absl::Status status) const {
 }
 
 void ProcessGroup::BreakForDaemon(const absl::Status& gone) {
-  // Wakes a collective waiting in shared memory (or on Gloo) and fails
-  // later ones; the segment's local abort also ends point-to-point waits.
+  // Wakes a collective waiting in shared memory and fails later ones (a
+  // Gloo collective in flight finishes with its peers, then the meshes
+  // close); the segment's local abort also ends point-to-point waits, and
+  // GlooP2P cancels its own.
   if (comm_ != nullptr) comm_->Abort(gone);
   if (segment_ != nullptr) segment_->AbortLocally(gone);
+  if (remote_p2p_ != nullptr) remote_p2p_->Abort();
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::NewGroup(std::vector<int> ranks,

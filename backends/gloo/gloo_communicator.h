@@ -53,12 +53,14 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  // Closes the connections (see Close: the peers' pending operations fail
-  // at once) and makes every later failure report `reason`. A wait of this
-  // rank already inside Gloo is not interrupted: Debian's Gloo signals
-  // none of a pair's waiters when the pair is closed locally, and exposes
-  // no other way (a test shows it), so that wait ends at its deadline,
-  // with `reason`.
+  // Breaks the communicator: later collectives fail with `reason`, and the
+  // connections are closed (see Close: the peers' pending operations fail
+  // at once) — at once if no collective of this rank is in flight, else as
+  // soon as it ends. Debian's Gloo wakes none of this rank's own waiters
+  // when a pair is closed locally (a test shows it), so closing under a
+  // collective in flight would leave it waiting until its deadline; left
+  // alone, it finishes with its peers (or fails when one of them goes) and
+  // returns what it got (a failure reports `reason`).
   void Abort(const absl::Status& reason) override;
   absl::Status Barrier(absl::Time deadline) override;
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
@@ -97,6 +99,19 @@ class GlooCommunicator : public Communicator {
   // on a mismatch.
   absl::Status CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root, ReduceOp op,
                               absl::Time deadline);
+  // Marks a public collective in flight for Abort (nested calls count
+  // once each); `refused()` is the abort reason once aborted, and then the
+  // collective must not start.
+  class InFlight {
+   public:
+    explicit InFlight(GlooCommunicator* comm);
+    ~InFlight();
+    const absl::Status& refused() const { return refused_; }
+
+   private:
+    GlooCommunicator* comm_;
+    absl::Status refused_;
+  };
   // A Gloo exception as a Status (DEADLINE_EXCEEDED for timeouts, else
   // ABORTED), or the reason given to Abort.
   absl::Status FromGloo(const std::exception& e, const char* what) const;
@@ -114,6 +129,7 @@ class GlooCommunicator : public Communicator {
   std::atomic<bool> aborted_{false};
   mutable absl::Mutex abort_mu_;
   absl::Status abort_reason_ ABSL_GUARDED_BY(abort_mu_);
+  int in_flight_ ABSL_GUARDED_BY(abort_mu_) = 0;  // collectives running (InFlight)
 };
 
 // The local IPv4/IPv6 address this host uses to reach `host` (what the

@@ -239,5 +239,53 @@ TEST_CASE("Abort does not interrupt the rank's own wait inside Gloo: it ends at 
   CHECK(took > absl::Milliseconds(800));
 }
 
+TEST_CASE("a collective in flight when Abort comes finishes with its peers; then the mesh closes") {
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooCommunicator> peer;
+  std::thread connect1([&] {
+    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) peer = std::move(*c);
+  });
+  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
+  connect1.join();
+  REQUIRE(c0.ok());
+  REQUIRE(peer != nullptr);
+  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  absl::Status peer_first, peer_second;
+  absl::Duration peer_waited;
+  int32_t theirs = 2;
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // joins after rank 0 was aborted
+    peer_first = peer->AllReduce(&theirs, 1, DType::kInt32, ReduceOp::kSum, 1,
+                                 absl::Now() + absl::Seconds(20));
+    absl::Time start = absl::Now();
+    int32_t again = 1;
+    peer_second = peer->AllReduce(&again, 1, DType::kInt32, ReduceOp::kSum, 1,
+                                  absl::Now() + absl::Seconds(20));
+    peer_waited = absl::Now() - start;
+  });
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    (*c0)->Abort(gone);
+  });
+  int32_t mine = 1;
+  absl::Time start = absl::Now();
+  absl::Status first =
+      (*c0)->AllReduce(&mine, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(20));
+  absl::Duration took = absl::Now() - start;
+  aborter.join();
+  late.join();
+  CHECK(first.ok());
+  CHECK(mine == 3);
+  CHECK(took < absl::Seconds(5));
+  CHECK(peer_first.ok());
+  CHECK(theirs == 3);
+  // The mesh closed when the collective ended: the peer's next one fails
+  // at once, this rank's is refused.
+  CHECK(peer_second.code() == absl::StatusCode::kAborted);
+  CHECK(peer_waited < absl::Seconds(5));
+  CHECK((*c0)->Barrier(absl::Now() + absl::Seconds(5)) == gone);
+}
+
 }  // namespace
 }  // namespace muster

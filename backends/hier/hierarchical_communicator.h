@@ -40,8 +40,8 @@
 // given reason: the node's segment is aborted for this process only (the
 // node's other members share that musterd and learn it themselves) and the
 // Gloo meshes are closed, so the other nodes stop waiting for this rank
-// (a leader's own wait inside a Gloo stage ends only at its deadline: see
-// GlooCommunicator::Abort).
+// (a Gloo stage in flight first finishes with the other nodes, see
+// GlooCommunicator::Abort; the next node-local stage then fails).
 //
 // Thread-compatible: one thread drives it (the group's executor); Abort is
 // thread-safe.
