@@ -481,14 +481,14 @@ absl::Status GlooCommunicator::AllGatherV(const void* in, void* out,
 
 absl::Status GlooCommunicator::FromGloo(const std::exception& e, const char* what) const {
   if (aborted_.load(std::memory_order_acquire)) {
-    absl::MutexLock lock(&abort_mu_);
+    std::lock_guard<std::mutex> lock(abort_mu_);
     return abort_reason_;
   }
   return GlooError(e, what);
 }
 
 GlooCommunicator::InFlight::InFlight(GlooCommunicator* comm) : comm_(comm) {
-  absl::MutexLock lock(&comm_->abort_mu_);
+  std::lock_guard<std::mutex> lock(comm_->abort_mu_);
   if (comm_->aborted_.load(std::memory_order_relaxed)) {
     refused_ = comm_->abort_reason_;
   } else {
@@ -500,7 +500,7 @@ GlooCommunicator::InFlight::~InFlight() {
   if (!refused_.ok()) return;
   bool close;
   {
-    absl::MutexLock lock(&comm_->abort_mu_);
+    std::lock_guard<std::mutex> lock(comm_->abort_mu_);
     close = --comm_->in_flight_ == 0 && comm_->aborted_.load(std::memory_order_relaxed);
   }
   if (close) comm_->Close();  // Abort came while this collective ran
@@ -509,7 +509,7 @@ GlooCommunicator::InFlight::~InFlight() {
 void GlooCommunicator::Abort(const absl::Status& reason) {
   bool idle;
   {
-    absl::MutexLock lock(&abort_mu_);
+    std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_.load(std::memory_order_relaxed)) return;
     abort_reason_ = reason;
     aborted_.store(true, std::memory_order_release);

@@ -111,7 +111,7 @@ absl::Status HierarchicalCommunicator::CheckRoot(int root) const {
 
 void HierarchicalCommunicator::Abort(const absl::Status& reason) {
   {
-    absl::MutexLock lock(&abort_mu_);
+    std::lock_guard<std::mutex> lock(abort_mu_);
     if (aborted_.load(std::memory_order_relaxed)) return;
     abort_reason_ = reason;
     aborted_.store(true, std::memory_order_release);

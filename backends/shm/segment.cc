@@ -177,7 +177,7 @@ absl::Status GroupSegment::AbortStatus(absl::string_view context) const {
 
 void GroupSegment::AbortLocally(absl::Status status) {
   {
-    absl::MutexLock lock(&local_mu_);
+    std::lock_guard<std::mutex> lock(local_mu_);
     if (local_abort_.load(std::memory_order_relaxed)) return;
     local_status_ = std::move(status);
     local_abort_.store(true, std::memory_order_release);
@@ -186,7 +186,7 @@ void GroupSegment::AbortLocally(absl::Status status) {
 }
 
 absl::Status GroupSegment::local_abort_status() const {
-  absl::MutexLock lock(&local_mu_);
+  std::lock_guard<std::mutex> lock(local_mu_);
   return local_status_;
 }
 
