@@ -4,7 +4,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <functional>
 #include <set>
 #include <thread>
 
@@ -233,10 +235,14 @@ class WorldSession {
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
  private:
+  // Registration failed: the stream's status says why.
   absl::Status Finish(const char* what) {
     grpc::Status s = stream_->Finish();
-    closed_ = true;
-    finished_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      finished_ = true;
+    }
     if (s.ok())
       return absl::UnavailableError(absl::StrCat("musterd ended the session during ", what));
     return FromGrpc(s, what);
@@ -538,10 +544,6 @@ void World::OnDaemonGone(const absl::Status& gone) {
 }
 
 absl::Status World::session_status() const { return session_->status(); }
-
-absl::Status World::ExplainFailure(absl::Status status) const {
-  return session_->Explain(std::move(status));
-}
 
 absl::Status ProcessGroup::SessionStatus() const {
   return session_ != nullptr ? session_->status() : absl::OkStatus();

@@ -158,7 +158,7 @@ void Daemon::Shutdown() {
   if (registry_ != nullptr) {
     registry_->EndSessions(absl::StrCat("musterd (pid ", ::getpid(), ") is shutting down"));
   }
-  // Pending group operations fail (ABORTED: shutting down) and the registry
+  // Pending group operations fail (UNAVAILABLE: shutting down) and the registry
   // stops talking to job stores before those (maybe this one) go away.
   // GPU communicators are aborted first: queued GPU requests are answered.
   if (gpu_service_ != nullptr) gpu_service_->Shutdown();

@@ -267,8 +267,10 @@ class ProcessGroup {
   // The rank's musterd is gone (any thread): wakes whatever waits in this
   // group's communicator or segment and makes it fail with `gone`.
   void BreakForDaemon(const absl::Status& gone);
-  // The World's session status and World::ExplainFailure, through the
-  // session this group shares (a group may outlive its World).
+  // Through the session this group shares with its World (a group may
+  // outlive it): World::session_status(), and a failed call's status as
+  // the caller should see it (UNAVAILABLE naming the daemon once it is
+  // gone; may wait up to 1 s to learn that).
   absl::Status SessionStatus() const;
   absl::Status Explain(absl::Status status) const;
   // Collectives on CUDA tensors: through musterd's NCCL communicators.
@@ -385,9 +387,6 @@ class World {
   explicit World(InitOptions options);
   // The session's reader thread: the daemon is gone; breaks every group.
   void OnDaemonGone(const absl::Status& gone);
-  // A failed call's status as the caller should see it (UNAVAILABLE naming
-  // the daemon once it is gone; may wait up to 1 s to learn that).
-  absl::Status ExplainFailure(absl::Status status) const;
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
                                                             const GroupOptions& options,
                                                             const std::string& name);
