@@ -6,7 +6,8 @@
 // or failed (INVALID_ARGUMENT, FAILED_PRECONDITION for desync, ABORTED,
 // DEADLINE_EXCEEDED naming what it waited for).
 //
-// Thread-compatible: one thread drives a communicator at a time.
+// Thread-compatible: one thread drives a communicator at a time; Abort may
+// be called from any thread meanwhile.
 #ifndef MUSTER_BACKENDS_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_COMMUNICATOR_H_
 
@@ -24,6 +25,13 @@ class Communicator {
   virtual ~Communicator() = default;
   virtual int rank() const = 0;
   virtual int size() const = 0;
+
+  // Breaks this process's side of the communicator from any thread: a
+  // collective waiting for its peers stops waiting and fails, as do later
+  // ones, with `reason` (not OK) where the transport lets it say so, else
+  // with ABORTED. Used when the rank lost what the group needs (its
+  // musterd). Implementations without a way to interrupt a wait ignore it.
+  virtual void Abort(const absl::Status& reason) {}
 
   virtual absl::Status Barrier(absl::Time deadline) = 0;
   // In place.

@@ -171,10 +171,15 @@ std::shared_ptr<Work> ProcessGroup::Failed(absl::Status status) {
 
 std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
   auto work = std::make_shared<Work>();
+  absl::Status gone = SessionStatus();
   absl::MutexLock lock(&exec_mu_);
   work->sequence_ = ++submitted_;
   if (stopping_) {
     work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+    return work;
+  }
+  if (!gone.ok()) {
+    work->Complete(std::move(gone));
     return work;
   }
   work->group_ = this;
@@ -191,7 +196,9 @@ bool ProcessGroup::RunHead() {
   queue_.pop_front();
   exec_mu_.Unlock();
   absl::Status status = comm_status_;
+  if (status.ok()) status = SessionStatus();
   if (status.ok()) status = item.op(*comm_, absl::Now() + timeout_);
+  if (!status.ok()) status = Explain(std::move(status));
   item.work->Complete(std::move(status));
   exec_mu_.Lock();
   running_ = false;
@@ -763,12 +770,16 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
     return gpu;
   }
   if (!comm_status_.ok()) return Failed(comm_status_);
+  if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
   if (remote_p2p_ != nullptr) {
     // A group spanning nodes: over its Gloo mesh.
     if (absl::Status s = remote_p2p_->Validate(*group_rank, tag); !s.ok()) return Failed(s);
     auto work = std::make_shared<Work>();
     remote_p2p_->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
-                      [work](absl::Status s) { work->Complete(std::move(s)); });
+                      [work, this](absl::Status s) {
+                        if (!s.ok()) s = Explain(std::move(s));
+                        work->Complete(std::move(s));
+                      });
     return work;
   }
   if (p2p_ == nullptr) {
@@ -865,7 +876,9 @@ void ProcessGroup::RunP2P() {
     bool moved = p2p_->Progress(ops);
     for (auto it = active.begin(); it != active.end();) {
       if (it->first->finished) {
-        it->second->Complete(it->first->status);
+        absl::Status status = it->first->status;
+        if (!status.ok()) status = Explain(std::move(status));
+        it->second->Complete(std::move(status));
         it = active.erase(it);
       } else {
         ++it;

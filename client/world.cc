@@ -3,9 +3,14 @@
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cstdlib>
+#include <functional>
+#include <set>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -93,13 +98,24 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
   return o;
 }
 
-// The rank's session with its daemon: the Attach stream and a reader thread
-// that collects failure events.
-class World::Session {
+// The rank's session with its daemon: the Attach stream; a reader thread
+// that collects failure events and notices the stream's end; and the
+// rank's unary calls to the daemon, which fail at once after that end and
+// are cancelled by it.
+//
+// The daemon is gone when the stream ends without this rank having left
+// (musterd was killed, crashed or shut down): status() turns UNAVAILABLE
+// naming its pid and socket, for good (a restarted musterd is a new
+// daemon: the rank never reattaches), and `on_gone` runs once on the
+// reader thread. Thread-safe.
+class WorldSession {
  public:
-  ~Session() { Close(); }
+  using GoneCallback = std::function<void(const absl::Status&)>;
 
-  absl::Status Open(const InitOptions& o) {
+  ~WorldSession() { Close(); }
+
+  absl::Status Open(const InitOptions& o, GoneCallback on_gone) {
+    on_gone_ = std::move(on_gone);
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
     channel_ = grpc::CreateCustomChannel(absl::StrCat("unix:", o.socket),
@@ -126,20 +142,88 @@ class World::Session {
     v1::SessionServerMessage reply;
     if (!stream_->Read(&reply) || !reply.has_registered()) return Finish("registration");
     session_id_ = reply.registered().session_id();
+    int64_t pid = reply.registered().daemon_pid();
+    daemon_ = pid > 0 ? absl::StrCat("musterd (pid ", pid, ", unix:", o.socket, ")")
+                      : absl::StrCat("musterd (unix:", o.socket, ")");
     reader_ = std::thread([this] { ReadEvents(); });
     return absl::OkStatus();
   }
 
+  // Leaves the job (an orderly end of the stream) and joins the reader.
   void Close() {
-    if (stream_ != nullptr && !closed_) {
+    if (stream_ == nullptr) return;
+    bool write_leave;
+    {
+      absl::MutexLock lock(&mu_);
+      if (closed_) return;
       closed_ = true;
+      leaving_ = true;
+      write_leave = !ended_;  // else the reader finishes the dead stream
+    }
+    if (write_leave) {
       v1::SessionClientMessage leave;
       leave.mutable_leave();
       stream_->Write(leave);
       stream_->WritesDone();
-      if (reader_.joinable()) reader_.join();
-      stream_->Finish();
     }
+    if (reader_.joinable()) reader_.join();
+    bool finish;
+    {
+      absl::MutexLock lock(&mu_);
+      finish = !finished_;
+      finished_ = true;
+    }
+    if (finish) stream_->Finish();
+  }
+
+  // OK while the session lives; UNAVAILABLE naming the daemon once it is gone.
+  absl::Status status() const {
+    if (!gone_fast_.load(std::memory_order_acquire)) return absl::OkStatus();
+    absl::MutexLock lock(&mu_);
+    return gone_status_;
+  }
+
+  // The error `s` as the caller should see it. Once the daemon is gone,
+  // every failure is that (UNAVAILABLE naming it; `what` says which call).
+  // UNAVAILABLE or CANCELLED while the session still looks alive is how a
+  // daemon going away shows first (a shutting-down musterd aborts its
+  // segments as UNAVAILABLE; a dead one breaks the connection under a
+  // call): wait up to a second for the stream's end to say so.
+  absl::Status Explain(absl::Status s, absl::string_view what = "") const {
+    if (s.ok()) return s;
+    absl::MutexLock lock(&mu_);
+    bool maybe_gone =
+        s.code() == absl::StatusCode::kUnavailable || s.code() == absl::StatusCode::kCancelled;
+    if (!gone_ && maybe_gone && !leaving_ && reader_started()) {
+      mu_.AwaitWithTimeout(absl::Condition(&gone_), absl::Seconds(1));
+    }
+    if (!gone_) return s;
+    if (absl::StrContains(s.message(), gone_status_.message())) {
+      return absl::UnavailableError(s.message());
+    }
+    if (what.empty()) return gone_status_;
+    return absl::UnavailableError(absl::StrCat(what, ": ", gone_status_.message()));
+  }
+
+  // Runs one unary RPC to the daemon (`rpc` gets its context, deadline
+  // set): refused once the daemon is gone, cancelled if it goes meanwhile,
+  // errors translated (and explained) with `what` as context.
+  absl::Status Call(const std::string& what, absl::Duration timeout,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc) {
+    grpc::ClientContext context;
+    context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+    {
+      absl::MutexLock lock(&mu_);
+      if (gone_) return absl::UnavailableError(absl::StrCat(what, ": ", gone_status_.message()));
+      calls_.insert(&context);
+    }
+    grpc::Status s = rpc(&context);
+    {
+      absl::MutexLock lock(&mu_);
+      calls_.erase(&context);
+    }
+    if (s.ok()) return absl::OkStatus();
+    return Explain(FromGrpc(s, what), what);
   }
 
   std::vector<std::string> failures() const {
@@ -151,14 +235,23 @@ class World::Session {
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
  private:
+  // Registration failed: the stream's status says why.
   absl::Status Finish(const char* what) {
     grpc::Status s = stream_->Finish();
-    closed_ = true;
+    {
+      absl::MutexLock lock(&mu_);
+      closed_ = true;
+      finished_ = true;
+    }
     if (s.ok())
       return absl::UnavailableError(absl::StrCat("musterd ended the session during ", what));
     return FromGrpc(s, what);
   }
 
+  bool reader_started() const { return !daemon_.empty(); }
+
+  // The reader thread: failure events until the stream ends; then, unless
+  // this rank is leaving, the daemon is gone.
   void ReadEvents() {
     v1::SessionServerMessage event;
     while (stream_->Read(&event)) {
@@ -171,8 +264,36 @@ class World::Session {
         failures_.push_back(absl::StrCat("job aborted: ", event.job_aborted().reason()));
       }
     }
+    {
+      absl::MutexLock lock(&mu_);
+      if (leaving_) return;  // Close() finishes the stream
+      ended_ = true;
+    }
+    // The daemon ended the stream (its status says why) or the connection
+    // broke: a unix socket reports a dead peer at once.
+    grpc::Status end = stream_->Finish();
+    std::string why =
+        end.ok() ? "musterd closed it"
+                 : absl::StrCat(
+                       absl::StatusCodeToString(static_cast<absl::StatusCode>(end.error_code())),
+                       ": ", end.error_message());
+    absl::Status gone = absl::UnavailableError(
+        absl::StrCat(daemon_, " is gone: the session stream ended (", why,
+                     "); this rank cannot continue (restart the job's ranks)"));
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      gone_status_ = gone;
+      gone_ = true;
+      gone_fast_.store(true, std::memory_order_release);
+      failures_.push_back(std::string(gone.message()));
+      // Calls in flight would wait for a daemon that cannot answer.
+      for (grpc::ClientContext* c : calls_) c->TryCancel();
+    }
+    if (on_gone_) on_gone_(gone);
   }
 
+  GoneCallback on_gone_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::Session::Stub> session_stub_;
   std::unique_ptr<v1::Groups::Stub> groups_stub_;
@@ -180,9 +301,17 @@ class World::Session {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionClientMessage, v1::SessionServerMessage>>
       stream_;
   std::string session_id_;
+  std::string daemon_;  // "musterd (pid P, unix:SOCKET)", set before the reader starts
   std::thread reader_;
-  bool closed_ = false;
   mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;   // Close() began: the end is no failure
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;     // the reader saw the stream end
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // stream_->Finish() was called
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> gone_fast_{false};  // gone_, for the collectives' fast path
+  absl::Status gone_status_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
 };
 
@@ -199,8 +328,10 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
   absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   ASSIGN_OR_RETURN(options, InitOptionsFromEnv(std::move(options)));
   std::unique_ptr<World> world(new World(options));
-  world->session_ = std::make_unique<Session>();
-  RETURN_IF_ERROR(world->session_->Open(world->options_));
+  world->session_ = std::make_shared<Session>();
+  World* self = world.get();
+  RETURN_IF_ERROR(world->session_->Open(
+      world->options_, [self](const absl::Status& gone) { self->OnDaemonGone(gone); }));
   std::vector<int> all(options.world_size);
   for (int r = 0; r < options.world_size; ++r) all[r] = r;
   GroupOptions world_options;
@@ -326,13 +457,14 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
       options.timeout > absl::ZeroDuration() ? options.timeout : options_.timeout;
   req.mutable_options()->mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
   req.mutable_options()->set_local_synchronization(options.local_synchronization);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout + absl::Seconds(30)));
   v1::CreateGroupResponse resp;
-  grpc::Status s = session_->groups()->CreateGroup(&context, req, &resp);
-  if (!s.ok()) return FromGrpc(s, absl::StrCat("new group '", name, "'"));
+  RETURN_IF_ERROR(session_->Call(absl::StrCat("new group '", name, "'"),
+                                 timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
+                                   return session_->groups()->CreateGroup(context, req, &resp);
+                                 }));
   auto group = std::make_shared<ProcessGroup>();
   group->world_ = this;
+  group->session_ = session_;
   group->name_ = resp.group().name();
   group->tag_ = resp.group().tag();
   group->backend_ = resp.group().backend();
@@ -384,7 +516,51 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
           std::make_unique<P2PEngine>(group->segment_.get(), group->rank_, name, group->ranks_);
     }
   }
+  // From now on the daemon's end breaks the group; if it already ended,
+  // the group is of no use.
+  {
+    absl::MutexLock lock(&groups_mu_);
+    groups_.erase(std::remove_if(groups_.begin(), groups_.end(),
+                                 [](const std::weak_ptr<ProcessGroup>& g) { return g.expired(); }),
+                  groups_.end());
+    groups_.push_back(group);
+  }
+  if (absl::Status gone = session_->status(); !gone.ok()) {
+    group->BreakForDaemon(gone);
+    return absl::UnavailableError(absl::StrCat("new group '", name, "': ", gone.message()));
+  }
   return group;
+}
+
+void World::OnDaemonGone(const absl::Status& gone) {
+  std::vector<std::shared_ptr<ProcessGroup>> groups;
+  {
+    absl::MutexLock lock(&groups_mu_);
+    for (const auto& weak : groups_) {
+      if (auto g = weak.lock()) groups.push_back(std::move(g));
+    }
+  }
+  for (const auto& g : groups) g->BreakForDaemon(gone);
+}
+
+absl::Status World::session_status() const { return session_->status(); }
+
+absl::Status ProcessGroup::SessionStatus() const {
+  return session_ != nullptr ? session_->status() : absl::OkStatus();
+}
+
+absl::Status ProcessGroup::Explain(absl::Status status) const {
+  return session_ != nullptr ? session_->Explain(std::move(status)) : status;
+}
+
+void ProcessGroup::BreakForDaemon(const absl::Status& gone) {
+  // Wakes a collective waiting in shared memory and fails later ones (a
+  // Gloo collective in flight finishes with its peers, then the meshes
+  // close); the segment's local abort also ends point-to-point waits, and
+  // GlooP2P cancels its own.
+  if (comm_ != nullptr) comm_->Abort(gone);
+  if (segment_ != nullptr) segment_->AbortLocally(gone);
+  if (remote_p2p_ != nullptr) remote_p2p_->Abort();
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::NewGroup(std::vector<int> ranks,
@@ -446,6 +622,8 @@ std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
     return Failed(absl::FailedPreconditionError(
         absl::StrCat("this rank is not a member of group '", name_, "'")));
   }
+  // musterd runs the GPU collectives: nothing to do without it.
+  if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
   std::shared_ptr<GpuPath> path;
   {
     absl::MutexLock lock(&gpu_mu_);
@@ -488,7 +666,7 @@ std::shared_ptr<Work> ProcessGroup::SubmitGpu(const GpuCall& call) {
     path = gpu_;
   }
   absl::StatusOr<GpuPath::Launched> launched = path->Run(call);
-  if (!launched.ok()) return Failed(launched.status());
+  if (!launched.ok()) return Failed(Explain(launched.status()));
   auto work = std::make_shared<Work>();
   work->sequence_ = launched->sequence;
   std::shared_ptr<void> marker(launched->marker, [path](void* e) { path->Release(e); });
@@ -504,11 +682,11 @@ absl::Status World::DestroyProcessGroup(ProcessGroup& group) {
   req.mutable_caller()->set_job_id(options_.job_id);
   req.mutable_caller()->set_global_rank(options_.rank);
   req.set_name(group.name());
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
   v1::DestroyGroupResponse resp;
-  return FromGrpc(session_->groups()->DestroyGroup(&context, req, &resp),
-                  absl::StrCat("destroy group '", group.name(), "'"));
+  return session_->Call(absl::StrCat("destroy group '", group.name(), "'"), absl::Seconds(30),
+                        [&](grpc::ClientContext* context) {
+                          return session_->groups()->DestroyGroup(context, req, &resp);
+                        });
 }
 
 absl::StatusOr<std::shared_ptr<Store>> World::store() {
@@ -599,11 +777,11 @@ absl::Status ProcessGroup::Barrier(absl::Duration timeout) {
   }
   absl::Duration rpc =
       (timeout > absl::ZeroDuration() ? timeout : world_->options_.timeout) + absl::Seconds(30);
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(absl::Now() + rpc));
   v1::BarrierResponse resp;
-  return FromGrpc(world_->session_->groups()->Barrier(&context, req, &resp),
-                  absl::StrCat("barrier on group '", name_, "'"));
+  return world_->session_->Call(absl::StrCat("barrier on group '", name_, "'"), rpc,
+                                [&](grpc::ClientContext* context) {
+                                  return world_->session_->groups()->Barrier(context, req, &resp);
+                                });
 }
 
 }  // namespace muster

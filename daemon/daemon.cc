@@ -209,7 +209,13 @@ void Daemon::Shutdown() {
   absl::Status notified = NotifySystemd("STOPPING=1");
   if (!notified.ok()) MLOG(WARNING) << "systemd notification failed: " << notified.message();
   if (admin_service_ != nullptr) admin_service_->SetDraining();
-  // Pending group operations fail (ABORTED: shutting down) and the registry
+  // The ranks first: their session streams end now (not after the grace
+  // period), so every rank's calls fail UNAVAILABLE at once, and nothing
+  // below is mistaken for a rank failure.
+  if (registry_ != nullptr) {
+    registry_->EndSessions(absl::StrCat("musterd (pid ", ::getpid(), ") is shutting down"));
+  }
+  // Pending group operations fail (UNAVAILABLE: shutting down) and the registry
   // stops talking to job stores before those (maybe this one) go away.
   // GPU communicators are aborted first: queued GPU requests are answered.
   if (gpu_service_ != nullptr) gpu_service_->Shutdown();

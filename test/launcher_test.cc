@@ -152,6 +152,80 @@ TEST_CASE("muster-run uses a running musterd and never reuses a generation there
   CHECK(absl::StrContains(squeezed, "persist 1 2 2 finished"));  // the second run: generation 1
 }
 
+// Waits until `p`'s stdout contains every one of `texts` (at most 30 s).
+void AwaitOutput(Subprocess& p, const std::vector<std::string>& texts) {
+  absl::Time give_up = absl::Now() + absl::Seconds(30);
+  while (true) {
+    std::string out = p.Stdout();
+    bool all = true;
+    for (const std::string& t : texts) all &= absl::StrContains(out, t);
+    if (all) return;
+    INFO(out << p.Stderr());
+    REQUIRE(p.Running());
+    REQUIRE(absl::Now() < give_up);
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+}
+
+TEST_CASE("ranks whose musterd is killed fail (not swallowed) and muster-run reports the job") {
+  // The ranks exit 1 on their first error, as a program that does not
+  // handle it would; the daemon is not muster-run's, so only the ranks'
+  // own errors can fail the job.
+  auto daemon = TestDaemon::Start();
+  REQUIRE(daemon.ok());
+  TempDir dir;
+  auto p = Subprocess::Start(
+      {MusterRun(), "--nproc-per-node", "2", "--job-id", "orphans", "--",
+       RunfilePath("test/muster-test-rank"), "init;arloop world;sleep 30000"},
+      dir.path(),
+      {{"MUSTER_SOCKET", (*daemon)->socket_path()}, {"MUSTER_TEST_EXIT_ON_ERROR", "1"}});
+  REQUIRE(p.ok());
+  AwaitOutput(**p,
+              {"[rank 0] rank 0: arloop world running", "[rank 1] rank 1: arloop world running"});
+  std::string gone = absl::StrCat("musterd (pid ", (*daemon)->pid(),
+                                  ", unix:", (*daemon)->socket_path(), ") is gone");
+  absl::Time killed = absl::Now();
+  REQUIRE((*daemon)->Stop(SIGKILL).ok());
+  auto exit = (*p)->Wait(absl::Seconds(20));
+  REQUIRE(exit.ok());
+  INFO((*p)->Stdout() << (*p)->Stderr());
+  CHECK(exit->code == 1);
+  CHECK(absl::Now() - killed < absl::Seconds(10));
+  std::string err = (*p)->Stderr();
+  std::smatch m;
+  CHECK(std::regex_search(err, m,
+                          std::regex("job orphans failed: rank [01] \\(pid [0-9]+\\) exited with "
+                                     "status 1; its last output:\n[\\s\\S]*  rank [01]: arloop "
+                                     "world error UNAVAILABLE: ")));
+  CHECK(absl::StrContains(err, gone));
+}
+
+TEST_CASE("muster-run reports the job failed when its embedded musterd is killed") {
+  TempDir dir;
+  auto p =
+      Subprocess::Start({MusterRun(), "--nproc-per-node", "2", "--job-id", "lost", "--",
+                         RunfilePath("test/muster-test-rank"), "init;arloop world;sleep 30000"},
+                        dir.path(), IsolatedEnv(dir));
+  REQUIRE(p.ok());
+  AwaitOutput(**p,
+              {"[rank 0] rank 0: arloop world running", "[rank 1] rank 1: arloop world running"});
+  std::smatch m;
+  std::string err = (*p)->Stderr();
+  REQUIRE(
+      std::regex_search(err, m, std::regex("embedded musterd for this job \\(socket ([^,)]+)")));
+  auto status = Run({RunfilePath("tools/musterctl"), "--socket=" + m[1].str(), "status", "--json"});
+  REQUIRE(status.ok());
+  std::smatch pid;
+  REQUIRE(std::regex_search(status->out, pid, std::regex("\"pid\":([0-9]+)")));
+  REQUIRE(::kill(std::stoi(pid[1]), SIGKILL) == 0);
+  auto exit = (*p)->Wait(absl::Seconds(20));
+  REQUIRE(exit.ok());
+  INFO((*p)->Stdout() << (*p)->Stderr());
+  CHECK(exit->code == 1);
+  CHECK(absl::StrContains((*p)->Stderr(),
+                          "job lost failed: the embedded musterd was killed by signal 9"));
+}
+
 TEST_CASE("an unmodified PyTorch gloo script runs under muster-run with 4 ranks") {
   auto probe = Run({"/usr/bin/python3", "-c", "import torch.distributed"});
   if (!probe.ok() || probe->exit.code != 0) {

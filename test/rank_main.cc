@@ -18,13 +18,22 @@
 //   store                      set/get through World::store()
 //   failures                   print the failures this rank was told about
 //   xops GROUP                 every collective + send/recv, checked (one line each)
+//   arloop GROUP               all_reduce in a loop until one fails ("arloop GROUP
+//                              running" after the first); reports the failure with
+//                              iters= and at_us= (wall clock, µs since the epoch)
+//   artime GROUP               one all_reduce, reported with at_us=
+//   mark TEXT                  prints "rank R: mark TEXT"
+//   waitfile PATH              waits (up to 60 s) until PATH exists
 //   sleep MS | crash | exit CODE
+// With MUSTER_TEST_EXIT_ON_ERROR=1 the first failed step exits 1 (a rank
+// that does not handle errors).
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <set>
@@ -75,6 +84,8 @@ int main(int argc, char** argv) {
   std::string me = rank_env ? rank_env : "?";
   std::unique_ptr<muster::World> world;
   std::map<std::string, std::shared_ptr<muster::ProcessGroup>> groups;
+  const char* exit_env = std::getenv("MUSTER_TEST_EXIT_ON_ERROR");
+  const bool exit_on_error = exit_env != nullptr && std::string(exit_env) == "1";
   auto report = [&](const std::string& step, const absl::Status& s, const std::string& detail) {
     if (s.ok()) {
       std::printf("rank %s: %s ok%s%s\n", me.c_str(), step.c_str(), detail.empty() ? "" : " ",
@@ -83,8 +94,13 @@ int main(int argc, char** argv) {
       std::printf("rank %s: %s error %s: %s%s%s\n", me.c_str(), step.c_str(),
                   absl::StatusCodeToString(s.code()).c_str(), std::string(s.message()).c_str(),
                   detail.empty() ? "" : " ", detail.c_str());
+      if (exit_on_error) {
+        std::fflush(stdout);
+        ::_exit(1);
+      }
     }
   };
+  auto at_us = [] { return absl::StrCat("at_us=", absl::ToUnixMicros(absl::Now())); };
   auto describe = [](const muster::ProcessGroup& g) {
     return absl::StrCat("name=", g.name(), " rank=", g.rank(), " size=", g.size(),
                         " ranks=", absl::StrJoin(g.ranks(), ","), " backend=", g.backend());
@@ -651,6 +667,30 @@ int main(int argc, char** argv) {
       auto g = groups.at(words[1]);
       report(step, g->CollectiveBarrier()->Wait(),
              absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+    } else if (cmd == "arloop" || cmd == "artime") {
+      auto g = groups.at(words[1]);
+      std::vector<int32_t> v(256, 1);
+      absl::Status st;
+      int64_t iters = 0;
+      do {
+        st = g->AllReduce({v.data(), v.size(), muster::DType::kInt32})->Wait();
+        if (st.ok() && ++iters == 1 && cmd == "arloop") {
+          std::printf("rank %s: arloop %s running\n", me.c_str(), words[1].c_str());
+        }
+      } while (st.ok() && cmd == "arloop");
+      std::string when = at_us();
+      report(step, st, absl::StrCat("iters=", iters, " ", when));
+    } else if (cmd == "mark") {
+      std::printf("rank %s: mark %s\n", me.c_str(), words.size() > 1 ? words[1].c_str() : "");
+    } else if (cmd == "waitfile") {
+      absl::Time give_up = absl::Now() + absl::Seconds(60);
+      while (::access(words[1].c_str(), F_OK) != 0 && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
+      report(step,
+             ::access(words[1].c_str(), F_OK) == 0 ? absl::OkStatus()
+                                                   : absl::DeadlineExceededError("no such file"),
+             "");
     } else if (cmd == "failures") {
       report(step, absl::OkStatus(), absl::StrJoin(world->failures(), " | "));
     } else if (cmd == "sleep") {

@@ -56,7 +56,7 @@ std::chrono::milliseconds Left(absl::Time deadline) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
-absl::Status FromGloo(const std::exception& e, const char* what) {
+absl::Status GlooError(const std::exception& e, const char* what) {
   std::string message = absl::StrCat(what, " over gloo: ", e.what());
   if (message.find("imed out") != std::string::npos) {
     return absl::DeadlineExceededError(message);
@@ -155,7 +155,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     context->connectFullMesh(adapter, device);
     comm->context_ = std::move(context);
   } catch (const std::exception& e) {
-    return FromGloo(e, "connecting the group");
+    return GlooError(e, "connecting the group");
   }
   return comm;
 }
@@ -216,6 +216,8 @@ absl::Status GlooCommunicator::RawBarrier(absl::Time deadline) {
 }
 
 absl::Status GlooCommunicator::Barrier(absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kBarrier), DType::kUInt8, 0,
                                  -1, ReduceOp::kSum, deadline));
   return RawBarrier(deadline);
@@ -251,6 +253,8 @@ absl::Status GlooCommunicator::RawAllReduce(void* data, size_t count, DType dtyp
 
 absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
                                          double scale, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllReduce), dtype, count,
                                  -1, op, deadline));
@@ -259,6 +263,8 @@ absl::Status GlooCommunicator::AllReduce(void* data, size_t count, DType dtype, 
 
 absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, int root,
                                          absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kBroadcast), dtype, count,
                                  root, ReduceOp::kSum, deadline));
@@ -281,6 +287,8 @@ absl::Status GlooCommunicator::Broadcast(void* data, size_t count, DType dtype, 
 
 absl::Status GlooCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
                                       double scale, int root, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckRoot(root));
   std::string copy(static_cast<char*>(data), count * DTypeSize(dtype));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kReduce), dtype, count, root,
@@ -292,6 +300,8 @@ absl::Status GlooCommunicator::Reduce(void* data, size_t count, DType dtype, Red
 
 absl::Status GlooCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
                                          absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kAllGather), dtype, count,
                                  -1, ReduceOp::kSum, deadline));
   if (count == 0) return RawBarrier(deadline);
@@ -314,6 +324,8 @@ absl::Status GlooCommunicator::AllGather(const void* in, void* out, size_t count
 
 absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, DType dtype,
                                       int root, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kGather), dtype, count, root,
                                  ReduceOp::kSum, deadline));
@@ -338,6 +350,8 @@ absl::Status GlooCommunicator::Gather(const void* in, void* out, size_t count, D
 
 absl::Status GlooCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
                                        int root, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   RETURN_IF_ERROR(CheckRoot(root));
   RETURN_IF_ERROR(CheckSignature(static_cast<uint32_t>(CollectiveKind::kScatter), dtype, count,
                                  root, ReduceOp::kSum, deadline));
@@ -368,6 +382,8 @@ absl::Status GlooCommunicator::Scatter(const void* in, void* out, size_t count, 
 
 absl::Status GlooCommunicator::ReduceScatter(const void* in, void* out, size_t count, DType dtype,
                                              ReduceOp op, double scale, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   // All-reduce everything, keep our block: simple, and correct for every op.
   size_t es = DTypeSize(dtype);
   std::string all(static_cast<const char*>(in), count * es * size_);
@@ -381,6 +397,8 @@ absl::Status GlooCommunicator::ReduceScatter(const void* in, void* out, size_t c
 absl::Status GlooCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,
                                         void* out, const std::vector<size_t>& recv_counts,
                                         DType dtype, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   if (send_counts.size() != static_cast<size_t>(size_) ||
       recv_counts.size() != static_cast<size_t>(size_)) {
     return absl::InvalidArgumentError(
@@ -440,6 +458,8 @@ absl::Status GlooCommunicator::AllToAll(const void* in, const std::vector<size_t
 
 absl::Status GlooCommunicator::AllGatherV(const void* in, void* out,
                                           const std::vector<size_t>& bytes, absl::Time deadline) {
+  InFlight in_flight(this);
+  RETURN_IF_ERROR(in_flight.refused());
   if (bytes.size() != static_cast<size_t>(size_)) {
     return absl::InvalidArgumentError("all_gatherv: one byte count per rank");
   }
@@ -457,6 +477,45 @@ absl::Status GlooCommunicator::AllGatherV(const void* in, void* out,
     return FromGloo(e, "all_gatherv");
   }
   return absl::OkStatus();
+}
+
+absl::Status GlooCommunicator::FromGloo(const std::exception& e, const char* what) const {
+  if (aborted_.load(std::memory_order_acquire)) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_reason_;
+  }
+  return GlooError(e, what);
+}
+
+GlooCommunicator::InFlight::InFlight(GlooCommunicator* comm) : comm_(comm) {
+  std::lock_guard<std::mutex> lock(comm_->abort_mu_);
+  if (comm_->aborted_.load(std::memory_order_relaxed)) {
+    refused_ = comm_->abort_reason_;
+  } else {
+    ++comm_->in_flight_;
+  }
+}
+
+GlooCommunicator::InFlight::~InFlight() {
+  if (!refused_.ok()) return;
+  bool close;
+  {
+    std::lock_guard<std::mutex> lock(comm_->abort_mu_);
+    close = --comm_->in_flight_ == 0 && comm_->aborted_.load(std::memory_order_relaxed);
+  }
+  if (close) comm_->Close();  // Abort came while this collective ran
+}
+
+void GlooCommunicator::Abort(const absl::Status& reason) {
+  bool idle;
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+    idle = in_flight_ == 0;
+  }
+  if (idle) Close();
 }
 
 void GlooCommunicator::Close() {

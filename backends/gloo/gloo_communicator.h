@@ -18,11 +18,14 @@
 // fallback inside HierarchicalCommunicator, which checks signatures itself
 // across all members), collectives skip that exchange.
 //
-// Thread-compatible: one thread drives it (the group's executor).
+// Thread-compatible: one thread drives it (the group's executor); Abort is
+// thread-safe.
 #ifndef MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -50,6 +53,15 @@ class GlooCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // Breaks the communicator: later collectives fail with `reason`, and the
+  // connections are closed (see Close: the peers' pending operations fail
+  // at once) — at once if no collective of this rank is in flight, else as
+  // soon as it ends. Debian's Gloo wakes none of this rank's own waiters
+  // when a pair is closed locally (a test shows it), so closing under a
+  // collective in flight would leave it waiting until its deadline; left
+  // alone, it finishes with its peers (or fails when one of them goes) and
+  // returns what it got (a failure reports `reason`).
+  void Abort(const absl::Status& reason) override;
   absl::Status Barrier(absl::Time deadline) override;
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
                          absl::Time deadline) override;
@@ -87,6 +99,22 @@ class GlooCommunicator : public Communicator {
   // on a mismatch.
   absl::Status CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root, ReduceOp op,
                               absl::Time deadline);
+  // Marks a public collective in flight for Abort (nested calls count
+  // once each); `refused()` is the abort reason once aborted, and then the
+  // collective must not start.
+  class InFlight {
+   public:
+    explicit InFlight(GlooCommunicator* comm);
+    ~InFlight();
+    const absl::Status& refused() const { return refused_; }
+
+   private:
+    GlooCommunicator* comm_;
+    absl::Status refused_;
+  };
+  // A Gloo exception as a Status (DEADLINE_EXCEEDED for timeouts, else
+  // ABORTED), or the reason given to Abort.
+  absl::Status FromGloo(const std::exception& e, const char* what) const;
   uint64_t sequence_ = 0;
   // The collectives without the signature exchange (used inside others).
   absl::Status RawBarrier(absl::Time deadline);
@@ -98,6 +126,12 @@ class GlooCommunicator : public Communicator {
   uint32_t tag_ = 1;
   bool check_signatures_ = true;
   std::shared_ptr<gloo::Context> context_;
+  std::atomic<bool> aborted_{false};
+  // std::mutex, not absl::Mutex: ThreadSanitizer cannot see into Debian's
+  // Abseil, and the backends' tests run ranks as threads.
+  mutable std::mutex abort_mu_;
+  absl::Status abort_reason_;  // guarded by abort_mu_
+  int in_flight_ = 0;          // collectives running (InFlight); guarded by abort_mu_
 };
 
 // The local IPv4/IPv6 address this host uses to reach `host` (what the

@@ -176,5 +176,116 @@ TEST_CASE("a member that never connects makes Connect fail instead of hanging") 
   CHECK(absl::Now() - start < absl::Seconds(20));
 }
 
+TEST_CASE("Abort from another thread fails the rank's pending collective and later ones") {
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooCommunicator> comms[2];
+  std::thread connect1([&] {
+    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) comms[1] = std::move(*c);
+  });
+  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
+  connect1.join();
+  REQUIRE(c0.ok());
+  REQUIRE(comms[1] != nullptr);
+  comms[0] = std::move(*c0);
+  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  // Rank 1 waits in an all_reduce rank 0 never joins; rank 0 aborts.
+  absl::Status waited;
+  absl::Duration took;
+  std::thread waiter([&] {
+    int32_t v = 1;
+    absl::Time start = absl::Now();
+    waited = comms[1]->AllReduce(&v, 1, DType::kInt32, ReduceOp::kSum, 1,
+                                 absl::Now() + absl::Seconds(20));
+    took = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(200));
+  comms[0]->Abort(gone);
+  waiter.join();
+  // The peer sees the connections end (ABORTED), long before its deadline.
+  CHECK(waited.code() == absl::StatusCode::kAborted);
+  CHECK(took < absl::Seconds(5));
+  int32_t v = 1;
+  CHECK(comms[0]->AllReduce(&v, 1, DType::kInt32, ReduceOp::kSum, 1,
+                            absl::Now() + absl::Seconds(5)) == gone);
+}
+
+TEST_CASE("Abort does not interrupt the rank's own wait inside Gloo: it ends at its deadline") {
+  // Documents a limitation of Debian's Gloo (see GlooCommunicator::Abort).
+  // If this starts failing because the wait ends early, Gloo learned to
+  // wake local waiters: update that comment and the SDK's.
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooCommunicator> peer;
+  std::thread connect1([&] {
+    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) peer = std::move(*c);
+  });
+  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
+  connect1.join();
+  REQUIRE(c0.ok());
+  REQUIRE(peer != nullptr);
+  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    (*c0)->Abort(gone);
+  });
+  int32_t v = 1;
+  absl::Time start = absl::Now();
+  absl::Status s =
+      (*c0)->AllReduce(&v, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(1));
+  absl::Duration took = absl::Now() - start;
+  aborter.join();
+  CHECK(s == gone);
+  CHECK(took > absl::Milliseconds(800));
+}
+
+TEST_CASE("a collective in flight when Abort comes finishes with its peers; then the mesh closes") {
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooCommunicator> peer;
+  std::thread connect1([&] {
+    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) peer = std::move(*c);
+  });
+  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
+  connect1.join();
+  REQUIRE(c0.ok());
+  REQUIRE(peer != nullptr);
+  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  absl::Status peer_first, peer_second;
+  absl::Duration peer_waited;
+  int32_t theirs = 2;
+  std::thread late([&] {
+    absl::SleepFor(absl::Milliseconds(300));  // joins after rank 0 was aborted
+    peer_first = peer->AllReduce(&theirs, 1, DType::kInt32, ReduceOp::kSum, 1,
+                                 absl::Now() + absl::Seconds(20));
+    absl::Time start = absl::Now();
+    int32_t again = 1;
+    peer_second = peer->AllReduce(&again, 1, DType::kInt32, ReduceOp::kSum, 1,
+                                  absl::Now() + absl::Seconds(20));
+    peer_waited = absl::Now() - start;
+  });
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    (*c0)->Abort(gone);
+  });
+  int32_t mine = 1;
+  absl::Time start = absl::Now();
+  absl::Status first =
+      (*c0)->AllReduce(&mine, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(20));
+  absl::Duration took = absl::Now() - start;
+  aborter.join();
+  late.join();
+  CHECK(first.ok());
+  CHECK(mine == 3);
+  CHECK(took < absl::Seconds(5));
+  CHECK(peer_first.ok());
+  CHECK(theirs == 3);
+  // The mesh closed when the collective ended: the peer's next one fails
+  // at once, this rank's is refused.
+  CHECK(peer_second.code() == absl::StatusCode::kAborted);
+  CHECK(peer_waited < absl::Seconds(5));
+  CHECK((*c0)->Barrier(absl::Now() + absl::Seconds(5)) == gone);
+}
+
 }  // namespace
 }  // namespace muster

@@ -60,6 +60,20 @@ GlooP2P::~GlooP2P() {
   }
 }
 
+void GlooP2P::Abort() {
+  absl::MutexLock lock(&mu_);
+  if (aborted_) return;
+  aborted_ = true;
+  // As in the destructor: every wait of these returns false from now on;
+  // operations not picked up yet fail when a waiter takes them.
+  for (auto& op : waiting_) {
+    for (auto* b : {op->header.get(), op->buffer.get()}) {
+      b->abortWaitSend();
+      b->abortWaitRecv();
+    }
+  }
+}
+
 std::string GlooP2P::Describe(const Pending& op) const {
   int global = op.peer >= 0 && op.peer < static_cast<int>(global_ranks_.size())
                    ? global_ranks_[op.peer]
@@ -107,7 +121,10 @@ void GlooP2P::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, 
   absl::Status failed;
   {
     absl::MutexLock lock(&mu_);
-    if (!stopping_) {
+    if (aborted_) {
+      failed = absl::CancelledError(
+          absl::StrCat(Describe(*op), " on group '", group_name_, "': the group was aborted"));
+    } else if (!stopping_) {
       // Posted under mu_ so that the sizes go out in the order of unposted_.
       // The receive first: once the match has our size, it can send us its.
       try {
@@ -173,7 +190,7 @@ void GlooP2P::PostReady(const Key& key) {
 absl::Status GlooP2P::Wait(const std::shared_ptr<Pending>& op) {
   std::string where = absl::StrCat(Describe(*op), " on group '", group_name_, "'");
   auto cancelled = [&] {
-    return absl::CancelledError(absl::StrCat(where, ": the group was destroyed"));
+    return absl::CancelledError(absl::StrCat(where, ": the group was destroyed or aborted"));
   };
   auto fail = [&](const std::exception& e) {
     std::string message = absl::StrCat(where, " failed over gloo: ", e.what());
@@ -196,7 +213,9 @@ absl::Status GlooP2P::Wait(const std::shared_ptr<Pending>& op) {
     op->status = status;
     PostReady(key);
     // 2. Our data posted once every earlier operation of the key posted its.
-    auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return op->data_posted || stopping_; };
+    auto posted = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return op->data_posted || stopping_ || aborted_;
+    };
     if (!mu_.AwaitWithDeadline(absl::Condition(&posted), op->deadline)) {
       auto it = unposted_.find(key);
       if (it != unposted_.end()) {
@@ -235,6 +254,7 @@ absl::Status GlooP2P::Wait(const std::shared_ptr<Pending>& op) {
 void GlooP2P::Waiter() {
   while (true) {
     std::shared_ptr<Pending> op;
+    bool aborted;
     {
       absl::MutexLock lock(&mu_);
       auto ready = [this]()
@@ -245,9 +265,13 @@ void GlooP2P::Waiter() {
       if (stopping_) return;
       op = std::move(queue_.front());
       queue_.pop_front();
-      waiting_.push_back(op);
+      if (!aborted_) waiting_.push_back(op);
+      aborted = aborted_;
     }
-    absl::Status status = Wait(op);
+    absl::Status status =
+        aborted ? absl::CancelledError(absl::StrCat(Describe(*op), " on group '", group_name_,
+                                                    "': the group was aborted"))
+                : Wait(op);
     {
       absl::MutexLock lock(&mu_);
       waiting_.remove(op);

@@ -24,7 +24,8 @@
 // operations with ABORTED; an operation still pending at its deadline fails
 // with DEADLINE_EXCEEDED, and Gloo then fails every other operation pending
 // on the mesh (its pairs are unusable after a timeout). The destructor
-// cancels pending operations (CANCELLED) and joins the waiter threads.
+// cancels pending operations (CANCELLED) and joins the waiter threads;
+// Abort (the rank lost its musterd) cancels them too, at once.
 //
 // Thread-safe: Post() may be called from any thread; `done` callbacks run
 // on waiter threads (or on the caller's thread if posting fails).
@@ -76,6 +77,9 @@ class GlooP2P {
   // until then.
   void Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, absl::Time deadline,
             Done done);
+  // Every pending and later operation fails with CANCELLED at once (the
+  // caller refuses new ones and says why). Any thread.
+  void Abort();
 
  private:
   struct Pending {
@@ -115,6 +119,7 @@ class GlooP2P {
   std::map<Key, std::deque<std::shared_ptr<Pending>>> unposted_ ABSL_GUARDED_BY(mu_);
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<std::thread> threads_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -202,5 +202,26 @@ TEST_CASE("bad peers and tags are refused; destroying cancels pending operations
   CHECK(cancelled.code() == absl::StatusCode::kCancelled);
 }
 
+TEST_CASE("Abort cancels a pending receive at once and every later operation") {
+  auto failures = RunRanks(2, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    if (r != 0) return;  // rank 1 never sends
+    int64_t x = 0;
+    Async recv;
+    absl::Time start = absl::Now();
+    recv.Post(p2p, false, 1, 4, &x, sizeof(x));
+    absl::SleepFor(absl::Milliseconds(100));
+    p2p.Abort();
+    absl::Status s = recv.Get();
+    if (s.code() != absl::StatusCode::kCancelled) fail.push_back("pending: " + s.ToString());
+    if (absl::Now() - start > absl::Seconds(2)) fail.push_back("pending: not at once");
+    absl::Status later = Blocking(p2p, true, 1, 5, &x, sizeof(x));
+    if (later.code() != absl::StatusCode::kCancelled) fail.push_back("later: " + later.ToString());
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK(failures[r].empty());
+  }
+}
+
 }  // namespace
 }  // namespace muster

@@ -109,8 +109,27 @@ absl::Status HierarchicalCommunicator::CheckRoot(int root) const {
   return absl::OkStatus();
 }
 
+void HierarchicalCommunicator::Abort(const absl::Status& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_.load(std::memory_order_relaxed)) return;
+    abort_reason_ = reason;
+    aborted_.store(true, std::memory_order_release);
+  }
+  if (local_ != nullptr) local_->Abort(reason);
+  if (segment_ != nullptr) segment_->AbortLocally(reason);
+  if (leaders_ != nullptr) leaders_->Abort(reason);
+  if (flat_ != nullptr) flat_->Abort(reason);
+}
+
 absl::Status HierarchicalCommunicator::Break(absl::Status status, bool local_stage_failed) {
   if (status.ok()) return status;
+  if (aborted_.load(std::memory_order_acquire)) {
+    // This rank gave up (Abort): whatever stage failed, the reason is that,
+    // and only this process's side of the segment is aborted.
+    broken_ = abort_reason();
+    return broken_;
+  }
   bool fatal = Fatal(status);
   if (!fatal && !local_stage_failed) return status;
   if (fatal && segment_ != nullptr && !segment_->aborted()) {
@@ -136,6 +155,7 @@ absl::Status HierarchicalCommunicator::Break(absl::Status status, bool local_sta
 template <typename F>
 absl::Status HierarchicalCommunicator::Run(F&& f) {
   if (!broken_.ok()) return broken_;
+  if (aborted_.load(std::memory_order_acquire)) return broken_ = abort_reason();
   local_stage_failed_ = false;
   absl::Status status = f();
   return Break(std::move(status), local_stage_failed_);

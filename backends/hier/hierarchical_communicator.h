@@ -36,13 +36,22 @@
 // through them their nodes, stop waiting). When the failure came from Gloo,
 // it first gives musterd up to a second to abort the segment itself, whose
 // reason names the member that died. Later calls fail with the same error.
+// Abort (the rank lost its musterd) breaks it from any thread with the
+// given reason: the node's segment is aborted for this process only (the
+// node's other members share that musterd and learn it themselves) and the
+// Gloo meshes are closed, so the other nodes stop waiting for this rank
+// (a Gloo stage in flight first finishes with the other nodes, see
+// GlooCommunicator::Abort; the next node-local stage then fails).
 //
-// Thread-compatible: one thread drives it (the group's executor).
+// Thread-compatible: one thread drives it (the group's executor); Abort is
+// thread-safe.
 #ifndef MUSTER_BACKENDS_HIER_HIERARCHICAL_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_HIER_HIERARCHICAL_COMMUNICATOR_H_
 
+#include <atomic>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -84,6 +93,7 @@ class HierarchicalCommunicator : public Communicator {
   int size() const override { return size_; }
   const NodeTopology& topology() const { return topology_; }
   bool is_leader() const { return topology_.local_index[rank_] == 0; }
+  void Abort(const absl::Status& reason) override;
 
   absl::Status Barrier(absl::Time deadline) override;
   absl::Status AllReduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
@@ -142,6 +152,16 @@ class HierarchicalCommunicator : public Communicator {
   uint64_t sequence_ = 0;
   bool local_stage_failed_ = false;
   absl::Status broken_;
+  // Set by Abort (any thread); Run and Break read it.
+  std::atomic<bool> aborted_{false};
+  // std::mutex, not absl::Mutex: ThreadSanitizer cannot see into Debian's
+  // Abseil, and the backends' tests run ranks as threads.
+  mutable std::mutex abort_mu_;
+  absl::Status abort_reason_;  // guarded by abort_mu_
+  absl::Status abort_reason() const {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    return abort_reason_;
+  }
 };
 
 // Connects the Gloo meshes of one member of a spanning group: the flat mesh

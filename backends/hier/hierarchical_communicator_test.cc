@@ -442,5 +442,38 @@ TEST_CASE("a member that dies fails every other member within 2 s, naming it") {
   }
 }
 
+TEST_CASE("Abort wakes a member waiting in its node's stage and tells its node-mates nothing") {
+  // Rank 1 waits in an all_reduce nobody else calls; its musterd goes away
+  // (Abort from another thread): it fails at once with that reason, its
+  // node's segment is aborted only for it (rank 0 shares the musterd and
+  // learns on its own), and the group stays broken.
+  FakeJob job({"a", "a", "b", "b"});
+  const absl::Status gone = absl::UnavailableError("musterd (pid 9, unix:/m.sock) is gone");
+  absl::Status result, again;
+  absl::Duration took;
+  job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>& fail) {
+    std::vector<float> v(100, 1.0f);
+    if (!c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Deadline()).ok()) {
+      fail.push_back("first all_reduce failed");
+      return;
+    }
+    if (r != 1) return;
+    std::thread reader([&] {
+      absl::SleepFor(absl::Milliseconds(200));
+      c.Abort(gone);
+    });
+    absl::Time start = absl::Now();
+    result = c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Deadline());
+    took = absl::Now() - start;
+    reader.join();
+    again = c.Barrier(Deadline());
+  });
+  INFO(result.ToString() << " after " << took);
+  CHECK(result == gone);
+  CHECK(took < absl::Seconds(1));
+  CHECK(again == gone);
+  CHECK_FALSE(job.segments[0]->aborted());
+}
+
 }  // namespace
 }  // namespace muster

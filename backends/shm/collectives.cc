@@ -168,9 +168,14 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       }
     }
     if (all) return absl::OkStatus();
+    if (segment_->locally_aborted()) {
+      absl::Status local = segment_->local_abort_status();
+      return absl::Status(local.code(), absl::StrCat(DescribeSignature(current_), " on group '",
+                                                     group_name_, "': ", local.message()));
+    }
     if (segment_->aborted()) {
-      return absl::AbortedError(absl::StrCat(DescribeSignature(current_), " on group '",
-                                             group_name_, "' aborted: ", segment_->abort_reason()));
+      return segment_->AbortStatus(
+          absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
     }
     if (++polls < 64) {
       CpuRelax();

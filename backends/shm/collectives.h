@@ -8,7 +8,9 @@
 // own slot and publishes arrived=k, (3) waits until every rank arrived at
 // k, (4) reads what it needs from the slots, (5) publishes released=k.
 // Waiting spins briefly, then sleeps on the segment's futex word; it ends
-// early if the segment is aborted (ABORTED with musterd's reason) or the
+// early if the segment is aborted (ABORTED with musterd's reason;
+// UNAVAILABLE when musterd is shutting down), aborted locally in this
+// process (with the local reason: the rank lost its musterd) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
 // never complete). In the first round of every collective each rank also
@@ -37,7 +39,8 @@
 // instead of misreading each other.
 //
 // Thread-compatible: one thread drives a communicator at a time (the SDK
-// runs each group's collectives on one executor thread, in order).
+// runs each group's collectives on one executor thread, in order); Abort is
+// thread-safe.
 #ifndef MUSTER_BACKENDS_SHM_COLLECTIVES_H_
 #define MUSTER_BACKENDS_SHM_COLLECTIVES_H_
 
@@ -97,6 +100,9 @@ class ShmCommunicator : public Communicator {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
+  // The segment's process-local abort (GroupSegment::AbortLocally): this
+  // rank's waits end with `reason`; the other members are not told.
+  void Abort(const absl::Status& reason) override { segment_->AbortLocally(reason); }
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
   void set_direct_options(const DirectOptions& options) { direct_ = options; }

@@ -530,6 +530,55 @@ TEST_CASE("an abort from outside wakes sleeping ranks with the reason") {
   GroupSegment::Unlink(name);
 }
 
+TEST_CASE("a segment aborted because its daemon goes away fails waiters with UNAVAILABLE") {
+  std::string name = UniqueName();
+  auto seg = GroupSegment::Create(name, 2, 4096);
+  REQUIRE(seg.ok());
+  ShmCommunicator c(seg->get(), 0, "g", {0, 1});
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    (*seg)->Abort("musterd (pid 7) is shutting down", AbortKind::kUnavailable);
+  });
+  absl::Status s = c.Barrier(Soon());
+  aborter.join();
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(s.message()) ==
+        "barrier #1 on group 'g' aborted: musterd (pid 7) is shutting down");
+  GroupSegment::Unlink(name);
+}
+
+TEST_CASE("a local abort wakes this process's waiting rank at once and tells no other member") {
+  std::string name = UniqueName();
+  auto owner = GroupSegment::Create(name, 2, 4096);
+  REQUIRE(owner.ok());
+  auto mine = GroupSegment::Open(name, 2);
+  auto theirs = GroupSegment::Open(name, 2);
+  REQUIRE(mine.ok());
+  REQUIRE(theirs.ok());
+  ShmCommunicator c(mine->get(), 0, "g", {0, 1});
+  const absl::Status gone = absl::UnavailableError("musterd (pid 7, unix:/x.sock) is gone");
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(200));  // rank 0 sleeps on the futex by now
+    c.Abort(gone);
+  });
+  std::vector<int32_t> v(4, 1);
+  absl::Time start = absl::Now();
+  absl::Status s = c.AllReduce(v.data(), 4, DType::kInt32, ReduceOp::kSum, 1, Soon());
+  absl::Duration took = absl::Now() - start;
+  aborter.join();
+  CHECK(s.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(s.message()) ==
+        "all_reduce #1(int32, count 4, SUM) on group 'g': musterd (pid 7, unix:/x.sock) is gone");
+  CHECK(took < absl::Milliseconds(200) + absl::Milliseconds(500));
+  // Later collectives fail the same way; the other member's view is intact.
+  CHECK(c.Barrier(Soon()).code() == absl::StatusCode::kUnavailable);
+  CHECK((*mine)->locally_aborted());
+  CHECK((*mine)->local_abort_status() == gone);
+  CHECK_FALSE((*theirs)->locally_aborted());
+  CHECK_FALSE((*theirs)->aborted());
+  GroupSegment::Unlink(name);
+}
+
 TEST_CASE("a shared allocation too large for the header page is refused, not wrapped around") {
   for (size_t bytes : {SIZE_MAX, SIZE_MAX - SharedAllocation::kHeaderBytes + 1}) {
     auto a = SharedAllocation::Create(bytes);

@@ -68,11 +68,20 @@ void P2PEngine::Fail(P2POp& op, absl::Status status, bool abort_group) {
 }
 
 bool P2PEngine::Step(P2POp& op) {
+  if (segment_->locally_aborted()) {
+    absl::Status local = segment_->local_abort_status();
+    Fail(op,
+         absl::Status(local.code(), absl::StrCat(op.send ? "send to" : "recv from", " rank ",
+                                                 global_ranks_[op.peer], " on group '", group_name_,
+                                                 "': ", local.message())),
+         false);
+    return true;
+  }
   if (segment_->aborted()) {
     Fail(op,
-         absl::AbortedError(absl::StrCat(op.send ? "send to" : "recv from", " rank ",
-                                         global_ranks_[op.peer], " on group '", group_name_,
-                                         "' aborted: ", segment_->abort_reason())),
+         segment_->AbortStatus(absl::StrCat(op.send ? "send to" : "recv from", " rank ",
+                                            global_ranks_[op.peer], " on group '", group_name_,
+                                            "' aborted")),
          false);
     return true;
   }

@@ -110,5 +110,22 @@ TEST_CASE("self-sends and bad peers are refused; an unanswered receive times out
   CHECK(absl::Now() - start < absl::Seconds(3));
 }
 
+TEST_CASE("a local abort of the segment fails this process's pending receive at once") {
+  Group g(2);
+  int64_t x = 0;
+  P2POp recv = Op(false, 1, 3, &x, sizeof(x));
+  std::thread aborter([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    g.maps[0]->AbortLocally(absl::UnavailableError("musterd is gone"));
+  });
+  absl::Time start = absl::Now();
+  g.engines[0]->Run({&recv});
+  aborter.join();
+  CHECK(absl::Now() - start < absl::Seconds(1));
+  CHECK(recv.status.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(recv.status.message()) == "recv from rank 1 on group 'g': musterd is gone");
+  CHECK_FALSE(g.maps[1]->aborted());  // the peer was not told
+}
+
 }  // namespace
 }  // namespace muster

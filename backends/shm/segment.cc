@@ -162,15 +162,40 @@ MailboxHeader& GroupSegment::mailbox(int from, int to) {
                                            stride * (static_cast<uint64_t>(from) * nranks() + to));
 }
 
-void GroupSegment::Abort(const std::string& reason) {
+void GroupSegment::Abort(const std::string& reason, AbortKind kind) {
   uint32_t expected = 0;
   // Reason first, then the flag (readers acquire the flag, then read it).
   static_assert(sizeof(header_->abort_reason) > 1, "");
   if (header_->aborted.load(std::memory_order_acquire) == 0) {
     std::strncpy(header_->abort_reason, reason.c_str(), sizeof(header_->abort_reason) - 1);
-    header_->aborted.compare_exchange_strong(expected, 1, std::memory_order_acq_rel);
+    header_->aborted.compare_exchange_strong(expected, static_cast<uint32_t>(kind),
+                                             std::memory_order_acq_rel);
   }
   Wake();
+}
+
+absl::Status GroupSegment::AbortStatus(absl::string_view context) const {
+  std::string message = absl::StrCat(context, ": ", abort_reason());
+  if (header_->aborted.load(std::memory_order_acquire) ==
+      static_cast<uint32_t>(AbortKind::kUnavailable)) {
+    return absl::UnavailableError(message);
+  }
+  return absl::AbortedError(message);
+}
+
+void GroupSegment::AbortLocally(absl::Status status) {
+  {
+    std::lock_guard<std::mutex> lock(local_mu_);
+    if (local_abort_.load(std::memory_order_relaxed)) return;
+    local_status_ = std::move(status);
+    local_abort_.store(true, std::memory_order_release);
+  }
+  Wake();
+}
+
+absl::Status GroupSegment::local_abort_status() const {
+  std::lock_guard<std::mutex> lock(local_mu_);
+  return local_status_;
 }
 
 std::string GroupSegment::abort_reason() const {

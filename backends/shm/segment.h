@@ -9,17 +9,24 @@
 // reads everyone's. Progress is published through monotonically increasing
 // round counters (release/acquire). The header also carries the abort flag
 // and reason, which musterd sets when the group breaks (a member died, the
-// operator aborted it) and a rank sets when a collective times out; a futex
-// word wakes sleeping waiters.
+// operator aborted it) or when it shuts down, and a rank sets when a
+// collective times out; a futex word wakes sleeping waiters.
+//
+// A GroupSegment object (one process's mapping) also has a process-local
+// abort: this process stops waiting on the segment while the other members
+// are not told (a rank whose musterd is gone fails its own calls; the
+// others learn the same from their own sessions).
 //
 // Thread-safety: the atomics are the synchronization; see collectives.h
-// for the protocol. A GroupSegment object itself is immutable after Open.
+// for the protocol. A GroupSegment object is immutable after Open except
+// for its local abort, which any thread may set.
 #ifndef MUSTER_BACKENDS_SHM_SEGMENT_H_
 #define MUSTER_BACKENDS_SHM_SEGMENT_H_
 
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -64,11 +71,16 @@ struct alignas(64) SegmentHeader {
   uint64_t slots_offset;
   uint64_t mailbox_bytes;  // ring capacity of each mailbox
   uint64_t mailboxes_offset;
-  std::atomic<uint32_t> aborted;
+  std::atomic<uint32_t> aborted;   // 0, or the AbortKind
   std::atomic<uint32_t> epoch;     // futex word: bumped on every progress
   std::atomic<uint32_t> sleepers;  // waiters in futex_wait
   char abort_reason[512];
 };
+
+// Why a segment was aborted: the group broke (collectives fail ABORTED), or
+// the daemon that owns the segment is going away (UNAVAILABLE: its ranks
+// lose their session too).
+enum class AbortKind : uint32_t { kAborted = 1, kUnavailable = 2 };
 
 class GroupSegment {
  public:
@@ -110,9 +122,20 @@ class GroupSegment {
   uint64_t mailbox_bytes() const { return header_->mailbox_bytes; }
 
   // Sets the abort flag (first reason wins) and wakes every waiter.
-  void Abort(const std::string& reason);
+  void Abort(const std::string& reason, AbortKind kind = AbortKind::kAborted);
   bool aborted() const { return header_->aborted.load(std::memory_order_acquire) != 0; }
   std::string abort_reason() const;
+  // The failure a waiter reports for the shared abort: `context`: reason,
+  // ABORTED or UNAVAILABLE by the abort's kind. Only when aborted().
+  absl::Status AbortStatus(absl::string_view context) const;
+
+  // Process-local abort: this process's waits on the segment end and fail
+  // with `status` (not OK; the first one wins); other members are not
+  // told. Wakes this process's sleepers. Thread-safe.
+  void AbortLocally(absl::Status status);
+  bool locally_aborted() const { return local_abort_.load(std::memory_order_acquire); }
+  // The status AbortLocally set (OK before).
+  absl::Status local_abort_status() const;
   // Bumps the futex word and wakes sleepers (after publishing progress).
   void Wake();
   // Sleeps until the futex word differs from `seen` or `timeout_us` passed.
@@ -126,6 +149,11 @@ class GroupSegment {
   SegmentHeader* header_;
   RankControl* controls_;
   char* slots_;
+  std::atomic<bool> local_abort_{false};
+  // std::mutex, not absl::Mutex: ThreadSanitizer cannot see into Debian's
+  // Abseil, and the backends' tests run ranks as threads.
+  mutable std::mutex local_mu_;
+  absl::Status local_status_;  // guarded by local_mu_
 };
 
 }  // namespace muster

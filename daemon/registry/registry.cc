@@ -86,6 +86,16 @@ Registry::Registry(RegistryOptions options)
 
 Registry::~Registry() { Shutdown(); }
 
+void Registry::EndSessions(const std::string& reason) {
+  absl::MutexLock lock(&mu_);
+  stopping_ = true;
+  for (auto& [id, job] : jobs_) {
+    for (auto& [r, rank] : job.ranks) {
+      if (rank.local && rank.sink != nullptr) rank.sink->End(reason);
+    }
+  }
+}
+
 void Registry::Shutdown() {
   std::vector<std::shared_ptr<JobCoordinator>> coordinators;
   {
@@ -99,7 +109,10 @@ void Registry::Shutdown() {
         +[](int* active) { return *active == 0; }, &active_workers_));
     for (auto& [id, job] : jobs_) {
       if (job.coordinator != nullptr) coordinators.push_back(std::move(job.coordinator));
-      ReleaseSegments(job, "musterd is shutting down");
+      // UNAVAILABLE: the segments' members are this daemon's ranks, which
+      // lose their sessions too.
+      ReleaseSegments(job, absl::StrCat("musterd (pid ", ::getpid(), ") is shutting down"),
+                      AbortKind::kUnavailable);
     }
   }
   coordinators.clear();  // joins the failure watchers outside the lock
@@ -1061,10 +1074,10 @@ void Registry::AttachSegment(Job& job, Group& g) {
   for (int r : local) g.info.add_shm_group_ranks(r);
 }
 
-void Registry::ReleaseSegments(Job& job, const std::string& reason) {
+void Registry::ReleaseSegments(Job& job, const std::string& reason, AbortKind kind) {
   for (auto& [name, g] : job.groups) {
     if (g.segment == nullptr) continue;
-    g.segment->Abort(reason);
+    g.segment->Abort(reason, kind);
     GroupSegment::Unlink(g.segment->name());
   }
 }

@@ -50,6 +50,9 @@ class SessionSink {
  public:
   virtual ~SessionSink() = default;
   virtual void Push(const v1::SessionServerMessage& message) = 0;
+  // Ends the session stream with UNAVAILABLE `reason` (the daemon is going
+  // away; the rank sees its musterd gone).
+  virtual void End(const std::string& reason) = 0;
 };
 
 // Told about group and rank lifecycle events (musterd's GPU engine, which
@@ -97,9 +100,21 @@ class Registry {
   explicit Registry(RegistryOptions options);
   // Calls Shutdown().
   ~Registry();
-  // Fails everything pending (ABORTED: musterd is shutting down), stops the
-  // store watchers and waits for the workers. Idempotent.
+  // The first step of a shutdown: ends every session stream with
+  // UNAVAILABLE `reason`, so each rank learns at once that its musterd is
+  // going away (its calls fail UNAVAILABLE), and stops the registry from
+  // treating those ends as rank failures. Idempotent.
+  void EndSessions(const std::string& reason);
+  // Fails everything pending (UNAVAILABLE: musterd is shutting down, see
+  // stopping()), aborts the segments as UNAVAILABLE, stops the store
+  // watchers and waits for the workers. Idempotent.
   void Shutdown();
+  // Whether the daemon is shutting down (what fails now fails because of
+  // that: the services report it as UNAVAILABLE).
+  bool stopping() {
+    absl::MutexLock lock(&mu_);
+    return stopping_;
+  }
   Registry(const Registry&) = delete;
   Registry& operator=(const Registry&) = delete;
 
@@ -221,7 +236,8 @@ class Registry {
   // are local ranks; records why not otherwise.
   void AttachSegment(Job& job, Group& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts (with `reason`) and unlinks every segment of `job`.
-  static void ReleaseSegments(Job& job, const std::string& reason);
+  static void ReleaseSegments(Job& job, const std::string& reason,
+                              AbortKind kind = AbortKind::kAborted);
   void RunBarrier(std::string job_id, std::string name, int64_t sequence, std::vector<int> members,
                   absl::Duration timeout);
   static std::string DescribeRank(const v1::RankInfo& info);

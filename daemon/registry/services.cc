@@ -1,5 +1,7 @@
 #include "daemon/registry/services.h"
 
+#include <unistd.h>
+
 #include <deque>
 
 #include "absl/synchronization/mutex.h"
@@ -12,6 +14,13 @@ namespace {
 grpc::Status ToGrpc(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
   return grpc::Status(static_cast<grpc::StatusCode>(s.code()), std::string(s.message()));
+}
+
+// What a group call that failed while the daemon shuts down reports:
+// UNAVAILABLE (the rank's musterd is going away), whatever stopped it.
+absl::Status WhileStopping(Registry* registry, absl::Status s) {
+  if (s.ok() || s.code() == absl::StatusCode::kUnavailable || !registry->stopping()) return s;
+  return absl::UnavailableError(s.message());
 }
 
 grpc::ServerUnaryReactor* Finish(grpc::CallbackServerContext* context, const absl::Status& s) {
@@ -53,6 +62,10 @@ class SessionReactor final
       writing_ = true;
       StartWrite(&out_.front());
     }
+  }
+
+  void End(const std::string& reason) override {
+    FinishWith(grpc::Status(grpc::StatusCode::UNAVAILABLE, reason));
   }
 
   void OnReadDone(bool ok) override {
@@ -150,6 +163,7 @@ class SessionReactor final
     } else {
       v1::SessionServerMessage reply;
       *reply.mutable_registered() = *r;
+      reply.mutable_registered()->set_daemon_pid(::getpid());
       Push(reply);
       absl::MutexLock lock(&mu_);
       if (!finished_ && !finish_pending_) StartRead(&in_);
@@ -252,10 +266,11 @@ grpc::ServerUnaryReactor* GroupsService::CreateGroup(grpc::CallbackServerContext
                                                      v1::CreateGroupResponse* response) {
   ADMIT_OR_FINISH(caller, context, request);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  registry_->CreateGroup(*request, *caller, [reactor, response](absl::StatusOr<v1::GroupInfo> r) {
-    if (r.ok()) *response->mutable_group() = std::move(*r);
-    reactor->Finish(ToGrpc(r.status()));
-  });
+  registry_->CreateGroup(*request, *caller,
+                         [this, reactor, response](absl::StatusOr<v1::GroupInfo> r) {
+                           if (r.ok()) *response->mutable_group() = std::move(*r);
+                           reactor->Finish(ToGrpc(WhileStopping(registry_, r.status())));
+                         });
   return reactor;
 }
 
@@ -298,7 +313,9 @@ grpc::ServerUnaryReactor* GroupsService::Barrier(grpc::CallbackServerContext* co
                                                  v1::BarrierResponse*) {
   ADMIT_OR_FINISH(caller, context, request);
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  registry_->Barrier(*request, *caller, [reactor](absl::Status s) { reactor->Finish(ToGrpc(s)); });
+  registry_->Barrier(*request, *caller, [this, reactor](absl::Status s) {
+    reactor->Finish(ToGrpc(WhileStopping(registry_, std::move(s))));
+  });
   return reactor;
 }
 

@@ -12,7 +12,14 @@
 // contain it are broken and pending and later calls on them fail with
 // ABORTED naming the rank, its host and pid; formation that does not
 // complete within its timeout fails with DEADLINE_EXCEEDED naming the ranks
-// that never arrived.
+// that never arrived. When this rank's own musterd goes away (killed,
+// crashed or shut down: the session stream ends without the rank leaving),
+// every pending and later call of the rank — collectives and point to
+// point on every group, barriers, group creation and destruction, GPU
+// collectives — fails with UNAVAILABLE naming the daemon's pid and socket,
+// within a second (a collective waiting in shared memory is woken). The
+// World never reattaches to a restarted musterd: the job's ranks must be
+// restarted.
 //
 // Thread-safety: World and ProcessGroup methods are thread-safe. Group
 // creation must happen in the same order on every rank (as in c10d).
@@ -70,6 +77,8 @@ struct GroupOptions {
 };
 
 class World;
+// The rank's session with its musterd (client/world.cc).
+class WorldSession;
 class ProcessGroup;
 class Communicator;
 class GroupSegment;
@@ -172,7 +181,8 @@ class ProcessGroup {
   // timeout. Errors: INVALID_ARGUMENT (bad buffers, root, dtype/op),
   // FAILED_PRECONDITION (ranks called different collectives: desync),
   // ABORTED (a member died, the group was aborted), DEADLINE_EXCEEDED
-  // (naming the members that did not join). Groups spanning nodes run them
+  // (naming the members that did not join), UNAVAILABLE (this rank's
+  // musterd is gone, see World). Groups spanning nodes run them
   // hierarchically: shared memory within each node, Gloo (TCP) among one
   // leader rank per node (see backends/hier); gather, scatter and
   // all_to_all go over a Gloo mesh of all members.
@@ -254,6 +264,15 @@ class ProcessGroup {
   using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
   std::shared_ptr<Work> Submit(Op op);
   std::shared_ptr<Work> Failed(absl::Status status);
+  // The rank's musterd is gone (any thread): wakes whatever waits in this
+  // group's communicator or segment and makes it fail with `gone`.
+  void BreakForDaemon(const absl::Status& gone);
+  // Through the session this group shares with its World (a group may
+  // outlive it): World::session_status(), and a failed call's status as
+  // the caller should see it (UNAVAILABLE naming the daemon once it is
+  // gone; may wait up to 1 s to learn that).
+  absl::Status SessionStatus() const;
+  absl::Status Explain(absl::Status status) const;
   // Collectives on CUDA tensors: through musterd's NCCL communicators.
   std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
   // Where a call's tensors go: nullptr for the CPU backend (the caller goes
@@ -273,6 +292,7 @@ class ProcessGroup {
   bool RunHead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
 
   World* world_ = nullptr;
+  std::shared_ptr<WorldSession> session_;
   std::string name_, tag_, backend_;
   std::vector<int> ranks_;
   int rank_ = -1;
@@ -353,13 +373,20 @@ class World {
   // to this job attempt.
   absl::StatusOr<std::shared_ptr<Store>> store();
 
-  // Failures of other ranks this rank was told about, as messages.
+  // Failures of other ranks this rank was told about, as messages (and
+  // the end of this rank's session, if its musterd is gone).
   std::vector<std::string> failures() const;
+
+  // OK while this rank's session with its musterd lives; once the daemon
+  // is gone, the UNAVAILABLE error every call now fails with.
+  absl::Status session_status() const;
 
  private:
   friend class ProcessGroup;
-  class Session;
+  using Session = WorldSession;
   explicit World(InitOptions options);
+  // The session's reader thread: the daemon is gone; breaks every group.
+  void OnDaemonGone(const absl::Status& gone);
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
                                                             const GroupOptions& options,
                                                             const std::string& name);
@@ -379,11 +406,17 @@ class World {
                                absl::Duration timeout);
 
   InitOptions options_;
-  std::unique_ptr<Session> session_;
+  // Shared with the groups (they may outlive the World); the World's
+  // destructor closes it.
+  std::shared_ptr<Session> session_;
   std::shared_ptr<ProcessGroup> world_group_;
   mutable absl::Mutex mu_;
   int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
+  // Every group this World created (the world group too), for
+  // OnDaemonGone; expired ones are dropped as new ones come.
+  absl::Mutex groups_mu_;
+  std::vector<std::weak_ptr<ProcessGroup>> groups_ ABSL_GUARDED_BY(groups_mu_);
 };
 
 // c10d-style process-wide API around one World.
