@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <set>
+#include <sstream>
 #include <thread>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -83,6 +86,17 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
     o.generation = g < 0 ? 0 : g;
   }
   if (o.store_token.empty()) o.store_token = EnvString("MUSTER_STORE_TOKEN");
+  if (std::string file = EnvString("MUSTER_STORE_TOKEN_FILE");
+      o.store_token.empty() && !file.empty()) {
+    std::ifstream in(file);
+    std::stringstream content;
+    content << in.rdbuf();
+    o.store_token = std::string(absl::StripAsciiWhitespace(content.str()));
+    if (!in || o.store_token.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("MUSTER_STORE_TOKEN_FILE=", file, ": cannot read a token from it"));
+    }
+  }
   if (o.rank < 0) return absl::InvalidArgumentError("RANK is not set (or pass InitOptions.rank)");
   if (o.world_size < 1) {
     return absl::InvalidArgumentError("WORLD_SIZE is not set (or pass InitOptions.world_size)");
