@@ -1323,6 +1323,47 @@ std::string FindMusterd(const std::string& flag, const char* argv0) {
   return "";
 }
 
+int RunStoreBenchWithTorchClients(const std::string& musterd, const std::string& python,
+                                  const std::string& clients, double duration_seconds,
+                                  int64_t value_bytes, bool json, const char* argv0) {
+  std::vector<std::string> candidates;
+  if (const char* env = std::getenv("MUSTER_BENCH_STORE_TORCH")) candidates.push_back(env);
+  for (const char* env : {"RUNFILES_DIR", "TEST_SRCDIR"}) {
+    if (const char* dir = std::getenv(env)) {
+      candidates.push_back(absl::StrCat(dir, "/muster/tools/bench_store_torch.py"));
+    }
+  }
+  if (argv0 != nullptr) {
+    candidates.push_back(absl::StrCat(argv0, ".runfiles/muster/tools/bench_store_torch.py"));
+  }
+  std::string script;
+  for (const std::string& c : candidates) {
+    if (::access(c.c_str(), R_OK) == 0) {
+      script = c;
+      break;
+    }
+  }
+  if (script.empty() || musterd.empty()) {
+    std::fprintf(stderr, "muster-bench: cannot find %s (set %s)\n",
+                 script.empty() ? "tools/bench_store_torch.py" : "musterd",
+                 script.empty() ? "$MUSTER_BENCH_STORE_TORCH" : "--musterd");
+    return 127;
+  }
+  std::vector<std::string> args = {"/usr/bin/python3", script,
+                                   "--musterd",        musterd,
+                                   "--python",         python,
+                                   "--clients",        clients,
+                                   "--duration",       absl::StrCat(duration_seconds),
+                                   "--value-bytes",    absl::StrCat(value_bytes)};
+  if (json) args.push_back("--json");
+  std::vector<char*> argv;
+  for (std::string& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  ::execv(argv[0], argv.data());
+  std::fprintf(stderr, "muster-bench: cannot run %s: %s\n", argv[0], std::strerror(errno));
+  return 127;
+}
+
 // Latency calls are run in this many chunks, musterd and torch alternating.
 constexpr int64_t kLatencyRounds = 10;
 

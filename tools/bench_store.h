@@ -56,6 +56,13 @@ const std::vector<std::string>& AllLatencyOps();
 // in its runfiles. Empty if not found.
 std::string FindMusterd(const std::string& flag, const char* argv0);
 
+// `muster-bench store --client torch`: execs tools/bench_store_torch.py
+// (PyTorch's own client processes against musterd and torch's master) with
+// these settings; returns its exit status (127 if it cannot be started).
+int RunStoreBenchWithTorchClients(const std::string& musterd, const std::string& python,
+                                  const std::string& clients, double duration_seconds,
+                                  int64_t value_bytes, bool json, const char* argv0);
+
 // Runs every selected workload and prints the results to stdout (progress to
 // stderr). Returns the exit status: 0 when every step ran and musterd had no
 // errors, 1 otherwise. PyTorch's errors are reported, not fatal.

@@ -112,6 +112,7 @@ int main(int argc, char** argv) {
   bool verify = false;
   bool coll_shared = false;
   std::string coll_device = "cpu";
+  std::string client = "native";
 
   muster::FlagSet flags(
       "muster-bench",
@@ -129,6 +130,13 @@ int main(int argc, char** argv) {
       "better), then whether the issue's targets are met. Progress goes to stderr.\n"
       "Exit status: 0 when every step ran and musterd had no errors, 1 otherwise,\n"
       "2 for bad usage.\n"
+      "\n"
+      "store --client torch: PyTorch's own TCPStore client processes (the torch of\n"
+      "--python: 1.13, or 2.x from a venv) against musterd and against that torch's\n"
+      "TCPStore master, in one run: set+get throughput and server CPU per operation at\n"
+      "each --clients count (default 16,64), and the ratios (goals: throughput >= 1.2x,\n"
+      "CPU per op <= 0.5x). Runs tools/bench_store_torch.py (next to this binary in\n"
+      "its runfiles, or $MUSTER_BENCH_STORE_TORCH).\n"
       "\n"
       "collectives: every rank of a job started by muster-run runs it. Each joins with\n"
       "muster::World::Init and, for every --op and --bytes size, runs --warmup untimed\n"
@@ -173,6 +181,9 @@ int main(int argc, char** argv) {
   flags.AddInt("connections", &connections,
                "Connections workload: how many simultaneous client connections to open\n"
                "and hold, with one add on each. 0: skipped.");
+  flags.AddString("client", &client,
+                  "store: native (the C++ client, every workload) or torch (PyTorch's own\n"
+                  "client processes, throughput and server CPU; see above).");
   flags.AddBool("json", &json, "Print one JSON object per line instead of a table.");
   flags.AddBool("no-torch", &no_torch, "Benchmark musterd alone (no PyTorch master).");
   flags.AddBool("quick", &quick,
@@ -273,6 +284,16 @@ int main(int argc, char** argv) {
     c.shared = coll_shared;
     c.command_line = command_line;
     return bench::RunCollectivesBench(c);
+  }
+
+  if (client != "native" && client != "torch") {
+    std::fprintf(stderr, "muster-bench: --client must be native or torch\n");
+    return 2;
+  }
+  if (client == "torch") {
+    return bench::RunStoreBenchWithTorchClients(
+        bench::FindMusterd(musterd, argv[0]), python, clients == "1,16,64,256" ? "16,64" : clients,
+        duration == defaults.duration_seconds ? 3.0 : duration, value_bytes, json, argv[0]);
   }
 
   if (quick) {
