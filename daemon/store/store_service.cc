@@ -72,7 +72,11 @@ grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context
   }
   bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
     grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
-    loop.AfterFlush([reactor, status] { reactor->Finish(status); });
+    StoreServer::Loop* l = &loop;
+    loop.AfterFlush([reactor, status, l] {
+      absl::Status flushed = l->flush_status();
+      reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
+    });
   });
   if (!posted) reactor->Finish(Unavailable());
   return reactor;
@@ -102,7 +106,10 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
       state->done = true;
       l->CancelTimer(state->timer);
       grpc::Status status = on_ready(*l);
-      l->AfterFlush([reactor, status] { reactor->Finish(status); });
+      l->AfterFlush([reactor, status, l] {
+        absl::Status flushed = l->flush_status();
+        reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
+      });
     };
     state->wait = loop.kv().Wait(keys, ready);
     if (state->wait == 0) {
