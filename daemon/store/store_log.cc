@@ -351,16 +351,17 @@ absl::Status StoreLog::Rollback(KvStore* store) {
 
 absl::Status StoreLog::Probe() {
   if (!failing()) return absl::OkStatus();
+  // Try the log itself: zeros where the failed batch would go, then cut them
+  // off again. (A crash in between leaves a zero tail, which recovery
+  // drops as torn.)
   if (::ftruncate(fd_, file_bytes_) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
   }
-  std::string probe_path = path_ + ".probe";
-  int fd = ::open(probe_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", probe_path));
-  absl::Status s = WriteAt(fd, std::string(probe_bytes_, '\0'), 0, probe_path);
-  if (s.ok() && fsync_ && ::fdatasync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + probe_path);
-  ::close(fd);
-  ::unlink(probe_path.c_str());
+  absl::Status s = WriteAt(fd_, std::string(probe_bytes_, '\0'), file_bytes_, path_);
+  if (s.ok() && fsync_ && ::fdatasync(fd_) != 0) s = ErrnoToStatus(errno, "fsync " + path_);
+  if (::ftruncate(fd_, file_bytes_) != 0 && s.ok()) {
+    s = ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
+  }
   if (!s.ok()) return s;
   error_ = absl::OkStatus();
   return absl::OkStatus();

@@ -18,8 +18,9 @@
 // state in the file, and fails every reply of that iteration (reads included:
 // they may have seen the rolled-back values). While failing, Flush() writes
 // nothing and the server refuses writes up front; Probe() (the server calls
-// it every second) cuts the file back again and writes a scratch file of the
-// failed batch's size; once that works the log accepts writes again.
+// it every second) cuts the file back again, appends as many zero bytes as
+// the failed batch had and cuts them off; once that works the log accepts
+// writes again.
 //
 // Recovery (Open) replays records in order. The first bad record at offset P
 // is a torn tail (a crash mid-write; dropped with a WARNING and truncated)
@@ -83,7 +84,7 @@ class StoreLog {
   // and drops the batch. Mutations it makes are not recorded.
   absl::Status Rollback(KvStore* store);
   // While failing: cuts the file back to the last good offset and tries a
-  // scratch write; OK (and no longer failing) when both worked.
+  // scratch append; OK (and no longer failing) when both worked.
   absl::Status Probe();
   bool failing() const { return !error_.ok(); }
   // Why the log cannot be written (OK when it can).
