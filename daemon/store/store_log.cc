@@ -4,8 +4,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -89,7 +89,6 @@ bool Apply(const char* p, size_t n, KvStore* store) {
   }
   return false;
 }
-
 
 // Reads the first `limit` bytes of the file (all of it with UINT64_MAX).
 absl::Status ReadPrefix(int fd, uint64_t limit, const std::string& path, std::string* out) {
@@ -194,8 +193,7 @@ absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& stat
       continue;
     }
     size_t next = FindRecord(data, pos + 1);
-    if (next == std::string::npos &&
-        (state == RecordState::kIncomplete || AllZero(data, pos))) {
+    if (next == std::string::npos && (state == RecordState::kIncomplete || AllZero(data, pos))) {
       stats->discarded_bytes = data.size() - pos;
       MLOG(WARNING) << "store log " << path << ": dropping a torn last record ("
                     << stats->discarded_bytes << " bytes at offset " << pos << ", after record "
