@@ -374,6 +374,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // A file size limit (systemd's LimitFSIZE) then fails the store log's write
+  // with EFBIG, which the store reports and survives, instead of killing us.
+  signal(SIGXFSZ, SIG_IGN);
 
   if (customize) customize(options);
   auto daemon = muster::Daemon::Start(options);

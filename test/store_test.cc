@@ -8,6 +8,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -335,7 +336,7 @@ TEST_CASE(
   REQUIRE(n.ok());
   CHECK(*n == torch_acked + 1);
   CHECK(StoreLogError(*daemon).empty());
-  CHECK(WaitForLog(*daemon, "can be written again"));
+  CHECK(WaitForLog(*daemon, "can be written again; accepting writes"));
   CHECK(CountLogLines(*daemon, "cannot write the durability log") == 1);
   auto stopped = daemon->Stop();
   REQUIRE(stopped.ok());
@@ -357,6 +358,68 @@ TEST_CASE(
   CHECK(*again->Add("/torch/counter", 0) == torch_acked + 1);
   CHECK_FALSE(*again->Check({"/refused"}));
   CHECK(*again->Check({"/resumed"}));
+}
+
+TEST_CASE("a file size limit on musterd fails writes with the cause; lifting it resumes them") {
+  // Works without root: RLIMIT_FSIZE makes the log's writes fail with EFBIG.
+  TempDir state;
+  auto daemon = StartDaemon({"--state-dir=" + state.path(), "--store-fsync"});
+  auto store = Connect(daemon->store_port());
+  const std::string value(300, 'v');
+  int64_t acked = 0;
+  auto write = [&](int64_t i) -> absl::Status {
+    if (absl::Status s = store->Set(absl::StrCat("/k/", i), value); !s.ok()) return s;
+    auto count = store->Add("/count", 1);
+    if (!count.ok()) return count.status();
+    acked = *count;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < 20; ++i) REQUIRE(write(i).ok());
+  struct stat st;
+  REQUIRE(::stat((state.path() + "/store.log").c_str(), &st) == 0);
+  rlimit limit{};
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, nullptr, &limit) == 0);
+  rlimit tight = limit;
+  tight.rlim_cur = st.st_size + 4000;
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, &tight, nullptr) == 0);
+  absl::Status failure;
+  for (int64_t i = 20; i < 1000 && failure.ok(); ++i) failure = write(i);
+  INFO(failure.ToString());
+  REQUIRE_FALSE(failure.ok());
+  CHECK(absl::StrContains(failure.message(), "File too large"));
+  CHECK(acked > 20);
+  const int64_t acked_before_failure = acked;  // keys /k/0 .. /k/(acked - 1)
+  CHECK(absl::StrContains(StoreLogError(*daemon), "File too large"));
+  CHECK(*store->Get("/count") == std::to_string(acked));  // reads go on
+  CHECK_FALSE(store->Add("/refused", 1).ok());
+  struct stat failed_st;
+  REQUIRE(::stat((state.path() + "/store.log").c_str(), &failed_st) == 0);
+  CHECK(failed_st.st_size <= static_cast<off_t>(tight.rlim_cur));
+
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, &limit, nullptr) == 0);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status resumed;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    resumed = store->Add("/resumed", 1).status();
+  } while (!resumed.ok() && absl::Now() < deadline);
+  REQUIRE(resumed.ok());
+  for (int64_t i = 1000; i < 1010; ++i) REQUIRE(write(i).ok());
+  CHECK(StoreLogError(*daemon).empty());
+  CHECK(CountLogLines(*daemon, "cannot write the durability log") == 1);
+  CHECK(CountLogLines(*daemon, "can be written again; accepting writes") == 1);
+  // SIGKILL: nothing acknowledged may be lost, nothing refused may appear.
+  REQUIRE(daemon->Stop(SIGKILL).ok());
+  auto restarted = StartDaemon({"--state-dir=" + state.path()}, daemon->socket_path());
+  CHECK(WaitForLog(*restarted, "recovered "));
+  CHECK(CountLogLines(*restarted, "torn") == 0);
+  auto again = Connect(restarted->store_port());
+  CHECK(*again->Get("/count") == std::to_string(acked));
+  CHECK_FALSE(*again->Check({"/refused"}));
+  for (int64_t i = 0; i < acked_before_failure; ++i) {
+    if (!*again->Check({absl::StrCat("/k/", i)})) FAIL("acknowledged /k/" << i << " lost");
+  }
+  for (int64_t i = 1000; i < 1010; ++i) CHECK(*again->Check({absl::StrCat("/k/", i)}));
 }
 
 // Flips one bit of record `record` of a log of 30 records written by musterd.
