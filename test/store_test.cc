@@ -390,6 +390,10 @@ TEST_CASE("a file size limit on musterd fails writes with the cause; lifting it 
   CHECK(acked > 20);
   const int64_t acked_before_failure = acked;  // keys /k/0 .. /k/(acked - 1)
   CHECK(absl::StrContains(StoreLogError(*daemon), "File too large"));
+  auto table = Run({RunfilePath("tools/musterctl"), daemon->SocketFlag(), "status"});
+  REQUIRE(table.ok());
+  CHECK(absl::StrContains(table->out, "store log  FAILING, writes refused: write "));
+  CHECK(absl::StrContains(table->out, "File too large"));
   CHECK(*store->Get("/count") == std::to_string(acked));  // reads go on
   CHECK_FALSE(store->Add("/refused", 1).ok());
   struct stat failed_st;

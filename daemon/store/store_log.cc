@@ -139,6 +139,18 @@ size_t FindRecord(const std::string& data, size_t from) {
   return std::string::npos;
 }
 
+// Where verifiable records go on after the bad record at `pos`: right after
+// its declared end if a good record starts there (a damaged payload),
+// else the next one found by scanning, else npos.
+size_t NextRecord(const std::string& data, size_t pos, RecordState state, uint32_t len) {
+  uint32_t next_len;
+  if (state == RecordState::kBad && pos + 8 + len < data.size() &&
+      CheckRecord(data, pos + 8 + len, &next_len) == RecordState::kGood) {
+    return pos + 8 + len;
+  }
+  return FindRecord(data, pos + 1);
+}
+
 bool AllZero(const std::string& data, size_t from) {
   for (size_t i = from; i < data.size(); ++i) {
     if (data[i] != 0) return false;
@@ -192,7 +204,7 @@ absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& stat
       ++stats->records;
       continue;
     }
-    size_t next = FindRecord(data, pos + 1);
+    size_t next = NextRecord(data, pos, state, len);
     if (next == std::string::npos && (state == RecordState::kIncomplete || AllZero(data, pos))) {
       stats->discarded_bytes = data.size() - pos;
       MLOG(WARNING) << "store log " << path << ": dropping a torn last record ("
@@ -208,11 +220,12 @@ absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& stat
       uint64_t following = 0;
       for (size_t q = next; q != std::string::npos;) {
         uint32_t n = 0;
-        if (CheckRecord(data, q, &n) == RecordState::kGood) {
+        RecordState s = CheckRecord(data, q, &n);
+        if (s == RecordState::kGood) {
           ++following;
           q += 8 + n;
         } else {
-          q = FindRecord(data, q + 1);
+          q = NextRecord(data, q, s, n);
         }
       }
       return absl::DataLossError(absl::StrCat(
