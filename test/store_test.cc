@@ -394,6 +394,15 @@ TEST_CASE("a file size limit on musterd fails writes with the cause; lifting it 
   REQUIRE(table.ok());
   CHECK(absl::StrContains(table->out, "store log  FAILING, writes refused: write "));
   CHECK(absl::StrContains(table->out, "File too large"));
+  // musterctl (gRPC) writes are refused the same way; its reads work.
+  std::string ctl = RunfilePath("tools/musterctl");
+  auto ctl_set = Run({ctl, daemon->SocketFlag(), "store", "set", "/refused", "x"});
+  REQUIRE(ctl_set.ok());
+  CHECK(ctl_set->exit.code != 0);
+  CHECK(absl::StrContains(ctl_set->err, "cannot write its durability log"));
+  auto ctl_get = Run({ctl, daemon->SocketFlag(), "store", "get", "/count"});
+  REQUIRE(ctl_get.ok());
+  CHECK(ctl_get->out == std::to_string(acked) + "\n");
   CHECK(*store->Get("/count") == std::to_string(acked));  // reads go on
   CHECK_FALSE(store->Add("/refused", 1).ok());
   struct stat failed_st;

@@ -181,6 +181,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
   void AfterFlush(std::function<void()> fn) override { after_flush_.push_back(std::move(fn)); }
   absl::Status flush_status() const override { return flush_status_; }
+  absl::Status writable() const override { return log_failing_ ? LogRefusal() : absl::OkStatus(); }
   bool stopping() const override { return stopping_; }
 
  private:

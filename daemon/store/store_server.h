@@ -92,6 +92,9 @@ class StoreServer {
     // In an AfterFlush callback: how this iteration's flush went. Not OK
     // means its writes were rolled back: fail the call with it.
     virtual absl::Status flush_status() const = 0;
+    // OK, or why writes are refused now (the durability log fails): check
+    // before mutating, so a refused write never touches the store.
+    virtual absl::Status writable() const = 0;
     // True while the server shuts down (timers then fire early).
     virtual bool stopping() const = 0;
   };
