@@ -189,6 +189,8 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
     s.set_store_port(store_->port());
     s.set_num_store_keys(stats.keys);
     s.set_num_store_connections(static_cast<int32_t>(stats.connections));
+    s.set_store_log_error(stats.log_error);
+    s.set_store_durable(!options_.store.state_dir.empty());
   }
   if (registry_ != nullptr) {
     Registry::Counts counts = registry_->counts();

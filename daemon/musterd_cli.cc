@@ -213,7 +213,14 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                "Most bytes the store holds (keys + values); writes beyond are refused.");
   flags.AddString("state-dir", &options.store.state_dir,
                   "Keep the store durable: an append-only log in this directory, replayed at\n"
-                  "start (a torn last record is dropped). Empty: memory only.");
+                  "start (a torn last record is dropped). A write is acknowledged only once\n"
+                  "logged; while the log cannot be written writes fail and reads go on.\n"
+                  "Empty: memory only.");
+  flags.AddBool("store-recover", &options.store.recover,
+                "With --state-dir: start even if the log is corrupt (a damaged record that is\n"
+                "not a torn tail): keep the original as store.log.corrupt-<UTC time>, load\n"
+                "every record that verifies, write a clean log. Without it musterd refuses to\n"
+                "start on a corrupt log, naming the file and the offset.");
   flags.AddInt("shm-slot-bytes", &shm_slot_bytes,
                "Shared memory per rank of each node-local group: the most one collective\n"
                "round moves per rank (larger buffers take several rounds).");
@@ -367,6 +374,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   sigaddset(&stop_signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
   signal(SIGPIPE, SIG_IGN);
+  // A file size limit (systemd's LimitFSIZE) then fails the store log's write
+  // with EFBIG, which the store reports and survives, instead of killing us.
+  signal(SIGXFSZ, SIG_IGN);
 
   if (customize) customize(options);
   auto daemon = muster::Daemon::Start(options);

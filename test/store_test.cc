@@ -7,6 +7,8 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,11 +16,16 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/json.h"
 #include "common/store_wire.h"
 #include "muster/tcp_store.h"
 #include "proto/session.grpc.pb.h"
@@ -194,6 +201,301 @@ TEST_CASE("musterd killed with SIGKILL mid-write loses no acknowledged write") {
   for (int64_t i = 1; i <= acked; ++i) {
     if (!*store->Check({absl::StrCat("/k/", i)}))
       FAIL("key /k/" << i << " lost (acked " << acked << ")");
+  }
+}
+
+std::string ReadWholeFile(const std::string& path) {
+  std::string data;
+  FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return data;
+  char buf[4096];
+  size_t n;
+  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
+  std::fclose(f);
+  return data;
+}
+
+void WriteWholeFile(const std::string& path, const std::string& data) {
+  FILE* f = std::fopen(path.c_str(), "wb");
+  REQUIRE(f != nullptr);
+  REQUIRE(std::fwrite(data.data(), 1, data.size(), f) == data.size());
+  std::fclose(f);
+}
+
+// A small tmpfs the test mounts (needs root); unmounted when it goes.
+class TinyTmpfs {
+ public:
+  explicit TinyTmpfs(const std::string& size) {
+    path_ = dir_.File("mnt");
+    ::mkdir(path_.c_str(), 0700);
+    mounted_ = ::mount("tmpfs", path_.c_str(), "tmpfs", 0, ("size=" + size).c_str()) == 0;
+    if (!mounted_) error_ = std::strerror(errno);
+  }
+  ~TinyTmpfs() {
+    if (mounted_) ::umount2(path_.c_str(), MNT_DETACH);
+  }
+  bool mounted() const { return mounted_; }
+  const std::string& error() const { return error_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  TempDir dir_;
+  std::string path_;
+  bool mounted_ = false;
+  std::string error_;
+};
+
+std::string StoreLogError(TestDaemon& daemon) {
+  auto status = Run({RunfilePath("tools/musterctl"), daemon.SocketFlag(), "status", "--json"});
+  REQUIRE(status.ok());
+  REQUIRE(status->exit.code == 0);
+  auto fields = ParseFlatJsonObject(status->out);
+  REQUIRE(fields.ok());
+  return (*fields)["store_log_error"];
+}
+
+TEST_CASE(
+    "a full --state-dir fails writes visibly, keeps serving reads, and resumes when space "
+    "returns") {
+  TinyTmpfs fs("256k");
+  if (!fs.mounted()) {
+    WARN("SKIPPED: cannot mount a tmpfs (" << fs.error() << "); this test needs root");
+    return;
+  }
+  std::string filler = fs.path() + "/filler";
+  WriteWholeFile(filler, std::string(96 << 10, 'f'));  // deleted later: space returns
+  std::string state = fs.path() + "/state";
+  auto daemon = StartDaemon({"--state-dir=" + state});
+  auto store = Connect(daemon->store_port());
+  auto torch = Connect(daemon->store_port(), "", TcpStoreOptions::Protocol::kTorch113);
+  const std::string value(200, 'v');
+  // SET has no reply: the ADD after it on the same connection acknowledges
+  // both (its reply leaves only after both records are written).
+  std::vector<std::string> acked;
+  int64_t torch_acked = 0;
+  absl::Status failure;
+  for (int i = 0; i < 100000 && failure.ok(); ++i) {
+    std::string key = absl::StrCat("/n/", i);
+    CHECK(store->Set(key, value).ok());
+    auto count = store->Add("/n/count", 1);
+    if (!count.ok()) {
+      failure = count.status();
+      break;
+    }
+    acked.push_back(key);
+    REQUIRE(*count == static_cast<int64_t>(acked.size()));
+    if (i % 10 == 0) {
+      auto n = torch->Add("/torch/counter", 1);
+      if (!n.ok()) {
+        // The torch client hit the failure first: its connection closed.
+        failure = store->Add("/n/count", 1).status();
+        break;
+      }
+      torch_acked = *n;
+    }
+  }
+  INFO("failure: " << failure.ToString());
+  REQUIRE_FALSE(failure.ok());
+  CHECK(absl::StrContains(failure.message(), "No space left on device"));
+  CHECK(acked.size() > 100);
+  // The daemon now refuses writes up front, naming why, and says so in status.
+  absl::Status refused = store->Add("/refused", 1).status();
+  CHECK_FALSE(refused.ok());
+  CHECK(absl::StrContains(refused.message(), "cannot write its durability log"));
+  CHECK(absl::StrContains(refused.message(), "No space left on device"));
+  CHECK(absl::StrContains(StoreLogError(*daemon), "No space left on device"));
+  // A torch client's write fails: its connection is closed.
+  auto torch_refused = Connect(daemon->store_port(), "", TcpStoreOptions::Protocol::kTorch113);
+  CHECK_FALSE(torch_refused->Add("/torch/counter", 1).ok());
+  // Reads go on, and see no unacknowledged count.
+  auto got = store->Get(acked.front());
+  REQUIRE(got.ok());
+  CHECK(*got == value);
+  CHECK(*store->Get("/n/count") == std::to_string(acked.size()));
+  CHECK(CountLogLines(*daemon, "cannot write the durability log") == 1);
+
+  // Space returns: within the probe interval writes are acknowledged again.
+  REQUIRE(::unlink(filler.c_str()) == 0);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status resumed;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    resumed = store->Add("/resumed", 1).status();
+  } while (!resumed.ok() && absl::Now() < deadline);
+  REQUIRE(resumed.ok());
+  for (int i = 0; i < 20; ++i) {
+    std::string key = absl::StrCat("/after/", i);
+    REQUIRE(store->Set(key, value).ok());
+    auto count = store->Add("/n/count", 1);
+    REQUIRE(count.ok());
+    acked.push_back(key);
+    CHECK(*count == static_cast<int64_t>(acked.size()));
+  }
+  auto torch_after = Connect(daemon->store_port(), "", TcpStoreOptions::Protocol::kTorch113);
+  auto n = torch_after->Add("/torch/counter", 1);
+  REQUIRE(n.ok());
+  CHECK(*n == torch_acked + 1);
+  CHECK(StoreLogError(*daemon).empty());
+  CHECK(WaitForLog(*daemon, "can be written again; accepting writes"));
+  CHECK(CountLogLines(*daemon, "cannot write the durability log") == 1);
+  auto stopped = daemon->Stop();
+  REQUIRE(stopped.ok());
+  CHECK(stopped->code == 0);
+
+  // Restart on a copy of the log, on a roomy file system.
+  TempDir roomy;
+  WriteWholeFile(roomy.File("store.log"), ReadWholeFile(state + "/store.log"));
+  auto restarted = StartDaemon({"--state-dir=" + roomy.path()});
+  CHECK(WaitForLog(*restarted, "recovered "));
+  CHECK(CountLogLines(*restarted, "torn") == 0);
+  CHECK(CountLogLines(*restarted, "corrupt") == 0);
+  auto again = Connect(restarted->store_port());
+  for (const std::string& key : acked) {
+    if (!*again->Check({key})) FAIL("acknowledged key " << key << " lost");
+  }
+  // Exactly the acknowledged increments survived; nothing refused did.
+  CHECK(*again->Get("/n/count") == std::to_string(acked.size()));
+  CHECK(*again->Add("/torch/counter", 0) == torch_acked + 1);
+  CHECK_FALSE(*again->Check({"/refused"}));
+  CHECK(*again->Check({"/resumed"}));
+}
+
+TEST_CASE("a file size limit on musterd fails writes with the cause; lifting it resumes them") {
+  // Works without root: RLIMIT_FSIZE makes the log's writes fail with EFBIG.
+  TempDir state;
+  auto daemon = StartDaemon({"--state-dir=" + state.path(), "--store-fsync"});
+  auto store = Connect(daemon->store_port());
+  const std::string value(300, 'v');
+  int64_t acked = 0;
+  auto write = [&](int64_t i) -> absl::Status {
+    if (absl::Status s = store->Set(absl::StrCat("/k/", i), value); !s.ok()) return s;
+    auto count = store->Add("/count", 1);
+    if (!count.ok()) return count.status();
+    acked = *count;
+    return absl::OkStatus();
+  };
+  for (int i = 0; i < 20; ++i) REQUIRE(write(i).ok());
+  struct stat st;
+  REQUIRE(::stat((state.path() + "/store.log").c_str(), &st) == 0);
+  rlimit limit{};
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, nullptr, &limit) == 0);
+  rlimit tight = limit;
+  tight.rlim_cur = st.st_size + 4000;
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, &tight, nullptr) == 0);
+  absl::Status failure;
+  for (int64_t i = 20; i < 1000 && failure.ok(); ++i) failure = write(i);
+  INFO(failure.ToString());
+  REQUIRE_FALSE(failure.ok());
+  CHECK(absl::StrContains(failure.message(), "File too large"));
+  CHECK(acked > 20);
+  const int64_t acked_before_failure = acked;  // keys /k/0 .. /k/(acked - 1)
+  CHECK(absl::StrContains(StoreLogError(*daemon), "File too large"));
+  auto table = Run({RunfilePath("tools/musterctl"), daemon->SocketFlag(), "status"});
+  REQUIRE(table.ok());
+  CHECK(absl::StrContains(table->out, "store log  FAILING, writes refused: write "));
+  CHECK(absl::StrContains(table->out, "File too large"));
+  // musterctl (gRPC) writes are refused the same way; its reads work.
+  std::string ctl = RunfilePath("tools/musterctl");
+  auto ctl_set = Run({ctl, daemon->SocketFlag(), "store", "set", "/refused", "x"});
+  REQUIRE(ctl_set.ok());
+  CHECK(ctl_set->exit.code != 0);
+  CHECK(absl::StrContains(ctl_set->err, "cannot write its durability log"));
+  auto ctl_get = Run({ctl, daemon->SocketFlag(), "store", "get", "/count"});
+  REQUIRE(ctl_get.ok());
+  CHECK(ctl_get->out == std::to_string(acked) + "\n");
+  CHECK(*store->Get("/count") == std::to_string(acked));  // reads go on
+  CHECK_FALSE(store->Add("/refused", 1).ok());
+  struct stat failed_st;
+  REQUIRE(::stat((state.path() + "/store.log").c_str(), &failed_st) == 0);
+  CHECK(failed_st.st_size <= static_cast<off_t>(tight.rlim_cur));
+
+  REQUIRE(::prlimit(daemon->pid(), RLIMIT_FSIZE, &limit, nullptr) == 0);
+  absl::Time deadline = absl::Now() + absl::Seconds(10);
+  absl::Status resumed;
+  do {
+    absl::SleepFor(absl::Milliseconds(100));
+    resumed = store->Add("/resumed", 1).status();
+  } while (!resumed.ok() && absl::Now() < deadline);
+  REQUIRE(resumed.ok());
+  for (int64_t i = 1000; i < 1010; ++i) REQUIRE(write(i).ok());
+  CHECK(StoreLogError(*daemon).empty());
+  CHECK(CountLogLines(*daemon, "cannot write the durability log") == 1);
+  CHECK(CountLogLines(*daemon, "can be written again; accepting writes") == 1);
+  // SIGKILL: nothing acknowledged may be lost, nothing refused may appear.
+  REQUIRE(daemon->Stop(SIGKILL).ok());
+  auto restarted = StartDaemon({"--state-dir=" + state.path()}, daemon->socket_path());
+  CHECK(WaitForLog(*restarted, "recovered "));
+  CHECK(CountLogLines(*restarted, "torn") == 0);
+  auto again = Connect(restarted->store_port());
+  CHECK(*again->Get("/count") == std::to_string(acked));
+  CHECK_FALSE(*again->Check({"/refused"}));
+  for (int64_t i = 0; i < acked_before_failure; ++i) {
+    if (!*again->Check({absl::StrCat("/k/", i)})) FAIL("acknowledged /k/" << i << " lost");
+  }
+  for (int64_t i = 1000; i < 1010; ++i) CHECK(*again->Check({absl::StrCat("/k/", i)}));
+}
+
+// Flips one bit of record `record` of a log of 30 records written by musterd.
+TEST_CASE(
+    "a flipped bit in the store log refuses start; --store-recover keeps a copy and the rest") {
+  // Records are 8 (header) + 17 (type, lengths) + 5 (key) + 16 (value) bytes.
+  constexpr uint64_t kRecord = 8 + 17 + 5 + 16;
+  struct Case {
+    const char* name;
+    int record;
+  };
+  for (Case flip : {Case{"first record", 0}, Case{"middle record", 14}, Case{"last record", 29}}) {
+    DYNAMIC_SECTION(flip.name) {
+      TempDir state;
+      std::string socket;
+      {
+        auto daemon = StartDaemon({"--state-dir=" + state.path()});
+        socket = daemon->socket_path();
+        auto store = Connect(daemon->store_port());
+        for (int i = 0; i < 30; ++i) {
+          REQUIRE(store->Set(absl::StrFormat("/k/%02d", i), std::string(16, 'a' + i % 26)).ok());
+        }
+        REQUIRE(*store->NumKeys() == 30);  // a reply: every SET before it is logged
+        REQUIRE(daemon->Stop().ok());
+      }
+      std::string path = state.path() + "/store.log";
+      std::string data = ReadWholeFile(path);
+      REQUIRE(data.size() == 30 * kRecord);
+      uint64_t offset = flip.record * kRecord;
+      data[offset + kRecord - 3] ^= 0x04;  // in the value
+      WriteWholeFile(path, data);
+
+      TestDaemonOptions options;
+      options.extra_args = {"--state-dir=" + state.path()};
+      options.socket_path = socket;
+      auto refused = TestDaemon::Start(options);
+      REQUIRE_FALSE(refused.ok());
+      std::string why(refused.status().message());
+      INFO(why);
+      CHECK(absl::StrContains(why, path + " is corrupt at byte offset " + std::to_string(offset)));
+      CHECK(absl::StrContains(why, absl::StrCat(data.size() - offset, " bytes follow")));
+      CHECK(absl::StrContains(why, absl::StrCat("holding ", 29 - flip.record, " verifiable")));
+      CHECK(absl::StrContains(why, "--store-recover"));
+      CHECK(ReadWholeFile(path) == data);
+
+      auto recovered = StartDaemon({"--state-dir=" + state.path(), "--store-recover"}, socket);
+      CHECK(WaitForLog(*recovered, "recovered 29 keys"));
+      auto store = Connect(recovered->store_port());
+      CHECK(*store->NumKeys() == 29);
+      CHECK_FALSE(*store->Check({absl::StrFormat("/k/%02d", flip.record)}));
+      int copies = 0;
+      for (const auto& e : std::filesystem::directory_iterator(state.path())) {
+        if (absl::StrContains(e.path().filename().string(), "store.log.corrupt-")) {
+          ++copies;
+          CHECK(ReadWholeFile(e.path().string()) == data);  // byte-identical
+        }
+      }
+      CHECK(copies == 1);
+      REQUIRE(recovered->Stop().ok());
+      // The log written by the recovery is clean: a plain start takes it.
+      auto plain = StartDaemon({"--state-dir=" + state.path()}, socket);
+      CHECK(WaitForLog(*plain, "recovered 29 keys"));
+    }
   }
 }
 

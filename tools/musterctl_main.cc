@@ -185,6 +185,10 @@ int RunStatus(const CtlOptions& options) {
         .Int(status.num_store_keys())
         .Key("store_connections")
         .Int(status.num_store_connections())
+        .Key("store_durable")
+        .Bool(status.store_durable())
+        .Key("store_log_error")
+        .String(status.store_log_error())
         .Key("sessions")
         .Int(status.num_sessions())
         .Key("jobs")
@@ -206,6 +210,10 @@ int RunStatus(const CtlOptions& options) {
                       ? std::string("not running")
                       : absl::StrCat(status.store_address(), " (", status.num_store_keys(),
                                      " keys, ", status.num_store_connections(), " connections)")},
+        {"store log", !status.store_durable() ? std::string("none (memory only)")
+                      : status.store_log_error().empty()
+                          ? std::string("ok")
+                          : absl::StrCat("FAILING, writes refused: ", status.store_log_error())},
         {"sessions", absl::StrCat(status.num_sessions())},
         {"jobs", absl::StrCat(status.num_jobs())},
         {"groups", absl::StrCat(status.num_groups())},

@@ -4,10 +4,13 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
@@ -29,10 +32,12 @@ struct CrcTable {
   }
 };
 
-absl::Status WriteAll(int fd, const std::string& data, const std::string& path) {
+// pwrite at `offset` (the file's end for the log): a failed or short write
+// leaves bytes the caller must cut off.
+absl::Status WriteAt(int fd, const std::string& data, uint64_t offset, const std::string& path) {
   size_t done = 0;
   while (done < data.size()) {
-    ssize_t n = ::write(fd, data.data() + done, data.size() - done);
+    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("write ", path));
@@ -85,6 +90,74 @@ bool Apply(const char* p, size_t n, KvStore* store) {
   return false;
 }
 
+// Reads the first `limit` bytes of the file (all of it with UINT64_MAX).
+absl::Status ReadPrefix(int fd, uint64_t limit, const std::string& path, std::string* out) {
+  out->clear();
+  char buf[1 << 16];
+  while (out->size() < limit) {
+    size_t want = std::min<uint64_t>(sizeof(buf), limit - out->size());
+    ssize_t n = ::pread(fd, buf, want, out->size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
+    if (n == 0) break;
+    out->append(buf, n);
+  }
+  return absl::OkStatus();
+}
+
+// A payload Apply() accepts: known type, key and value lengths that add up.
+bool WellFormed(const char* p, size_t n) {
+  if (n < 17 || p[0] < 1 || p[0] > 5) return false;
+  uint64_t key_len, value_len;
+  std::memcpy(&key_len, p + 1, 8);
+  if (key_len > n - 17) return false;
+  std::memcpy(&value_len, p + 9 + key_len, 8);
+  return value_len == n - 17 - key_len;
+}
+
+enum class RecordState { kGood, kIncomplete, kBad };
+
+// The record at `pos`: kIncomplete if its header or payload runs past the
+// end of `data`, kBad if malformed or its CRC does not match.
+RecordState CheckRecord(const std::string& data, size_t pos, uint32_t* len) {
+  if (data.size() - pos < 8) return RecordState::kIncomplete;
+  uint32_t crc;
+  std::memcpy(len, data.data() + pos, 4);
+  std::memcpy(&crc, data.data() + pos + 4, 4);
+  if (*len > kMaxRecordBytes || data.size() - pos - 8 < *len) return RecordState::kIncomplete;
+  const char* payload = data.data() + pos + 8;
+  if (!WellFormed(payload, *len) || Crc32c(payload, *len) != crc) return RecordState::kBad;
+  return RecordState::kGood;
+}
+
+// The first offset >= `from` where a verifiable record starts, or npos.
+size_t FindRecord(const std::string& data, size_t from) {
+  for (size_t q = from; q + 8 + 17 <= data.size(); ++q) {
+    uint32_t len;
+    if (CheckRecord(data, q, &len) == RecordState::kGood) return q;
+  }
+  return std::string::npos;
+}
+
+// Where verifiable records go on after the bad record at `pos`: right after
+// its declared end if a good record starts there (a damaged payload),
+// else the next one found by scanning, else npos.
+size_t NextRecord(const std::string& data, size_t pos, RecordState state, uint32_t len) {
+  uint32_t next_len;
+  if (state == RecordState::kBad && pos + 8 + len < data.size() &&
+      CheckRecord(data, pos + 8 + len, &next_len) == RecordState::kGood) {
+    return pos + 8 + len;
+  }
+  return FindRecord(data, pos + 1);
+}
+
+bool AllZero(const std::string& data, size_t from) {
+  for (size_t i = from; i < data.size(); ++i) {
+    if (data[i] != 0) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 uint32_t Crc32c(const char* data, size_t size) {
@@ -107,7 +180,8 @@ void EncodeLogRecord(const Mutation& mutation, std::string* out) {
 }
 
 absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& state_dir, bool fsync,
-                                                         KvStore* store, RecoveryStats* stats) {
+                                                         KvStore* store, RecoveryStats* stats,
+                                                         bool recover) {
   if (::mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
     return ErrnoToStatus(errno, absl::StrCat("cannot create --state-dir ", state_dir));
   }
@@ -118,49 +192,189 @@ absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& stat
 
   // Read the whole file; logs are compacted, so this is about the live size.
   std::string data;
-  char buf[1 << 16];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
-    if (n == 0) break;
-    data.append(buf, n);
-  }
+  RETURN_IF_ERROR(ReadPrefix(fd, UINT64_MAX, path, &data));
   size_t pos = 0;
-  while (data.size() - pos >= 8) {
-    uint32_t len, crc;
-    std::memcpy(&len, data.data() + pos, 4);
-    std::memcpy(&crc, data.data() + pos + 4, 4);
-    if (len > kMaxRecordBytes || data.size() - pos - 8 < len) break;
-    const char* payload = data.data() + pos + 8;
-    if (Crc32c(payload, len) != crc || !Apply(payload, len, store)) break;
-    pos += 8 + len;
-    ++stats->records;
+  bool corrupt = false;
+  while (pos < data.size()) {
+    uint32_t len = 0;
+    RecordState state = CheckRecord(data, pos, &len);
+    if (state == RecordState::kGood) {
+      (void)Apply(data.data() + pos + 8, len, store);  // well formed: cannot fail
+      pos += 8 + len;
+      ++stats->records;
+      continue;
+    }
+    size_t next = NextRecord(data, pos, state, len);
+    if (next == std::string::npos && (state == RecordState::kIncomplete || AllZero(data, pos))) {
+      stats->discarded_bytes = data.size() - pos;
+      MLOG(WARNING) << "store log " << path << ": dropping a torn last record ("
+                    << stats->discarded_bytes << " bytes at offset " << pos << ", after record "
+                    << stats->records << "), left by a crash mid-write";
+      data.resize(pos);
+      if (!corrupt && ::ftruncate(fd, pos) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
+      }
+      break;
+    }
+    if (!recover) {
+      uint64_t following = 0;
+      for (size_t q = next; q != std::string::npos;) {
+        uint32_t n = 0;
+        RecordState s = CheckRecord(data, q, &n);
+        if (s == RecordState::kGood) {
+          ++following;
+          q += 8 + n;
+        } else {
+          q = NextRecord(data, q, s, n);
+        }
+      }
+      return absl::DataLossError(absl::StrCat(
+          "store log ", path, " is corrupt at byte offset ", pos, " (",
+          state == RecordState::kIncomplete ? "record length runs past the end of the file"
+                                            : "checksum or record format mismatch",
+          "), after ", stats->records, " good records; ", data.size() - pos,
+          " bytes follow from there to the end of the file, holding ", following,
+          " verifiable records. musterd refuses to start rather than drop them silently: "
+          "restart with --store-recover to keep the original file aside and load every "
+          "verifiable record, or restore ",
+          path, " from a backup"));
+    }
+    size_t skip_to = next == std::string::npos ? data.size() : next;
+    MLOG(WARNING) << "store log " << path << ": --store-recover: skipping " << skip_to - pos
+                  << " damaged bytes at offset " << pos;
+    ++stats->corrupt_regions;
+    stats->corrupt_bytes += skip_to - pos;
+    corrupt = true;
+    pos = skip_to;
   }
-  stats->discarded_bytes = data.size() - pos;
-  if (stats->discarded_bytes > 0) {
-    MLOG(WARNING) << "store log " << path << ": discarding " << stats->discarded_bytes
-                  << " bytes of torn or corrupt records after record " << stats->records;
-    if (::ftruncate(fd, pos) != 0) return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
+  log->file_bytes_ = data.size();
+  if (corrupt) {
+    // Keep the damaged original, byte for byte, then replace it by a clean log.
+    std::string aside;
+    for (int attempt = 0;; ++attempt) {
+      aside = absl::StrCat(path, ".corrupt-",
+                           absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()),
+                           attempt == 0 ? "" : absl::StrCat("-", attempt));
+      if (::link(path.c_str(), aside.c_str()) == 0) break;
+      if (errno == EEXIST && attempt < 100) continue;
+      // No hard links here: copy what we read (the file as it was).
+      int copy = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      if (copy < 0) return ErrnoToStatus(errno, absl::StrCat("create ", aside));
+      std::string original;
+      RETURN_IF_ERROR(ReadPrefix(fd, UINT64_MAX, path, &original));
+      absl::Status written = WriteAt(copy, original, 0, aside);
+      if (written.ok() && ::fsync(copy) != 0) written = ErrnoToStatus(errno, "fsync " + aside);
+      ::close(copy);
+      RETURN_IF_ERROR(written);
+      break;
+    }
+    RETURN_IF_ERROR(SyncDir(state_dir));
+    stats->corrupt_copy = aside;
+    RETURN_IF_ERROR(log->Compact(*store));
+    MLOG(WARNING) << "store log " << path << ": --store-recover kept the original as " << aside
+                  << ", loaded " << stats->records << " verifiable records, skipped "
+                  << stats->corrupt_bytes << " bytes in " << stats->corrupt_regions
+                  << " damaged regions, and wrote a clean log";
   }
-  if (::lseek(fd, pos, SEEK_SET) < 0) return ErrnoToStatus(errno, absl::StrCat("seek ", path));
-  log->file_bytes_ = pos;
+  log->next_compact_bytes_ = 0;
   return log;
 }
 
 StoreLog::~StoreLog() { ::close(fd_); }
 
-void StoreLog::Record(const Mutation& mutation) { EncodeLogRecord(mutation, &pending_); }
+void StoreLog::Record(const Mutation& mutation) {
+  if (rolling_back_) return;
+  EncodeLogRecord(mutation, &pending_);
+  pending_keys_.emplace(mutation.key);
+}
+
+absl::Status StoreLog::Fail(absl::Status error) {
+  // No fragment may stay: cut back to the last good record (Probe retries
+  // this if it fails now).
+  (void)::ftruncate(fd_, file_bytes_);
+  probe_bytes_ = std::min<uint64_t>(std::max<uint64_t>(pending_.size(), 4096), 1 << 20);
+  error_ = error;
+  return error;
+}
 
 absl::Status StoreLog::Flush(const KvStore& store) {
   if (pending_.empty()) return absl::OkStatus();
-  RETURN_IF_ERROR(WriteAll(fd_, pending_, path_));
+  if (failing()) return error_;
+  if (absl::Status s = WriteAt(fd_, pending_, file_bytes_, path_); !s.ok()) return Fail(s);
+  if (fsync_ && ::fdatasync(fd_) != 0) {
+    return Fail(ErrnoToStatus(errno, absl::StrCat("fsync ", path_)));
+  }
   file_bytes_ += pending_.size();
   pending_.clear();
-  if (fsync_ && ::fdatasync(fd_) != 0) return ErrnoToStatus(errno, absl::StrCat("fsync ", path_));
-  if (file_bytes_ > kMinCompactBytes && file_bytes_ > 2 * store.total_bytes() + kMinCompactBytes) {
-    return Compact(store);
+  pending_keys_.clear();
+  if (file_bytes_ > kMinCompactBytes && file_bytes_ > 2 * store.total_bytes() + kMinCompactBytes &&
+      file_bytes_ >= next_compact_bytes_) {
+    // The batch is safe already; a failed compaction only waits for more.
+    if (absl::Status s = Compact(store); !s.ok()) {
+      next_compact_bytes_ = file_bytes_ + kMinCompactBytes;
+      MLOG(WARNING) << "store log: compaction failed (retried after " << kMinCompactBytes
+                    << " more bytes): " << s.message();
+      if (fd_ < 0) return Fail(s);
+    }
   }
+  return absl::OkStatus();
+}
+
+absl::Status StoreLog::Rollback(KvStore* store) {
+  std::set<std::string> keys;
+  keys.swap(pending_keys_);
+  pending_.clear();
+  if (keys.empty()) return absl::OkStatus();
+  // The durable state of those keys: replay the file (the failure path only).
+  std::string data;
+  RETURN_IF_ERROR(ReadPrefix(fd_, file_bytes_, path_, &data));
+  KvStore durable;
+  for (size_t pos = 0; pos < data.size();) {
+    uint32_t len = 0;
+    if (CheckRecord(data, pos, &len) != RecordState::kGood) {
+      return absl::DataLossError(
+          absl::StrCat("store log ", path_, ": unreadable record at offset ", pos, " in rollback"));
+    }
+    (void)Apply(data.data() + pos + 8, len, &durable);
+    pos += 8 + len;
+  }
+  rolling_back_ = true;
+  // Remove first, then restore, so the total never exceeds what it was.
+  std::string ignored;
+  for (const std::string& key : keys) {
+    store->Delete(key);
+    while (store->QueuePop(key, &ignored) > 1) {
+    }
+  }
+  absl::Status result;
+  for (const std::string& key : keys) {
+    if (const std::string* v = durable.Find(key)) {
+      if (absl::Status s = store->Set(key, *v); !s.ok() && result.ok()) result = s;
+    }
+  }
+  durable.ForEachQueueItem([&](absl::string_view key, absl::string_view value) {
+    if (keys.count(std::string(key)) == 0) return;
+    if (absl::Status s = store->QueuePush(key, value); !s.ok() && result.ok()) result = s;
+  });
+  rolling_back_ = false;
+  return result;
+}
+
+absl::Status StoreLog::Probe() {
+  if (!failing()) return absl::OkStatus();
+  // Try the log itself: zeros where the failed batch would go, then cut them
+  // off again. (A crash in between leaves a zero tail, which recovery
+  // drops as torn.)
+  if (::ftruncate(fd_, file_bytes_) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
+  }
+  absl::Status s = WriteAt(fd_, std::string(probe_bytes_, '\0'), file_bytes_, path_);
+  if (s.ok() && fsync_ && ::fdatasync(fd_) != 0) s = ErrnoToStatus(errno, "fsync " + path_);
+  if (::ftruncate(fd_, file_bytes_) != 0 && s.ok()) {
+    s = ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
+  }
+  if (!s.ok()) return s;
+  error_ = absl::OkStatus();
   return absl::OkStatus();
 }
 
@@ -175,7 +389,7 @@ absl::Status StoreLog::Compact(const KvStore& store) {
   });
   int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp_path));
-  absl::Status written = WriteAll(fd, data, tmp_path);
+  absl::Status written = WriteAt(fd, data, 0, tmp_path);
   if (written.ok() && ::fsync(fd) != 0) written = ErrnoToStatus(errno, "fsync " + tmp_path);
   if (!written.ok()) {
     ::close(fd);
@@ -191,7 +405,7 @@ absl::Status StoreLog::Compact(const KvStore& store) {
   RETURN_IF_ERROR(SyncDir(dir_));
   uint64_t before = file_bytes_;
   ::close(fd_);
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
   if (fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("reopen ", path_));
   file_bytes_ = data.size();
   MLOG(INFO) << "compacted store log " << path_ << ": " << before << " -> " << file_bytes_

@@ -4,13 +4,38 @@
 // File `store.log` is a sequence of records:
 //   u32 payload length | u32 CRC-32C of payload | payload
 //   payload = u8 Mutation::Type | u64 key length | key | u64 value length | value
-// Appends are buffered by Record() and written by Flush(), which the server
-// calls before it sends the replies of each loop iteration (so an
-// acknowledged write is in the kernel before its reply leaves; with
-// `fsync` also on disk). Recovery replays records in order and stops at the
-// first torn or corrupt one (a crash mid-write), truncating it away.
+// A record is "verifiable" when its length fits the file, its payload is
+// well formed (type 1..5, key and value lengths add up) and its CRC matches;
+// records are found again after damage by scanning for the next verifiable
+// one (a false match needs the length, shape and 32-bit CRC to agree).
+//
+// Acknowledgement: mutations are applied to the KvStore first and Record()ed
+// here; Flush() writes the batch (and fdatasyncs with `fsync`) at the end of
+// each server loop iteration, before any reply of that iteration leaves. If
+// the write or sync fails, Flush() cuts the file back to the last good
+// offset (no fragment stays), keeps the error (failing()) and the server
+// calls Rollback(), which restores every key the failed batch touched to its
+// state in the file, and fails every reply of that iteration (reads included:
+// they may have seen the rolled-back values). While failing, Flush() writes
+// nothing and the server refuses writes up front; Probe() (the server calls
+// it every second) cuts the file back again, appends as many zero bytes as
+// the failed batch had and cuts them off; once that works the log accepts
+// writes again.
+//
+// Recovery (Open) replays records in order. The first bad record at offset P
+// is a torn tail (a crash mid-write; dropped with a WARNING and truncated)
+// only if it is incomplete (its header or payload runs past the end of the
+// file, or the rest of the file is zero bytes) and no verifiable record
+// follows it. Anything else is corruption, including a complete last record
+// with a bad CRC: Open fails with DataLoss naming the file, P, the bytes
+// after P and the verifiable records among them. With `recover`, Open keeps
+// the original as store.log.corrupt-<UTC time> (hard link, else a copy),
+// loads every verifiable record (skipping damaged bytes), and writes a
+// clean log in its place.
+//
 // Compaction rewrites the live contents to a new file and renames it over
-// the log once the log is more than twice the live data (and > 1 MiB).
+// the log once the log is more than twice the live data (and > 1 MiB); a
+// failed compaction only delays the next one (the records are already safe).
 //
 // Not thread-safe: owned by the store server's loop thread.
 #ifndef MUSTER_DAEMON_STORE_STORE_LOG_H_
@@ -18,6 +43,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <set>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -29,7 +55,12 @@ uint32_t Crc32c(const char* data, size_t size);
 
 struct RecoveryStats {
   uint64_t records = 0;
-  uint64_t discarded_bytes = 0;  // torn or corrupt tail
+  uint64_t discarded_bytes = 0;  // torn tail
+  // With `recover`: damaged regions skipped, their bytes, and where the
+  // original file was kept ("" if it was clean).
+  uint64_t corrupt_regions = 0;
+  uint64_t corrupt_bytes = 0;
+  std::string corrupt_copy;
 };
 
 class StoreLog {
@@ -37,15 +68,28 @@ class StoreLog {
   // Opens (creating the directory and file if needed) and replays the log
   // into `store`, which must be empty, unlimited and have no listener yet
   // (set its limit after: a lowered limit must not drop recovered data).
+  // A corrupt log fails with DataLoss unless `recover` (see above).
   static absl::StatusOr<std::unique_ptr<StoreLog>> Open(const std::string& state_dir, bool fsync,
-                                                        KvStore* store, RecoveryStats* stats);
+                                                        KvStore* store, RecoveryStats* stats,
+                                                        bool recover = false);
   ~StoreLog();
   StoreLog(const StoreLog&) = delete;
   StoreLog& operator=(const StoreLog&) = delete;
 
   void Record(const Mutation& mutation);
-  // Writes buffered records (and fsyncs if asked). Compacts when due.
+  // Writes buffered records (and fsyncs if asked). Compacts when due. On
+  // failure (or while failing) the batch stays buffered for Rollback().
   absl::Status Flush(const KvStore& store);
+  // Restores every key the buffered batch touched to its state in the file
+  // and drops the batch. Mutations it makes are not recorded.
+  absl::Status Rollback(KvStore* store);
+  // While failing: cuts the file back to the last good offset and tries a
+  // scratch append; OK (and no longer failing) when both worked.
+  absl::Status Probe();
+  bool failing() const { return !error_.ok(); }
+  // Why the log cannot be written (OK when it can).
+  const absl::Status& error() const { return error_; }
+  bool has_pending() const { return !pending_.empty(); }
   // Rewrites the log as the live contents of `store`.
   absl::Status Compact(const KvStore& store);
 
@@ -60,8 +104,19 @@ class StoreLog {
   std::string path_;
   int fd_;
   bool fsync_;
+  absl::Status Fail(absl::Status error);
+
   std::string pending_;
+  // Keys the pending batch touched (what Rollback restores).
+  std::set<std::string> pending_keys_;
+  bool rolling_back_ = false;
+  // Invariant: the file is exactly file_bytes_ long, all verifiable
+  // records, except while failing (then Probe() cuts it back first).
   uint64_t file_bytes_ = 0;
+  absl::Status error_;
+  uint64_t probe_bytes_ = 4096;
+  // Compaction is not retried before the file reaches this size.
+  uint64_t next_compact_bytes_ = 0;
 };
 
 // Appends one encoded record for `mutation` to `out`.

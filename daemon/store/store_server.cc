@@ -32,6 +32,8 @@ constexpr uint64_t kWakeId = 1;
 constexpr size_t kReadChunk = 64 << 10;
 // Per readable event, so one busy client cannot starve the others.
 constexpr size_t kMaxReadPerEvent = 1 << 20;
+// How often a failing durability log is tried again.
+constexpr absl::Duration kLogProbeInterval = absl::Seconds(1);
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
   int fd = -1;
@@ -110,7 +112,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::Status Init(int* port) {
     if (!options_.state_dir.empty()) {
       RecoveryStats recovery;
-      ASSIGN_OR_RETURN(log_, StoreLog::Open(options_.state_dir, options_.fsync, &kv_, &recovery));
+      ASSIGN_OR_RETURN(log_, StoreLog::Open(options_.state_dir, options_.fsync, &kv_, &recovery,
+                                            options_.recover));
       MLOG(INFO) << "store: recovered " << kv_.NumKeys() << " keys from " << recovery.records
                  << " log records in " << log_->path();
       kv_.SetMutationListener([this](const Mutation& m) { log_->Record(m); });
@@ -157,6 +160,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.refused_unauthenticated = stat_refused_unauthenticated_.load();
     s.replaced_unauthenticated = stat_replaced_unauthenticated_.load();
     s.auth_timeouts = stat_auth_timeouts_.load();
+    std::lock_guard<std::mutex> lock(stat_mu_);
+    s.log_error = stat_log_error_;
     return s;
   }
 
@@ -175,6 +180,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     timer_deadlines_.erase(it);
   }
   void AfterFlush(std::function<void()> fn) override { after_flush_.push_back(std::move(fn)); }
+  absl::Status flush_status() const override { return flush_status_; }
+  absl::Status writable() const override { return log_failing_ ? LogRefusal() : absl::OkStatus(); }
   bool stopping() const override { return stopping_; }
 
  private:
@@ -206,6 +213,11 @@ class StoreServer::Impl : public StoreServer::Loop {
     KvStore::WaitId wait_id = 0;
     TimerId wait_timer = 0;
     std::vector<std::string> wait_keys;
+    // out.size() when this iteration's first reply was queued (out_epoch ==
+    // epoch_): what a failed log flush cuts the output back to.
+    uint64_t out_epoch = 0;
+    size_t out_mark = 0;
+    uint64_t write_epoch = 0;  // epoch_ of its last write request
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -315,7 +327,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
 
   // Resumes parked connections, flushes the log, then sends replies.
-  void EndIteration() {
+  void ResumeWaits() {
     while (!resumed_.empty()) {
       std::vector<uint64_t> ids;
       ids.swap(resumed_);
@@ -324,10 +336,14 @@ class StoreServer::Impl : public StoreServer::Loop {
         if (it != conns_.end()) FinishWait(*it->second, /*timed_out=*/false);
       }
     }
-    if (log_ != nullptr) {
-      absl::Status flushed = log_->Flush(kv_);
-      if (!flushed.ok()) MLOG(ERROR) << "store: durability log: " << flushed.message();
-    }
+  }
+
+  void EndIteration() {
+    ResumeWaits();
+    flush_status_ = log_ != nullptr ? log_->Flush(kv_) : absl::OkStatus();
+    if (!flush_status_.ok()) LogFailed();
+    wrote_.clear();
+    ++epoch_;  // replies queued from here on belong to the next flush
     std::vector<std::function<void()>> after;
     after.swap(after_flush_);
     for (auto& fn : after) fn();
@@ -341,6 +357,87 @@ class StoreServer::Impl : public StoreServer::Loop {
     stat_bytes_ = kv_.total_bytes();
     stat_connections_ = static_cast<int64_t>(conns_.size());
     stat_unauthenticated_ = static_cast<int64_t>(pending_auth_.size());
+  }
+
+  // This iteration's log write failed: nothing of it may look acknowledged.
+  // Its mutations are rolled back to what the file holds, and every
+  // connection with a reply from this iteration gets an error instead (a
+  // read may have seen a rolled-back value); writes are refused until
+  // ProbeLog() finds the log writable again.
+  void LogFailed() {
+    std::string cause(log_->error().message());
+    if (!log_failing_) {
+      log_failing_ = true;
+      MLOG(ERROR) << "store: cannot write the durability log " << log_->path() << ": " << cause
+                  << "; refusing writes until it can be written again (reads go on)";
+      {
+        std::lock_guard<std::mutex> lock(stat_mu_);
+        stat_log_error_ = cause;
+      }
+      AddTimer(absl::Now() + kLogProbeInterval, [this] { ProbeLog(); });
+    }
+    if (absl::Status s = log_->Rollback(&kv_); !s.ok()) {
+      MLOG(ERROR) << "store: rolling back unlogged writes: " << s.message();
+    }
+    absl::Status refused = LogRefusal();
+    flush_status_ = refused;
+    // Torch's SET has no reply: connections that wrote are failed too.
+    std::vector<uint64_t> dirty;
+    dirty.swap(dirty_);
+    dirty.insert(dirty.end(), wrote_.begin(), wrote_.end());
+    for (uint64_t id : dirty) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      Connection& c = *it->second;
+      bool replied = c.out_epoch == epoch_ && c.out.size() > c.out_mark;
+      if (c.closing || (!replied && c.write_epoch != epoch_)) {
+        dirty_.push_back(id);
+        continue;
+      }
+      if (c.out_epoch == epoch_) c.out.resize(c.out_mark);
+      Reject(c, refused);
+    }
+    // Waits released by the rolled-back writes see the restored state.
+    ResumeWaits();
+  }
+
+  absl::Status LogRefusal() const {
+    return absl::UnavailableError(absl::StrCat(
+        "store write refused: musterd cannot write its durability log (", log_->error().message(),
+        "); reads still work, writes resume once the log can be written again"));
+  }
+
+  // Every kLogProbeInterval while the log fails: is it writable again?
+  void ProbeLog() {
+    if (stopping_ || !log_failing_) return;
+    absl::Status s = log_->Probe();
+    if (!s.ok()) {
+      AddTimer(absl::Now() + kLogProbeInterval, [this] { ProbeLog(); });
+      return;
+    }
+    log_failing_ = false;
+    {
+      std::lock_guard<std::mutex> lock(stat_mu_);
+      stat_log_error_.clear();
+    }
+    MLOG(WARNING) << "store: the durability log " << log_->path()
+                  << " can be written again; accepting writes";
+  }
+
+  static bool IsWrite(wire::Op op) {
+    switch (op) {
+      case wire::Op::kSet:
+      case wire::Op::kAppend:
+      case wire::Op::kMultiSet:
+      case wire::Op::kQueuePush:
+      case wire::Op::kCompareSet:
+      case wire::Op::kAdd:
+      case wire::Op::kDeleteKey:
+      case wire::Op::kQueuePop:
+        return true;
+      default:
+        return false;
+    }
   }
 
   uint64_t authenticated_connections() const { return conns_.size() - pending_auth_.size(); }
@@ -550,12 +647,18 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
   }
 
-  void MarkDirty(Connection& c) { dirty_.push_back(c.id); }
+  void MarkDirty(Connection& c) {
+    if (c.out_epoch != epoch_) {
+      c.out_epoch = epoch_;
+      c.out_mark = c.out.size();
+    }
+    dirty_.push_back(c.id);
+  }
 
   // Starts a reply: native replies carry a status byte.
   std::string& Reply(Connection& c) {
-    if (c.native()) wire::PutU8(&c.out, wire::kReplyOk);
     MarkDirty(c);
+    if (c.native()) wire::PutU8(&c.out, wire::kReplyOk);
     return c.out;
   }
 
@@ -564,6 +667,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   void Reject(Connection& c, const absl::Status& why) {
     Warn(absl::StrCat("closing connection from ", c.peer, " (",
                       wire::DialectName(c.parser.dialect()), " client): ", why.message()));
+    MarkDirty(c);
     if (c.native()) {
       wire::PutU8(&c.out, wire::kReplyError);
       wire::PutU8(&c.out, static_cast<uint8_t>(why.code()));
@@ -736,6 +840,13 @@ class StoreServer::Impl : public StoreServer::Loop {
   void Handle(Connection& c, StoreRequest& req) {
     using wire::Op;
     if (!c.authenticated && !Authenticate(c, req)) return;
+    if (IsWrite(req.op) && log_ != nullptr) {
+      if (log_failing_) return Reject(c, LogRefusal());
+      if (c.write_epoch != epoch_) {
+        c.write_epoch = epoch_;
+        wrote_.push_back(c.id);
+      }
+    }
     switch (req.op) {
       case Op::kAuth:
       case Op::kAuthProof:
@@ -857,6 +968,11 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::flat_hash_map<TimerId, absl::Time> timer_deadlines_;
   TimerId next_timer_id_ = 1;
   std::vector<std::function<void()>> after_flush_;
+  absl::Status flush_status_;
+  // Counts log flushes (see Connection::out_epoch).
+  uint64_t epoch_ = 1;
+  bool log_failing_ = false;
+  std::vector<uint64_t> wrote_;  // connections with a write request this epoch
   char read_buffer_[kReadChunk];
   bool listener_paused_ = false;
   absl::Time listener_resume_;
@@ -872,6 +988,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::atomic<uint64_t> stat_refused_unauthenticated_{0};
   std::atomic<uint64_t> stat_replaced_unauthenticated_{0};
   std::atomic<uint64_t> stat_auth_timeouts_{0};
+  mutable std::mutex stat_mu_;
+  std::string stat_log_error_;  // guarded by stat_mu_
 };
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

@@ -71,6 +71,8 @@ struct StoreServerOptions {
   // Non-empty: durable store (write-ahead log) in this directory.
   std::string state_dir;
   bool fsync = false;
+  // Start on a corrupt log: keep it aside and load what verifies (StoreLog).
+  bool recover = false;
 };
 
 class StoreServer {
@@ -87,6 +89,12 @@ class StoreServer {
     virtual void CancelTimer(TimerId id) = 0;
     // Runs `fn` after this iteration's log flush (acknowledge durable writes).
     virtual void AfterFlush(std::function<void()> fn) = 0;
+    // In an AfterFlush callback: how this iteration's flush went. Not OK
+    // means its writes were rolled back: fail the call with it.
+    virtual absl::Status flush_status() const = 0;
+    // OK, or why writes are refused now (the durability log fails): check
+    // before mutating, so a refused write never touches the store.
+    virtual absl::Status writable() const = 0;
     // True while the server shuts down (timers then fire early).
     virtual bool stopping() const = 0;
   };
@@ -109,6 +117,9 @@ class StoreServer {
     uint64_t refused_unauthenticated = 0;   // past max_unauthenticated_connections
     uint64_t replaced_unauthenticated = 0;  // the oldest one, closed for a new one
     uint64_t auth_timeouts = 0;
+    // Why the durability log cannot be written ("" when it can); while set,
+    // writes are refused.
+    std::string log_error;
   };
   Stats stats() const;
 

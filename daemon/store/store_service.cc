@@ -72,7 +72,11 @@ grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context
   }
   bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
     grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
-    loop.AfterFlush([reactor, status] { reactor->Finish(status); });
+    StoreServer::Loop* l = &loop;
+    loop.AfterFlush([reactor, status, l] {
+      absl::Status flushed = l->flush_status();
+      reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
+    });
   });
   if (!posted) reactor->Finish(Unavailable());
   return reactor;
@@ -102,7 +106,10 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
       state->done = true;
       l->CancelTimer(state->timer);
       grpc::Status status = on_ready(*l);
-      l->AfterFlush([reactor, status] { reactor->Finish(status); });
+      l->AfterFlush([reactor, status, l] {
+        absl::Status flushed = l->flush_status();
+        reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
+      });
     };
     state->wait = loop.kv().Wait(keys, ready);
     if (state->wait == 0) {
@@ -139,6 +146,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
     return reactor;
   }
   return Run(context, [request](StoreServer::Loop& loop) {
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Set(request->key(), request->value()));
   });
 }
@@ -157,6 +165,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
   return Run(context, [request, response](StoreServer::Loop& loop) {
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().Add(request->key(), request->delta());
     if (!v.ok()) return ToGrpc(v.status());
     response->set_value(*v);
@@ -168,6 +177,7 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
   return Run(context, [request, response](StoreServer::Loop& loop) {
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().CompareSet(request->key(), request->expected(), request->desired());
     if (!v.ok()) return ToGrpc(v.status());
     response->set_value(*v);
@@ -196,6 +206,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
   return Run(context, [request, response](StoreServer::Loop& loop) {
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     response->set_deleted(loop.kv().Delete(request->key()));
     return grpc::Status::OK;
   });
@@ -219,6 +230,7 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* cont
     return reactor;
   }
   return Run(context, [request](StoreServer::Loop& loop) {
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Append(request->key(), request->value()));
   });
 }
@@ -254,6 +266,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
       keys.push_back(e.key());
       values.push_back(e.value());
     }
+    if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().MultiSet(keys, values));
   });
 }
