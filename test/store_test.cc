@@ -7,6 +7,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -14,6 +15,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -700,6 +702,208 @@ TEST_CASE("SIGTERM ends parked store waits promptly instead of hanging shutdown"
   auto waited = (*waiter)->Wait(absl::Seconds(5));
   REQUIRE(waited.ok());
   CHECK(waited->code == 1);
+}
+
+// ---------------------------------------------------------------------------
+// Memory budget: replies bounded before they are built, and the budget
+// shared by all connections (partial requests, parked waits, replies).
+
+// The daemon's resident memory (VmRSS), in bytes.
+int64_t RssBytes(int pid) {
+  std::ifstream status(absl::StrCat("/proc/", pid, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (absl::StartsWith(line, "VmRSS:")) {
+      return std::stoll(line.substr(6)) * 1024;  // "VmRSS:   1234 kB"
+    }
+  }
+  return -1;
+}
+
+// A token-less client doing SET + GET in a loop on its own thread, recording
+// the slowest operation, while a test floods the daemon.
+class Prober {
+ public:
+  explicit Prober(int port) : store_(Connect(port)) {
+    thread_ = std::thread([this] {
+      int i = 0;
+      while (!stop_.load()) {
+        std::string v = absl::StrCat(i++);
+        absl::Time start = absl::Now();
+        bool ok = store_->Set("probe", v).ok();
+        absl::Duration set = absl::Now() - start;
+        start = absl::Now();
+        auto got = store_->Get("probe", absl::Seconds(5));
+        absl::Duration get = absl::Now() - start;
+        if (!ok || !got.ok() || *got != v) failures_.fetch_add(1);
+        int64_t worst = absl::ToInt64Microseconds(std::max(set, get));
+        if (worst > max_us_.load()) max_us_.store(worst);
+        ops_.fetch_add(1);
+        absl::SleepFor(absl::Milliseconds(1));
+      }
+    });
+  }
+  ~Prober() { Stop(); }
+  void Stop() {
+    stop_.store(true);
+    if (thread_.joinable()) thread_.join();
+  }
+  absl::Duration max_latency() const { return absl::Microseconds(max_us_.load()); }
+  int64_t ops() const { return ops_.load(); }
+  int64_t failures() const { return failures_.load(); }
+
+ private:
+  std::unique_ptr<TcpStore> store_;
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int64_t> max_us_{0};
+  std::atomic<int64_t> ops_{0};
+  std::atomic<int64_t> failures_{0};
+};
+
+void RaiseFileLimit(rlim_t want) {
+  rlimit lim{};
+  REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
+  if (lim.rlim_cur < want) {
+    lim.rlim_cur = std::min(want, lim.rlim_max);
+    REQUIRE(::setrlimit(RLIMIT_NOFILE, &lim) == 0);
+  }
+}
+
+TEST_CASE("a MULTI_GET naming one 16 MiB key 200 times is refused before its reply is built",
+          "[budget]") {
+  auto daemon = StartDaemon();
+  int port = daemon->store_port();
+  auto writer = Connect(port);
+  REQUIRE(writer->Set("big", std::string(16 << 20, 'b')).ok());
+  Prober prober(port);
+  std::vector<std::string> keys(200, "big");
+
+  // Native: an error reply naming the limit.
+  auto native = Connect(port);
+  auto got = native->MultiGet(keys, absl::Seconds(10));
+  CHECK(got.status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StrContains(got.status().message(), "--store-max-reply-bytes=268435456"));
+
+  // PyTorch 2.x: the connection is closed (189 bytes of request).
+  RawClient torch(port);
+  std::string request;
+  request.push_back(0);
+  wire::PutU32(&request, wire::kValidateMagic);
+  wire::PutU8(&request, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kMultiGet));
+  wire::PutKeyList(&request, keys);
+  torch.Send(request);
+  bool closed = false;
+  CHECK(torch.Read(absl::Seconds(5), &closed).empty());
+  CHECK(closed);
+  CHECK(WaitForLog(*daemon, "exceeds --store-max-reply-bytes=268435456"));
+  CHECK(CountLogLines(*daemon, "127.0.0.1") >= 2);  // the log names the peer
+
+  absl::SleepFor(absl::Milliseconds(100));
+  prober.Stop();
+  REQUIRE(daemon->process().Running());
+  int64_t rss = RssBytes(daemon->pid());
+  INFO("VmRSS " << rss << " bytes; prober max latency " << prober.max_latency() << " over "
+                << prober.ops() << " ops");
+  std::printf("MULTI_GET amplification: VmRSS %lld MiB, prober max %s over %lld ops\n",
+              static_cast<long long>(rss >> 20), absl::FormatDuration(prober.max_latency()).c_str(),
+              static_cast<long long>(prober.ops()));
+  CHECK(rss > 0);
+  CHECK(rss < (256 << 20));  // the 16 MiB value and the daemon, not 3.2 GB
+  CHECK(prober.failures() == 0);
+  CHECK(prober.ops() > 0);
+  CHECK(prober.max_latency() < absl::Milliseconds(10));
+  // Ordinary replies still work, up to the limit.
+  auto few = native->MultiGet({"big", "big"}, absl::Seconds(10));
+  REQUIRE(few.ok());
+  CHECK((*few)[1].size() == (16u << 20));
+}
+
+TEST_CASE("1000 partial requests declaring 16 MiB each are held to the memory budget", "[budget]") {
+  RaiseFileLimit(4096);
+  constexpr int64_t kBudget = 256 << 20;
+  auto daemon = StartDaemon({absl::StrCat("--store-memory-budget-bytes=", kBudget)});
+  int port = daemon->store_port();
+  Prober prober(port);
+  std::vector<std::unique_ptr<RawClient>> clients;
+  std::string partial;
+  wire::PutU8(&partial, 0);  // 1.13 SET
+  wire::PutBytes(&partial, "flood");
+  wire::PutU64(&partial, 16 << 20);  // declares 16 MiB, sends 4 KiB
+  partial += std::string(4096, 'f');
+  for (int i = 0; i < 1000; ++i) {
+    clients.push_back(std::make_unique<RawClient>(port));
+    clients.back()->Send(partial);
+  }
+  // Those past the budget are closed; the others stay, parked mid-request.
+  int closed_count = 0;
+  for (auto& client : clients) {
+    bool closed = false;
+    client->Read(absl::Milliseconds(5), &closed);
+    if (closed) ++closed_count;
+  }
+  prober.Stop();
+  REQUIRE(daemon->process().Running());
+  int64_t rss = RssBytes(daemon->pid());
+  std::printf(
+      "partial-request flood: %d of 1000 closed, VmRSS %lld MiB, prober max %s over "
+      "%lld ops\n",
+      closed_count, static_cast<long long>(rss >> 20),
+      absl::FormatDuration(prober.max_latency()).c_str(), static_cast<long long>(prober.ops()));
+  // 256 MiB admits at most 15 declared 16 MiB requests.
+  CHECK(closed_count >= 1000 - 16);
+  CHECK(closed_count < 1000);
+  CHECK(rss < kBudget + (128 << 20));
+  CHECK(WaitForLog(*daemon, "exceeding --store-memory-budget-bytes=268435456"));
+  CHECK(CountLogLines(*daemon, "closing connection from 127.0.0.1") >= 1);
+  CHECK(prober.failures() == 0);
+  CHECK(prober.max_latency() < absl::Milliseconds(10));
+  // The admitted ones may still finish their requests.
+  clients.clear();
+  auto after = Connect(port);
+  REQUIRE(after->Set("after", "ok").ok());
+  CHECK(*after->Get("after") == "ok");
+}
+
+TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall the loop",
+          "[budget]") {
+  RaiseFileLimit(4096);
+  auto daemon = StartDaemon();
+  int port = daemon->store_port();
+  std::vector<std::string> keys;
+  for (int i = 0; i < 131072; ++i) keys.push_back(absl::StrCat("w/", i));
+  std::string wait;
+  wire::PutU8(&wait, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kWait));
+  wire::PutKeyList(&wait, keys);
+  Prober prober(port);
+  absl::Time start = absl::Now();
+  std::vector<std::unique_ptr<RawClient>> clients;
+  for (int i = 0; i < 100; ++i) {
+    clients.push_back(std::make_unique<RawClient>(port));
+    clients.back()->Send(wait);
+  }
+  absl::Duration sent = absl::Now() - start;
+  absl::SleepFor(absl::Milliseconds(500));
+  int closed_count = 0;
+  for (auto& client : clients) {
+    bool closed = false;
+    client->Read(absl::Milliseconds(1), &closed);
+    if (closed) ++closed_count;
+  }
+  prober.Stop();
+  REQUIRE(daemon->process().Running());
+  int64_t rss = RssBytes(daemon->pid());
+  std::printf(
+      "100 waits of 131072 keys: sent in %s, %d refused, VmRSS %lld MiB, prober max %s "
+      "over %lld ops\n",
+      absl::FormatDuration(sent).c_str(), closed_count, static_cast<long long>(rss >> 20),
+      absl::FormatDuration(prober.max_latency()).c_str(), static_cast<long long>(prober.ops()));
+  CHECK(closed_count > 0);  // 100 x ~21 MB of key lists exceed 1 GiB
+  CHECK(closed_count < 100);
+  CHECK(WaitForLog(*daemon, "keys needs"));
+  CHECK(rss < (int64_t{1} << 30) + (256 << 20));
+  CHECK(prober.failures() == 0);
+  CHECK(prober.max_latency() < absl::Milliseconds(10));
 }
 
 }  // namespace

@@ -159,6 +159,21 @@ std::vector<std::string> KvStore::ListKeys(absl::string_view prefix) const {
   return keys;
 }
 
+void KvStore::MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const {
+  *count = 0;
+  *bytes = 0;
+  for (const auto& [k, v] : map_) {
+    if (!absl::StartsWith(k, prefix)) continue;
+    ++*count;
+    *bytes += k.size();
+  }
+}
+
+const std::string* KvStore::QueueFront(absl::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() || it->second.empty() ? nullptr : &it->second.front();
+}
+
 absl::Status KvStore::QueuePush(absl::string_view key, absl::string_view value) {
   absl::Status ok = Reserve(key.size() + value.size(), 0, key);
   if (!ok.ok()) return ok;

@@ -69,11 +69,16 @@ class KvStore {
   int64_t NumKeys() const { return static_cast<int64_t>(map_.size()); }
   // Sorted; only keys starting with `prefix`.
   std::vector<std::string> ListKeys(absl::string_view prefix = "") const;
+  // What ListKeys(prefix) would return, measured without copying: the number
+  // of keys and the sum of their sizes (to bound a reply before building it).
+  void MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const;
 
   absl::Status QueuePush(absl::string_view key, absl::string_view value);
   // Length before the pop; *value set when it was > 0.
   int64_t QueuePop(absl::string_view key, std::string* value);
   int64_t QueueLen(absl::string_view key) const;
+  // The item QueuePop would return; nullptr if the queue is empty.
+  const std::string* QueueFront(absl::string_view key) const;
   // Every queued item, queue by queue, oldest first (for log compaction).
   void ForEachQueueItem(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
 

@@ -49,6 +49,12 @@ class RequestParser {
   // Known once a request parsed; native also after a malformed first AUTH.
   wire::Dialect dialect() const { return dialect_; }
 
+  // After kNeedMore: the fewest buffered bytes the pending request can
+  // complete with; it covers every length field parsed so far (a declared
+  // 16 MiB value makes it at least 16 MiB before those bytes arrive), so the
+  // server can charge or refuse the request's memory up front. 0 otherwise.
+  size_t min_needed() const { return min_needed_; }
+
  private:
   wire::StoreLimits limits_;
   wire::Dialect dialect_ = wire::Dialect::kUnknown;

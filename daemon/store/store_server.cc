@@ -32,6 +32,16 @@ constexpr uint64_t kWakeId = 1;
 constexpr size_t kReadChunk = 64 << 10;
 // Per readable event, so one busy client cannot starve the others.
 constexpr size_t kMaxReadPerEvent = 1 << 20;
+// What a parked wait costs per key beyond the key bytes (hash-map and set
+// nodes, std::string headers); its key bytes are held three times (the
+// connection's list, the registration's, the per-key index).
+constexpr uint64_t kWaitKeyOverhead = 128;
+
+uint64_t WaitCharge(const std::vector<std::string>& keys) {
+  uint64_t bytes = 0;
+  for (const std::string& k : keys) bytes += 3 * k.size() + kWaitKeyOverhead;
+  return bytes;
+}
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
   int fd = -1;
@@ -157,6 +167,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.refused_unauthenticated = stat_refused_unauthenticated_.load();
     s.replaced_unauthenticated = stat_replaced_unauthenticated_.load();
     s.auth_timeouts = stat_auth_timeouts_.load();
+    s.memory_bytes = stat_memory_.load();
+    s.refused_for_memory = stat_refused_memory_.load();
     return s;
   }
 
@@ -206,6 +218,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     KvStore::WaitId wait_id = 0;
     TimerId wait_timer = 0;
     std::vector<std::string> wait_keys;
+    // Memory accounting: what this connection holds of the budget now (its
+    // share of budget_used_) and, of that, its parked wait's key lists.
+    uint64_t charged = 0;
+    uint64_t wait_charge = 0;
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -341,6 +357,91 @@ class StoreServer::Impl : public StoreServer::Loop {
     stat_bytes_ = kv_.total_bytes();
     stat_connections_ = static_cast<int64_t>(conns_.size());
     stat_unauthenticated_ = static_cast<int64_t>(pending_auth_.size());
+    stat_memory_ = budget_used_;
+  }
+
+  // Memory accounting. A connection is charged its input buffer (or what
+  // the request being received declared, if more: the buffer will grow to
+  // it), its unsent replies and its parked wait; budget_used_ is the sum.
+
+  static uint64_t InputCharge(const Connection& c) {
+    if (c.closing) return c.in.capacity();  // nothing more will be buffered
+    return std::max<uint64_t>(c.in.capacity(), c.in_off + c.parser.min_needed());
+  }
+
+  // Brings c.charged (and budget_used_) up to date; call after any change.
+  void Recharge(Connection& c) {
+    uint64_t now = InputCharge(c) + c.out.capacity() + c.wait_charge;
+    budget_used_ = budget_used_ - c.charged + now;
+    c.charged = now;
+  }
+
+  // Fails the current request of `c` for memory: closes the connection (a
+  // native client is told why first) with a log line naming the peer.
+  void RefuseForMemory(Connection& c, std::string why) {
+    ++stat_refused_memory_;
+    Reject(c, absl::ResourceExhaustedError(std::move(why)));
+    std::string().swap(c.in);  // the refused request's bytes are not needed
+    c.in_off = 0;
+    Recharge(c);
+  }
+
+  std::string BudgetText() const {
+    return absl::StrCat("--store-memory-budget-bytes=", options_.memory_budget_bytes, " (",
+                        budget_used_, " bytes in use by all connections)");
+  }
+
+  // After input arrived or a request was parsed: the connection's buffered
+  // (and declared) input must fit its share and the budget. The buffer is
+  // then reserved at the declared size, so it grows once, to what was
+  // charged. False if the connection was refused.
+  bool AdmitInput(Connection& c) {
+    uint64_t input = InputCharge(c);
+    if (input + c.wait_charge > options_.max_connection_bytes) {
+      RefuseForMemory(c, absl::StrCat("request needs ", input, " bytes buffered",
+                                      c.wait_charge ? " besides its parked wait" : "",
+                                      ", exceeding --store-max-connection-bytes=",
+                                      options_.max_connection_bytes));
+      return false;
+    }
+    uint64_t after = budget_used_ - c.charged + input + c.out.capacity() + c.wait_charge;
+    if (after > budget_used_ && after > options_.memory_budget_bytes) {
+      RefuseForMemory(
+          c, absl::StrCat("request needs ", input, " bytes buffered, exceeding ", BudgetText()));
+      return false;
+    }
+    if (input > c.in.capacity() && c.parser.min_needed() > 0) c.in.reserve(input);
+    Recharge(c);
+    return true;
+  }
+
+  // Before a reply of `bytes` (its body) is built: it must fit the per-reply
+  // limit and the budget; then `out` is reserved for it. False if refused.
+  bool AdmitReply(Connection& c, uint64_t bytes, wire::Op op) {
+    bytes += 1;  // the native status byte
+    if (bytes > options_.max_reply_bytes) {
+      RefuseForMemory(c,
+                      absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
+                                   " exceeds --store-max-reply-bytes=", options_.max_reply_bytes));
+      return false;
+    }
+    if (budget_used_ + bytes > options_.memory_budget_bytes) {
+      RefuseForMemory(c, absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
+                                      " would exceed ", BudgetText()));
+      return false;
+    }
+    c.out.reserve(c.out.size() + bytes);
+    return true;
+  }
+
+  // The reply size of a list of values (MULTI_GET, GET_WAIT_FOR).
+  uint64_t ValuesReplyBytes(const std::vector<std::string>& keys) const {
+    uint64_t bytes = 0;
+    for (const std::string& k : keys) {
+      const std::string* v = kv_.Find(k);
+      bytes += 8 + (v ? v->size() : 0);
+    }
+    return bytes;
   }
 
   uint64_t authenticated_connections() const { return conns_.size() - pending_auth_.size(); }
@@ -538,15 +639,24 @@ class StoreServer::Impl : public StoreServer::Loop {
       c.in_off += consumed;
       Handle(c, request);
       if (conns_.find(id) == conns_.end()) return;  // closed while handling
+      Recharge(c);
     }
     if (c.in_off > 0 && (c.in_off == c.in.size() || c.in_off > (1 << 20))) {
       c.in.erase(0, c.in_off);
       c.in_off = 0;
     }
-    if (c.in.empty() && c.in.capacity() > 4096) {
+    // Shrink a large buffer unless the request being received declared
+    // that much (AdmitInput reserved it).
+    if (c.in.empty() && c.in.capacity() > 4096 && c.parser.min_needed() == 0) {
       std::string().swap(c.in);  // idle connections hold no buffer
-    } else if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20)) {
+    } else if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20) &&
+               c.in_off + c.parser.min_needed() < c.in.capacity() / 2) {
       c.in.shrink_to_fit();
+    }
+    if (!c.closing) {
+      AdmitInput(c);
+    } else {
+      Recharge(c);
     }
   }
 
@@ -584,6 +694,12 @@ class StoreServer::Impl : public StoreServer::Loop {
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         SetEvents(c, c.closing ? EPOLLOUT : (EPOLLIN | EPOLLOUT));
         if (c.pending_out() > options_.max_output_bytes) SetEvents(c, EPOLLOUT);
+        if (c.out_off > (4 << 20)) {  // release what was sent of a large reply
+          c.out.erase(0, c.out_off);
+          c.out_off = 0;
+          c.out.shrink_to_fit();
+        }
+        Recharge(c);
         return;
       }
       Close(c.id);  // peer gone
@@ -592,6 +708,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.out.clear();
     c.out_off = 0;
     if (c.out.capacity() > 4096) std::string().swap(c.out);
+    Recharge(c);
     if (c.closing) {
       Close(c.id);
       return;
@@ -609,6 +726,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     DropPendingAuth(c);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
+    budget_used_ -= c.charged;
     conns_.erase(it);
   }
 
@@ -620,11 +738,25 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_id = 0;
     c.wait_timer = 0;
     c.wait_keys.clear();
+    c.wait_charge = 0;
+    Recharge(c);
   }
 
   // Parks `c` until `keys` exist (or the native timeout passes).
   void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, int64_t timeout_ms) {
     uint64_t id = c.id;
+    uint64_t charge = WaitCharge(keys);
+    if (InputCharge(c) + charge > options_.max_connection_bytes) {
+      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                             " bytes, exceeding --store-max-connection-bytes=",
+                                             options_.max_connection_bytes));
+    }
+    if (budget_used_ + charge > options_.memory_budget_bytes) {
+      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                             " bytes, exceeding ", BudgetText()));
+    }
+    c.wait_charge = charge;
+    Recharge(c);
     c.wait_kind = kind;
     c.wait_keys = std::move(keys);
     c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
@@ -651,8 +783,23 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
+    c.wait_charge = 0;
+    Recharge(c);
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
+      return;
+    }
+    std::vector<std::string> missing;
+    uint64_t reply_bytes = 1;
+    if (kind != WaitKind::kTorchWait && timed_out) {
+      missing = kv_.MissingKeys(keys);
+      reply_bytes += 8;
+      for (const std::string& k : missing) reply_bytes += 8 + k.size();
+    } else if (kind == WaitKind::kGetWaitFor) {
+      reply_bytes += ValuesReplyBytes(keys);
+    }
+    if (!AdmitReply(c, reply_bytes,
+                    kind == WaitKind::kGetWaitFor ? wire::Op::kGetWaitFor : wire::Op::kWaitFor)) {
       return;
     }
     std::string& out = Reply(c);
@@ -660,7 +807,7 @@ class StoreServer::Impl : public StoreServer::Loop {
       wire::PutU8(&out, wire::kStopWaiting);
     } else if (timed_out) {
       wire::PutU8(&out, wire::kWaitTimedOut);
-      wire::PutKeyList(&out, kv_.MissingKeys(keys));
+      wire::PutKeyList(&out, missing);
     } else {
       wire::PutU8(&out, wire::kWaitDone);
       if (kind == WaitKind::kGetWaitFor) {
@@ -670,6 +817,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         }
       }
     }
+    Recharge(c);
     if (!c.closing) ProcessInput(c);
   }
 
@@ -757,6 +905,10 @@ class StoreServer::Impl : public StoreServer::Loop {
         if (absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
         return;
       case Op::kCompareSet: {
+        const std::string* current = kv_.Find(req.keys[0]);
+        uint64_t longest = std::max<uint64_t>(current ? current->size() : 0,
+                                              std::max(req.values[0].size(), req.values[1].size()));
+        if (!AdmitReply(c, 8 + longest, req.op)) return;
         auto r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
         if (!r.ok()) return Reject(c, r.status());
         wire::PutBytes(&Reply(c), *r);
@@ -766,6 +918,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         // A missing key answers an empty value (like PyTorch's libuv
         // server) rather than dropping the connection.
         const std::string* v = kv_.Find(req.keys[0]);
+        if (!AdmitReply(c, 8 + (v ? v->size() : 0), req.op)) return;
         wire::PutBytes(&Reply(c), v ? absl::string_view(*v) : absl::string_view());
         return;
       }
@@ -803,6 +956,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         wire::PutU8(&Reply(c), wire::kWatchRegistered);
         return;
       case Op::kMultiGet: {
+        if (!AdmitReply(c, ValuesReplyBytes(req.keys), req.op)) return;
         std::string& out = Reply(c);
         for (const std::string& k : req.keys) {
           const std::string* v = kv_.Find(k);
@@ -811,6 +965,9 @@ class StoreServer::Impl : public StoreServer::Loop {
         return;
       }
       case Op::kListKeys: {
+        uint64_t count = 0, bytes = 0;
+        kv_.MeasureKeys("", &count, &bytes);
+        if (!AdmitReply(c, 8 + 8 * count + bytes, req.op)) return;
         std::vector<std::string> keys = kv_.ListKeys();
         std::string& out = Reply(c);
         wire::PutI64(&out, static_cast<int64_t>(keys.size()));
@@ -818,6 +975,8 @@ class StoreServer::Impl : public StoreServer::Loop {
         return;
       }
       case Op::kQueuePop: {
+        const std::string* front = kv_.QueueFront(req.keys[0]);
+        if (!AdmitReply(c, 16 + (front ? front->size() : 0), req.op)) return;
         std::string value;
         int64_t before = kv_.QueuePop(req.keys[0], &value);
         std::string& out = Reply(c);
@@ -872,6 +1031,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::atomic<uint64_t> stat_refused_unauthenticated_{0};
   std::atomic<uint64_t> stat_replaced_unauthenticated_{0};
   std::atomic<uint64_t> stat_auth_timeouts_{0};
+  std::atomic<uint64_t> stat_memory_{0};
+  std::atomic<uint64_t> stat_refused_memory_{0};
+  uint64_t budget_used_ = 0;  // sum of every connection's `charged`
 };
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
