@@ -761,6 +761,19 @@ class Prober {
   std::atomic<int64_t> failures_{0};
 };
 
+// The brief's bound is 10 ms; the loop's own CPU per iteration is held to
+// it ("slow loop iteration" is logged past 10 ms). What a client sees also
+// includes scheduling: on a loaded 2-core CI machine (load average 50 seen)
+// a 10 ms wall-clock bound fails without any stall in musterd, so the
+// client-side bound is looser and the measured value is printed.
+constexpr absl::Duration kMaxProbeLatency = absl::Milliseconds(250);
+
+void PrintLogLines(TestDaemon& daemon, const std::string& needle) {
+  for (absl::string_view line : absl::StrSplit(daemon.process().Stderr(), '\n')) {
+    if (absl::StrContains(line, needle)) std::printf("daemon: %s\n", std::string(line).c_str());
+  }
+}
+
 void RaiseFileLimit(rlim_t want) {
   rlimit lim{};
   REQUIRE(::getrlimit(RLIMIT_NOFILE, &lim) == 0);
@@ -776,6 +789,8 @@ TEST_CASE("a MULTI_GET naming one 16 MiB key 200 times is refused before its rep
   int port = daemon->store_port();
   auto writer = Connect(port);
   REQUIRE(writer->Set("big", std::string(16 << 20, 'b')).ok());
+  absl::SleepFor(absl::Milliseconds(200));  // storing 16 MiB may itself be slow
+  const int slow_before = CountLogLines(*daemon, "slow loop iteration");
   Prober prober(port);
   std::vector<std::string> keys(200, "big");
 
@@ -812,7 +827,9 @@ TEST_CASE("a MULTI_GET naming one 16 MiB key 200 times is refused before its rep
   CHECK(rss < (256 << 20));  // the 16 MiB value and the daemon, not 3.2 GB
   CHECK(prober.failures() == 0);
   CHECK(prober.ops() > 0);
-  CHECK(prober.max_latency() < absl::Milliseconds(10));
+  CHECK(prober.max_latency() < kMaxProbeLatency);
+  PrintLogLines(*daemon, "slow loop iteration");
+  CHECK(CountLogLines(*daemon, "slow loop iteration") == slow_before);
   // Ordinary replies still work, up to the limit.
   auto few = native->MultiGet({"big", "big"}, absl::Seconds(10));
   REQUIRE(few.ok());
@@ -850,14 +867,16 @@ TEST_CASE("1000 partial requests declaring 16 MiB each are held to the memory bu
       "%lld ops\n",
       closed_count, static_cast<long long>(rss >> 20),
       absl::FormatDuration(prober.max_latency()).c_str(), static_cast<long long>(prober.ops()));
-  // 256 MiB admits at most 15 declared 16 MiB requests.
-  CHECK(closed_count >= 1000 - 16);
+  // 7/8 of 256 MiB admits at most 13 declared 16 MiB requests.
+  CHECK(closed_count >= 1000 - 14);
   CHECK(closed_count < 1000);
   CHECK(rss < kBudget + (128 << 20));
   CHECK(WaitForLog(*daemon, "exceeding --store-memory-budget-bytes=268435456"));
   CHECK(CountLogLines(*daemon, "closing connection from 127.0.0.1") >= 1);
   CHECK(prober.failures() == 0);
-  CHECK(prober.max_latency() < absl::Milliseconds(10));
+  CHECK(prober.max_latency() < kMaxProbeLatency);
+  PrintLogLines(*daemon, "slow loop iteration");
+  CHECK(CountLogLines(*daemon, "slow loop iteration") == 0);
   // The admitted ones may still finish their requests.
   clients.clear();
   auto after = Connect(port);
@@ -883,12 +902,23 @@ TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall t
     clients.back()->Send(wait);
   }
   absl::Duration sent = absl::Now() - start;
-  absl::SleepFor(absl::Milliseconds(500));
+  // Those over the budget are refused once parsed; the rest register in
+  // slices. Wait until the refusals stop (the prober runs all along).
+  std::vector<bool> closed(clients.size(), false);
   int closed_count = 0;
-  for (auto& client : clients) {
-    bool closed = false;
-    client->Read(absl::Milliseconds(1), &closed);
-    if (closed) ++closed_count;
+  absl::Time last_change = absl::Now();
+  while (absl::Now() - last_change < absl::Seconds(3) && absl::Now() - start < absl::Seconds(90)) {
+    for (size_t i = 0; i < clients.size(); ++i) {
+      if (closed[i]) continue;
+      bool now_closed = false;
+      clients[i]->Read(absl::Milliseconds(1), &now_closed);
+      if (now_closed) {
+        closed[i] = true;
+        ++closed_count;
+        last_change = absl::Now();
+      }
+    }
+    absl::SleepFor(absl::Milliseconds(50));
   }
   prober.Stop();
   REQUIRE(daemon->process().Running());
@@ -898,12 +928,15 @@ TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall t
       "over %lld ops\n",
       absl::FormatDuration(sent).c_str(), closed_count, static_cast<long long>(rss >> 20),
       absl::FormatDuration(prober.max_latency()).c_str(), static_cast<long long>(prober.ops()));
+  PrintLogLines(*daemon, "closing connection");
   CHECK(closed_count > 0);  // 100 x ~21 MB of key lists exceed 1 GiB
   CHECK(closed_count < 100);
   CHECK(WaitForLog(*daemon, "keys needs"));
   CHECK(rss < (int64_t{1} << 30) + (256 << 20));
   CHECK(prober.failures() == 0);
-  CHECK(prober.max_latency() < absl::Milliseconds(10));
+  CHECK(prober.max_latency() < kMaxProbeLatency);
+  PrintLogLines(*daemon, "slow loop iteration");
+  CHECK(CountLogLines(*daemon, "slow loop iteration") == 0);
 }
 
 }  // namespace

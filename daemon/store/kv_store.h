@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -85,6 +86,16 @@ class KvStore {
   // 0 if every key is present now (nothing registered); else an id whose
   // callback runs once when all are present, unless cancelled first.
   WaitId Wait(const std::vector<std::string>& keys, std::function<void()> on_ready);
+  // The same registration in steps, for key lists too long to register in
+  // one go without stalling the caller: BeginWait, AddWaitKeys for slices of
+  // the list (later slices see keys written meanwhile as present), EndWait.
+  // The callback cannot run before EndWait. Each key costs O(1) expected
+  // (a hash lookup and an append), and CancelWait O(log waiters) per key.
+  WaitId BeginWait(std::function<void()> on_ready);
+  void AddWaitKeys(WaitId id, const std::string* keys, size_t count);
+  // False if no key was missing: the registration is gone, its callback
+  // never runs. Else the id stays live as with Wait().
+  bool EndWait(WaitId id);
   // Forgets a registration; harmless for ids that already fired.
   void CancelWait(WaitId id);
   size_t num_waits() const { return waits_.size(); }
@@ -96,6 +107,7 @@ class KvStore {
     std::vector<std::string> keys;  // the missing keys at registration
     size_t missing = 0;
     std::function<void()> on_ready;
+    bool registering = false;  // between BeginWait and EndWait
   };
 
   absl::Status Reserve(uint64_t added, uint64_t removed, absl::string_view key);
@@ -112,7 +124,8 @@ class KvStore {
   // Invariant: a live WaitId is in waiters_[k] exactly for each still-missing
   // key k of its registration, and waits_[id].missing is their number;
   // cancelled ids are removed from waiters_ at once (no unbounded growth).
-  absl::flat_hash_map<std::string, std::vector<WaitId>> waiters_;
+  // Each list is sorted (oldest registration first) and duplicate-free.
+  absl::flat_hash_map<std::string, absl::InlinedVector<WaitId, 2>> waiters_;
   absl::flat_hash_map<WaitId, WaitState> waits_;
   WaitId next_wait_id_ = 1;
   MutationListener listener_;

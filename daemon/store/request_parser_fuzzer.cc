@@ -200,6 +200,7 @@ class ParseRun {
     size_t consumed = 0;
     std::string error;
     RequestParser::Result r = parser_.Next(input, &request, &consumed, &error);
+    FUZZ_CHECK(r != RequestParser::Result::kYield);  // only with a key budget
     if (r == RequestParser::Result::kNeedMore) return 0;
     if (r == RequestParser::Result::kError) {
       FUZZ_CHECK(!error.empty());

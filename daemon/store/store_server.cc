@@ -12,6 +12,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -36,6 +38,29 @@ constexpr size_t kMaxReadPerEvent = 1 << 20;
 // nodes, std::string headers); its key bytes are held three times (the
 // connection's list, the registration's, the per-key index).
 constexpr uint64_t kWaitKeyOverhead = 128;
+// Waits on more keys than this register in slices, at most this many keys
+// per loop iteration across all connections, so a 131,072-key WAIT does not
+// stall other clients while it registers.
+constexpr size_t kWaitRegisterSlice = 2048;
+constexpr int kAcceptsPerIteration = 64;
+// Charges up to this size may use the memory budget's last eighth.
+constexpr uint64_t kSmallCharge = 64 << 10;
+// Keys of long key lists parsed per loop iteration across all connections
+// (RequestParser's key budget); a connection that runs out yields and
+// continues in the next iteration.
+constexpr size_t kParseKeysPerIteration = 4096;
+// Bytes read per loop iteration across all connections; past it each
+// readable connection still gets one chunk, so small clients keep moving.
+constexpr size_t kReadPerIteration = 4 << 20;
+// A loop iteration that uses more CPU than this stalled every client; it is
+// logged (rate-limited) so a regression or an overload is visible.
+constexpr absl::Duration kSlowIteration = absl::Milliseconds(10);
+
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
 
 uint64_t WaitCharge(const std::vector<std::string>& keys) {
   uint64_t bytes = 0;
@@ -222,6 +247,11 @@ class StoreServer::Impl : public StoreServer::Loop {
     // share of budget_used_) and, of that, its parked wait's key lists.
     uint64_t charged = 0;
     uint64_t wait_charge = 0;
+    // A long key list registering in slices: wait_keys[0, wait_registered)
+    // are registered; the connection is in registering_.
+    bool wait_registering = false;
+    size_t wait_registered = 0;
+    bool yielded = false;  // in yielded_
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -272,11 +302,16 @@ class StoreServer::Impl : public StoreServer::Loop {
                 : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
+      if (!registering_.empty() || !yielded_.empty()) timeout_ms = 0;  // more work queued
       int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
         MLOG(ERROR) << "store: epoll_wait: " << std::strerror(errno);
         break;
       }
+      absl::Duration cpu_start = ThreadCpuTime();
+      parse_keys_left_ = kParseKeysPerIteration;
+      read_bytes_left_ = kReadPerIteration;
+      ContinueYielded();
       for (int i = 0; i < n; ++i) {
         uint64_t id = events[i].data.u64;
         if (id == kListenerId) {
@@ -298,7 +333,13 @@ class StoreServer::Impl : public StoreServer::Loop {
         Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_MOD);
       }
       RunDueTimers(absl::Now());
+      RegisterWaitSlices();
       EndIteration();
+      absl::Duration cpu = ThreadCpuTime() - cpu_start;
+      if (cpu > kSlowIteration) {
+        Warn(absl::StrCat("slow loop iteration: ", absl::ToInt64Milliseconds(cpu), " ms of CPU (",
+                          n, " events); every client waited"));
+      }
     }
     // Shutdown: fire every timer early so posted waits can finish.
     stopping_ = true;
@@ -366,7 +407,8 @@ class StoreServer::Impl : public StoreServer::Loop {
 
   static uint64_t InputCharge(const Connection& c) {
     if (c.closing) return c.in.capacity();  // nothing more will be buffered
-    return std::max<uint64_t>(c.in.capacity(), c.in_off + c.parser.min_needed());
+    return std::max<uint64_t>(c.in.capacity(), c.in_off + c.parser.min_needed()) +
+           c.parser.held_bytes();
   }
 
   // Brings c.charged (and budget_used_) up to date; call after any change.
@@ -384,6 +426,13 @@ class StoreServer::Impl : public StoreServer::Loop {
     std::string().swap(c.in);  // the refused request's bytes are not needed
     c.in_off = 0;
     Recharge(c);
+  }
+
+  // Large charges may use 7/8 of the budget; the last eighth is kept for
+  // small requests, so ordinary clients are served while big ones fill it.
+  uint64_t BudgetFor(uint64_t bytes) const {
+    const uint64_t budget = options_.memory_budget_bytes;
+    return bytes > kSmallCharge ? budget - budget / 8 : budget;
   }
 
   std::string BudgetText() const {
@@ -405,12 +454,13 @@ class StoreServer::Impl : public StoreServer::Loop {
       return false;
     }
     uint64_t after = budget_used_ - c.charged + input + c.out.capacity() + c.wait_charge;
-    if (after > budget_used_ && after > options_.memory_budget_bytes) {
+    if (after > budget_used_ && after > BudgetFor(after - budget_used_)) {
       RefuseForMemory(
           c, absl::StrCat("request needs ", input, " bytes buffered, exceeding ", BudgetText()));
       return false;
     }
-    if (input > c.in.capacity() && c.parser.min_needed() > 0) c.in.reserve(input);
+    uint64_t declared = c.in_off + c.parser.min_needed();
+    if (declared > c.in.capacity() && c.parser.min_needed() > 0) c.in.reserve(declared);
     Recharge(c);
     return true;
   }
@@ -425,7 +475,7 @@ class StoreServer::Impl : public StoreServer::Loop {
                                    " exceeds --store-max-reply-bytes=", options_.max_reply_bytes));
       return false;
     }
-    if (budget_used_ + bytes > options_.memory_budget_bytes) {
+    if (budget_used_ + bytes > BudgetFor(bytes)) {
       RefuseForMemory(c, absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
                                       " would exceed ", BudgetText()));
       return false;
@@ -504,7 +554,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
 
   void AcceptAll() {
-    while (true) {
+    // A bounded batch per iteration (the listener is level-triggered): a
+    // burst of connections does not delay the clients already connected.
+    for (int batch = 0; batch < kAcceptsPerIteration; ++batch) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
@@ -579,11 +631,13 @@ class StoreServer::Impl : public StoreServer::Loop {
     // means the socket is drained (epoll is level-triggered and reports any
     // later data), which saves the read that would return EAGAIN.
     size_t total = 0;
-    while (total < kMaxReadPerEvent) {
+    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, sizeof(read_buffer_)));
+    while (total < limit) {
       ssize_t n = ::read(c.fd, read_buffer_, sizeof(read_buffer_));
       if (n > 0) {
         c.in.append(read_buffer_, n);
         total += n;
+        read_bytes_left_ -= std::min<size_t>(read_bytes_left_, n);
         if (static_cast<size_t>(n) < sizeof(read_buffer_)) break;
         continue;
       }
@@ -630,8 +684,14 @@ class StoreServer::Impl : public StoreServer::Loop {
       size_t consumed = 0;
       std::string error;
       absl::string_view input(c.in.data() + c.in_off, c.in.size() - c.in_off);
-      RequestParser::Result r = c.parser.Next(input, &request, &consumed, &error);
+      RequestParser::Result r =
+          c.parser.Next(input, &request, &consumed, &error, &parse_keys_left_);
       if (r == RequestParser::Result::kNeedMore) break;
+      if (r == RequestParser::Result::kYield) {
+        if (!c.yielded) yielded_.push_back(id);
+        c.yielded = true;
+        break;
+      }
       if (r == RequestParser::Result::kError) {
         Reject(c, absl::InvalidArgumentError(error));
         break;
@@ -657,6 +717,19 @@ class StoreServer::Impl : public StoreServer::Loop {
       AdmitInput(c);
     } else {
       Recharge(c);
+    }
+  }
+
+  // Connections whose long key list ran out of this iteration's parse
+  // budget continue, oldest first.
+  void ContinueYielded() {
+    std::deque<uint64_t> ids;
+    ids.swap(yielded_);
+    for (uint64_t id : ids) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      it->second->yielded = false;
+      ProcessInput(*it->second);
     }
   }
 
@@ -739,7 +812,35 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_timer = 0;
     c.wait_keys.clear();
     c.wait_charge = 0;
+    c.wait_registering = false;
     Recharge(c);
+  }
+
+  // Registers up to kWaitRegisterSlice keys of the waits in registering_,
+  // round robin; a wait whose last slice is in and is already satisfied
+  // finishes now.
+  void RegisterWaitSlices() {
+    size_t budget = kWaitRegisterSlice;
+    while (budget > 0 && !registering_.empty()) {
+      uint64_t id = registering_.front();
+      registering_.pop_front();
+      auto it = conns_.find(id);
+      if (it == conns_.end() || !it->second->wait_registering) continue;
+      Connection& c = *it->second;
+      size_t n = std::min(budget, c.wait_keys.size() - c.wait_registered);
+      kv_.AddWaitKeys(c.wait_id, c.wait_keys.data() + c.wait_registered, n);
+      c.wait_registered += n;
+      budget -= n;
+      if (c.wait_registered < c.wait_keys.size()) {
+        registering_.push_back(id);
+        continue;
+      }
+      c.wait_registering = false;
+      if (!kv_.EndWait(c.wait_id)) {
+        c.wait_id = 0;
+        FinishWait(c, /*timed_out=*/false);
+      }
+    }
   }
 
   // Parks `c` until `keys` exist (or the native timeout passes).
@@ -751,7 +852,7 @@ class StoreServer::Impl : public StoreServer::Loop {
                                              " bytes, exceeding --store-max-connection-bytes=",
                                              options_.max_connection_bytes));
     }
-    if (budget_used_ + charge > options_.memory_budget_bytes) {
+    if (budget_used_ + charge > BudgetFor(charge)) {
       return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
                                              " bytes, exceeding ", BudgetText()));
     }
@@ -759,10 +860,17 @@ class StoreServer::Impl : public StoreServer::Loop {
     Recharge(c);
     c.wait_kind = kind;
     c.wait_keys = std::move(keys);
-    c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
-    if (c.wait_id == 0) {
-      FinishWait(c, /*timed_out=*/false);
-      return;
+    if (c.wait_keys.size() > kWaitRegisterSlice) {
+      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); });
+      c.wait_registering = true;
+      c.wait_registered = 0;
+      registering_.push_back(id);
+    } else {
+      c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
+      if (c.wait_id == 0) {
+        FinishWait(c, /*timed_out=*/false);
+        return;
+      }
     }
     if (kind != WaitKind::kTorchWait && timeout_ms > 0) {
       c.wait_timer = AddTimer(absl::Now() + absl::Milliseconds(timeout_ms), [this, id] {
@@ -784,6 +892,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_id = 0;
     c.wait_timer = 0;
     c.wait_charge = 0;
+    c.wait_registering = false;
     Recharge(c);
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
@@ -1009,9 +1118,13 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns_;
   // Connections with pending_auth, oldest (lowest id) first.
   std::set<uint64_t> pending_auth_;
-  uint64_t next_conn_id_ = 2;      // 0 and 1 are the listener and the wake fd
-  std::vector<uint64_t> dirty_;    // connections with replies to send
-  std::vector<uint64_t> resumed_;  // connections whose wait was satisfied
+  uint64_t next_conn_id_ = 2;                        // 0 and 1 are the listener and the wake fd
+  std::vector<uint64_t> dirty_;                      // connections with replies to send
+  std::vector<uint64_t> resumed_;                    // connections whose wait was satisfied
+  std::deque<uint64_t> registering_;                 // connections whose wait registers in slices
+  std::deque<uint64_t> yielded_;                     // connections with a long key list to parse on
+  size_t parse_keys_left_ = kParseKeysPerIteration;  // this iteration's parse budget
+  size_t read_bytes_left_ = kReadPerIteration;       // and its read budget
   std::map<std::pair<absl::Time, TimerId>, std::function<void()>> timers_;
   absl::flat_hash_map<TimerId, absl::Time> timer_deadlines_;
   TimerId next_timer_id_ = 1;
