@@ -115,6 +115,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t max_unauthenticated = options.store.max_unauthenticated_connections;
   double auth_timeout_seconds = absl::ToDoubleSeconds(options.store.auth_timeout);
   int64_t max_total_bytes = options.store.max_total_bytes;
+  int64_t max_reply_bytes = options.store.max_reply_bytes;
+  int64_t memory_budget_bytes = options.store.memory_budget_bytes;
+  int64_t max_connection_bytes = options.store.max_connection_bytes;
   int64_t shm_slot_bytes = options.shm_slot_bytes;
   std::string cluster_token_file;
   std::string tls_cert, tls_key, tls_ca;
@@ -211,6 +214,16 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "subject to it).");
   flags.AddInt("store-max-total-bytes", &max_total_bytes,
                "Most bytes the store holds (keys + values); writes beyond are refused.");
+  flags.AddInt("store-max-reply-bytes", &max_reply_bytes,
+               "Largest single store reply (MULTI_GET, GET, LIST_KEYS, GET_WAIT_FOR...),\n"
+               "measured before it is built; a larger one fails that request alone.");
+  flags.AddInt("store-memory-budget-bytes", &memory_budget_bytes,
+               "Memory of all store connections together (not the data): buffered requests\n"
+               "(charged as soon as their header declares their lengths), parked waits' key\n"
+               "lists and unsent replies. A request that would exceed it fails alone.");
+  flags.AddInt("store-max-connection-bytes", &max_connection_bytes,
+               "One store connection's share of the memory budget: its buffered (declared)\n"
+               "request plus its parked wait.");
   flags.AddString("state-dir", &options.store.state_dir,
                   "Keep the store durable: an append-only log in this directory, replayed at\n"
                   "start (a torn last record is dropped). A write is acknowledged only once\n"
@@ -262,7 +275,10 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                              {"store-max-request-bytes", max_request_bytes},
                              {"store-max-connections", max_connections},
                              {"store-max-unauthenticated-connections", max_unauthenticated},
-                             {"store-max-total-bytes", max_total_bytes}}) {
+                             {"store-max-total-bytes", max_total_bytes},
+                             {"store-max-reply-bytes", max_reply_bytes},
+                             {"store-memory-budget-bytes", memory_budget_bytes},
+                             {"store-max-connection-bytes", max_connection_bytes}}) {
     if (value <= 0) {
       std::fprintf(stderr, "musterd: --%s must be positive, got %lld\n", name,
                    static_cast<long long>(value));
@@ -288,6 +304,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   options.store.max_unauthenticated_connections = max_unauthenticated;
   options.store.auth_timeout = absl::Seconds(auth_timeout_seconds);
   options.store.max_total_bytes = max_total_bytes;
+  options.store.max_reply_bytes = max_reply_bytes;
+  options.store.memory_budget_bytes = memory_budget_bytes;
+  options.store.max_connection_bytes = max_connection_bytes;
   options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
   for (auto [name, value] : {std::pair<const char*, int64_t>{"max-world-size", max_world_size},
                              {"max-group-size", max_group_size},

@@ -159,6 +159,21 @@ std::vector<std::string> KvStore::ListKeys(absl::string_view prefix) const {
   return keys;
 }
 
+void KvStore::MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const {
+  *count = 0;
+  *bytes = 0;
+  for (const auto& [k, v] : map_) {
+    if (!absl::StartsWith(k, prefix)) continue;
+    ++*count;
+    *bytes += k.size();
+  }
+}
+
+const std::string* KvStore::QueueFront(absl::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() || it->second.empty() ? nullptr : &it->second.front();
+}
+
 absl::Status KvStore::QueuePush(absl::string_view key, absl::string_view value) {
   absl::Status ok = Reserve(key.size() + value.size(), 0, key);
   if (!ok.ok()) return ok;
@@ -195,15 +210,44 @@ void KvStore::ForEachQueueItem(
 
 KvStore::WaitId KvStore::Wait(const std::vector<std::string>& keys,
                               std::function<void()> on_ready) {
-  std::vector<std::string> missing = MissingKeys(keys);
-  if (missing.empty()) return 0;
-  std::sort(missing.begin(), missing.end());
-  missing.erase(std::unique(missing.begin(), missing.end()), missing.end());
+  WaitId id = BeginWait(std::move(on_ready));
+  AddWaitKeys(id, keys.data(), keys.size());
+  return EndWait(id) ? id : 0;
+}
+
+KvStore::WaitId KvStore::BeginWait(std::function<void()> on_ready) {
   WaitId id = next_wait_id_++;
-  for (const std::string& k : missing) waiters_[k].push_back(id);
-  size_t count = missing.size();
-  waits_[id] = WaitState{std::move(missing), count, std::move(on_ready)};
+  WaitState& state = waits_[id];
+  state.on_ready = std::move(on_ready);
+  state.registering = true;
   return id;
+}
+
+void KvStore::AddWaitKeys(WaitId id, const std::string* keys, size_t count) {
+  auto w = waits_.find(id);
+  if (w == waits_.end()) return;
+  WaitState& state = w->second;
+  for (size_t i = 0; i < count; ++i) {
+    const std::string& k = keys[i];
+    if (map_.contains(k) || QueueLen(k) > 0) continue;
+    auto& list = waiters_[k];
+    // Sorted: a fresh registration usually goes last; a repeated key is
+    // already there.
+    auto pos = std::lower_bound(list.begin(), list.end(), id);
+    if (pos != list.end() && *pos == id) continue;
+    list.insert(pos, id);
+    state.keys.push_back(k);
+    ++state.missing;
+  }
+}
+
+bool KvStore::EndWait(WaitId id) {
+  auto w = waits_.find(id);
+  if (w == waits_.end()) return false;
+  w->second.registering = false;
+  if (w->second.missing > 0) return true;
+  waits_.erase(w);  // its keys are all written and gone from waiters_
+  return false;
 }
 
 void KvStore::CancelWait(WaitId id) {
@@ -213,7 +257,8 @@ void KvStore::CancelWait(WaitId id) {
     auto list = waiters_.find(k);
     if (list == waiters_.end()) continue;  // that key was already written
     auto& ids = list->second;
-    ids.erase(std::remove(ids.begin(), ids.end(), id), ids.end());
+    auto pos = std::lower_bound(ids.begin(), ids.end(), id);
+    if (pos != ids.end() && *pos == id) ids.erase(pos);
     if (ids.empty()) waiters_.erase(list);
   }
   waits_.erase(it);
@@ -222,7 +267,7 @@ void KvStore::CancelWait(WaitId id) {
 void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  std::vector<WaitId> ids;
+  absl::InlinedVector<WaitId, 2> ids;
   if (wake_one) {
     // Hand the item to the longest-waiting registration only.
     auto& list = it->second;
@@ -237,7 +282,7 @@ void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
   for (WaitId id : ids) {
     auto w = waits_.find(id);
     if (w == waits_.end()) continue;  // cancelled
-    if (--w->second.missing == 0) {
+    if (--w->second.missing == 0 && !w->second.registering) {
       released.push_back(std::move(w->second.on_ready));
       waits_.erase(w);
     }

@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -69,17 +70,32 @@ class KvStore {
   int64_t NumKeys() const { return static_cast<int64_t>(map_.size()); }
   // Sorted; only keys starting with `prefix`.
   std::vector<std::string> ListKeys(absl::string_view prefix = "") const;
+  // What ListKeys(prefix) would return, measured without copying: the number
+  // of keys and the sum of their sizes (to bound a reply before building it).
+  void MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const;
 
   absl::Status QueuePush(absl::string_view key, absl::string_view value);
   // Length before the pop; *value set when it was > 0.
   int64_t QueuePop(absl::string_view key, std::string* value);
   int64_t QueueLen(absl::string_view key) const;
+  // The item QueuePop would return; nullptr if the queue is empty.
+  const std::string* QueueFront(absl::string_view key) const;
   // Every queued item, queue by queue, oldest first (for log compaction).
   void ForEachQueueItem(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
 
   // 0 if every key is present now (nothing registered); else an id whose
   // callback runs once when all are present, unless cancelled first.
   WaitId Wait(const std::vector<std::string>& keys, std::function<void()> on_ready);
+  // The same registration in steps, for key lists too long to register in
+  // one go without stalling the caller: BeginWait, AddWaitKeys for slices of
+  // the list (later slices see keys written meanwhile as present), EndWait.
+  // The callback cannot run before EndWait. Each key costs O(1) expected
+  // (a hash lookup and an append), and CancelWait O(log waiters) per key.
+  WaitId BeginWait(std::function<void()> on_ready);
+  void AddWaitKeys(WaitId id, const std::string* keys, size_t count);
+  // False if no key was missing: the registration is gone, its callback
+  // never runs. Else the id stays live as with Wait().
+  bool EndWait(WaitId id);
   // Forgets a registration; harmless for ids that already fired.
   void CancelWait(WaitId id);
   size_t num_waits() const { return waits_.size(); }
@@ -91,6 +107,7 @@ class KvStore {
     std::vector<std::string> keys;  // the missing keys at registration
     size_t missing = 0;
     std::function<void()> on_ready;
+    bool registering = false;  // between BeginWait and EndWait
   };
 
   absl::Status Reserve(uint64_t added, uint64_t removed, absl::string_view key);
@@ -107,7 +124,8 @@ class KvStore {
   // Invariant: a live WaitId is in waiters_[k] exactly for each still-missing
   // key k of its registration, and waits_[id].missing is their number;
   // cancelled ids are removed from waiters_ at once (no unbounded growth).
-  absl::flat_hash_map<std::string, std::vector<WaitId>> waiters_;
+  // Each list is sorted (oldest registration first) and duplicate-free.
+  absl::flat_hash_map<std::string, absl::InlinedVector<WaitId, 2>> waiters_;
   absl::flat_hash_map<WaitId, WaitState> waits_;
   WaitId next_wait_id_ = 1;
   MutationListener listener_;

@@ -122,5 +122,54 @@ TEST_CASE("ListKeys is sorted and filters by prefix") {
   CHECK(kv.ListKeys("b/") == std::vector<std::string>{"b/1", "b/2"});
 }
 
+TEST_CASE("a wait registered in slices sees keys written between slices and fires after EndWait") {
+  KvStore kv;
+  int fired = 0;
+  std::vector<std::string> keys = {"a", "b", "c", "b"};
+  KvStore::WaitId id = kv.BeginWait([&] { ++fired; });
+  kv.AddWaitKeys(id, keys.data(), 1);      // "a" registered
+  REQUIRE(kv.Set("a", "1").ok());          // counted off, but still registering
+  REQUIRE(kv.Set("c", "1").ok());          // not registered yet: seen as present later
+  kv.AddWaitKeys(id, keys.data() + 1, 3);  // "b", "c" (present), "b" again
+  CHECK(fired == 0);
+  REQUIRE(kv.EndWait(id));
+  CHECK(kv.num_waits() == 1);
+  REQUIRE(kv.Set("b", "1").ok());
+  CHECK(fired == 1);
+  CHECK(kv.num_waits() == 0);
+
+  // Everything written while registering: EndWait says so, nothing fires.
+  KvStore::WaitId done = kv.BeginWait([&] { ++fired; });
+  std::vector<std::string> one = {"d"};
+  kv.AddWaitKeys(done, one.data(), 1);
+  REQUIRE(kv.Set("d", "1").ok());
+  CHECK_FALSE(kv.EndWait(done));
+  CHECK(fired == 1);
+  CHECK(kv.num_waits() == 0);
+}
+
+TEST_CASE("cancelling one of many waits on the same keys is cheap and exact") {
+  KvStore kv;
+  std::vector<std::string> keys;
+  for (int i = 0; i < 4096; ++i) keys.push_back("k" + std::to_string(i));
+  std::vector<KvStore::WaitId> ids;
+  int fired = 0;
+  for (int w = 0; w < 50; ++w) ids.push_back(kv.Wait(keys, [&] { ++fired; }));
+  for (int w = 0; w < 50; w += 2) kv.CancelWait(ids[w]);  // every other one
+  CHECK(kv.num_waits() == 25);
+  for (const std::string& k : keys) REQUIRE(kv.Set(k, "v").ok());
+  CHECK(fired == 25);
+  CHECK(kv.num_waits() == 0);
+  // Queue pushes still wake the oldest live registration first.
+  int first = 0, second = 0;
+  KvStore::WaitId a = kv.Wait({"q"}, [&] { ++first; });
+  kv.Wait({"q"}, [&] { ++second; });
+  kv.Wait({"q"}, [&] { FAIL("cancelled"); });
+  kv.CancelWait(a);
+  REQUIRE(kv.QueuePush("q", "x").ok());
+  CHECK(first == 0);
+  CHECK(second == 1);
+}
+
 }  // namespace
 }  // namespace muster

@@ -15,10 +15,13 @@ class Reader {
   // A dry reader checks lengths and limits but copies nothing: the parser
   // runs dry until a whole request is buffered, so a large value arriving
   // in many segments is copied once, not once per segment.
-  Reader(absl::string_view input, const wire::StoreLimits& limits, bool dry, std::string* error)
-      : input_(input), limits_(limits), dry_(dry), error_(error) {}
+  Reader(absl::string_view input, const wire::StoreLimits& limits, bool dry, std::string* error,
+         uint64_t total = 0)
+      : input_(input), limits_(limits), dry_(dry), error_(error), total_(total) {}
 
   size_t position() const { return pos_; }
+  // Bytes of keys and values so far (with the `total` it started from).
+  uint64_t total() const { return total_; }
   // After kNeedMore: the input size below which retrying is pointless.
   size_t needed() const { return needed_; }
 
@@ -109,7 +112,7 @@ class Reader {
   std::string* error_;
   size_t pos_ = 0;
   size_t needed_ = 0;
-  uint64_t total_ = 0;
+  uint64_t total_;
 };
 
 #define STEP(expr)                        \
@@ -205,12 +208,78 @@ Step ParseBody(wire::Op op, Reader& r, StoreRequest* req) {
   return Step::kError;
 }
 
+bool IsKeyListOp(wire::Op op) {
+  using wire::Op;
+  return op == Op::kCheck || op == Op::kWait || op == Op::kMultiGet || op == Op::kWaitFor ||
+         op == Op::kGetWaitFor;
+}
+
 }  // namespace
 
+RequestParser::Result RequestParser::ContinueKeyList(absl::string_view input, StoreRequest* request,
+                                                     size_t* consumed, std::string* error,
+                                                     size_t* key_budget) {
+  Reader r(input.substr(1 + resume_pos_), limits_, /*dry=*/false, error, resume_total_);
+  size_t done = 0;  // bytes of r's input in complete keys
+  Result result = Result::kRequest;
+  while (partial_.keys.size() < resume_count_) {
+    if (key_budget != nullptr) {
+      if (*key_budget == 0) {
+        result = Result::kYield;
+        break;
+      }
+      --*key_budget;
+    }
+    std::string key;
+    Step step = r.Key(&key);
+    if (step == Step::kError) {
+      resuming_ = false;
+      partial_ = StoreRequest();
+      resume_held_ = 0;
+      if (resume_dialect_ == wire::Dialect::kNative) dialect_ = resume_dialect_;
+      return Result::kError;
+    }
+    if (step == Step::kNeedMore) {
+      min_needed_ = 1 + resume_pos_ + r.needed();
+      result = Result::kNeedMore;
+      break;
+    }
+    done = r.position();
+    resume_total_ = r.total();
+    resume_held_ += key.size() + sizeof(std::string);
+    partial_.keys.push_back(std::move(key));
+  }
+  resume_pos_ += done;
+  if (result == Result::kYield) {
+    min_needed_ = 1 + resume_pos_;
+    return result;
+  }
+  if (result == Result::kNeedMore) return result;
+  if (partial_.op == wire::Op::kWaitFor || partial_.op == wire::Op::kGetWaitFor) {
+    Reader tail(input.substr(1 + resume_pos_), limits_, /*dry=*/false, error);
+    if (tail.I64(&partial_.number) != Step::kOk) {
+      min_needed_ = 1 + resume_pos_ + tail.needed();
+      return Result::kNeedMore;
+    }
+    resume_pos_ += tail.position();
+  }
+  *request = std::move(partial_);
+  partial_ = StoreRequest();
+  *consumed = 1 + resume_pos_;
+  resuming_ = false;
+  resume_held_ = 0;
+  min_needed_ = 0;
+  dialect_ = resume_dialect_;
+  ++parsed_;
+  return Result::kRequest;
+}
+
 RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest* request,
-                                          size_t* consumed, std::string* error) {
+                                          size_t* consumed, std::string* error,
+                                          size_t* key_budget) {
   *request = StoreRequest();
   if (input.empty() || input.size() < min_needed_) return Result::kNeedMore;
+  if (resuming_) return ContinueKeyList(input, request, consumed, error, key_budget);
   uint8_t command = static_cast<uint8_t>(input[0]);
   wire::Dialect dialect = dialect_;
   if (dialect == wire::Dialect::kUnknown) {
@@ -247,6 +316,32 @@ RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest*
   if (*op == wire::Op::kValidate && dialect_ != wire::Dialect::kUnknown) {
     *error = "VALIDATE is only allowed as the first request";
     return Result::kError;
+  }
+  if (IsKeyListOp(*op)) {
+    Reader count_reader(input.substr(1), limits_, /*dry=*/true, error);
+    uint64_t count = 0;
+    switch (count_reader.Count(&count)) {
+      case Step::kNeedMore:
+        min_needed_ = 1 + count_reader.needed();
+        return Result::kNeedMore;
+      case Step::kError:
+        if (dialect == wire::Dialect::kNative) dialect_ = dialect;
+        return Result::kError;
+      case Step::kOk:
+        break;
+    }
+    if (count > resumable_keys_) {
+      resuming_ = true;
+      resume_dialect_ = dialect;
+      partial_ = StoreRequest();
+      partial_.op = *op;
+      partial_.keys.reserve(count);
+      resume_count_ = count;
+      resume_pos_ = count_reader.position();
+      resume_total_ = 0;
+      resume_held_ = count * sizeof(std::string);
+      return ContinueKeyList(input, request, consumed, error, key_budget);
+    }
   }
   Reader dry(input.substr(1), limits_, /*dry=*/true, error);
   switch (ParseBody(*op, dry, request)) {

@@ -37,25 +37,61 @@ struct StoreRequest {
 
 class RequestParser {
  public:
-  enum class Result { kNeedMore, kRequest, kError };
+  // kYield: a long key list is partly parsed and `key_budget` ran out; call
+  // again (with the same input or more) to continue.
+  enum class Result { kNeedMore, kRequest, kError, kYield };
 
-  explicit RequestParser(const wire::StoreLimits& limits) : limits_(limits) {}
+  static constexpr uint64_t kResumableKeys = 256;
+
+  // Key lists longer than `resumable_keys` parse incrementally (see Next).
+  explicit RequestParser(const wire::StoreLimits& limits, uint64_t resumable_keys = kResumableKeys)
+      : limits_(limits), resumable_keys_(resumable_keys) {}
 
   // Parses one request from the start of `input`. kRequest: *request is
   // filled and *consumed says how many bytes it used. kError: *error says
   // what was wrong; the connection must be closed.
-  Result Next(absl::string_view input, StoreRequest* request, size_t* consumed, std::string* error);
+  //
+  // Key lists longer than kResumableKeys (WAIT, CHECK, MULTI_GET, WAIT_FOR,
+  // GET_WAIT_FOR) are parsed once, key by key as their bytes arrive, not
+  // re-parsed from the start on every call; with `key_budget`, at most that
+  // many of their keys are parsed per call (it is decremented), so a
+  // 131,072-key request can be spread over several loop iterations.
+  Result Next(absl::string_view input, StoreRequest* request, size_t* consumed, std::string* error,
+              size_t* key_budget = nullptr);
+
+  // Bytes held for a request still being parsed (its keys parsed so far).
+  uint64_t held_bytes() const { return resume_held_; }
 
   // Known once a request parsed; native also after a malformed first AUTH.
   wire::Dialect dialect() const { return dialect_; }
 
+  // After kNeedMore: the fewest buffered bytes the pending request can
+  // complete with; it covers every length field parsed so far (a declared
+  // 16 MiB value makes it at least 16 MiB before those bytes arrive), so the
+  // server can charge or refuse the request's memory up front. 0 otherwise.
+  size_t min_needed() const { return min_needed_; }
+
  private:
   wire::StoreLimits limits_;
+  uint64_t resumable_keys_;
   wire::Dialect dialect_ = wire::Dialect::kUnknown;
   // The pending request cannot complete with fewer buffered bytes.
   size_t min_needed_ = 0;
   // Requests parsed so far (the native handshake's place).
   uint64_t parsed_ = 0;
+
+  Result ContinueKeyList(absl::string_view input, StoreRequest* request, size_t* consumed,
+                         std::string* error, size_t* key_budget);
+  // A long key list being parsed across calls: partial_ has the keys so far,
+  // the next starts at byte resume_pos_ of the request (after its command
+  // byte); resume_total_ is their bytes (for max_request_bytes).
+  bool resuming_ = false;
+  wire::Dialect resume_dialect_ = wire::Dialect::kUnknown;
+  StoreRequest partial_;
+  uint64_t resume_count_ = 0;
+  size_t resume_pos_ = 0;
+  uint64_t resume_total_ = 0;
+  uint64_t resume_held_ = 0;
 };
 
 }  // namespace muster

@@ -327,5 +327,80 @@ TEST_CASE("malformed or misplaced handshake messages are errors") {
   }
 }
 
+TEST_CASE("a declared value length is known before its bytes arrive (min_needed)") {
+  RequestParser parser(wire::StoreLimits{});
+  std::string partial;
+  wire::PutU8(&partial, 0);  // 1.13 SET
+  wire::PutBytes(&partial, "k");
+  wire::PutU64(&partial, 16 << 20);
+  partial += "abc";
+  StoreRequest req;
+  size_t consumed = 0;
+  std::string error;
+  REQUIRE(parser.Next(partial, &req, &consumed, &error) == RequestParser::Result::kNeedMore);
+  CHECK(parser.min_needed() == 1 + 8 + 1 + 8 + (16u << 20));
+}
+
+TEST_CASE("long key lists parse key by key within a key budget, the same as in one go") {
+  std::vector<std::string> keys;
+  for (int i = 0; i < 1000; ++i) keys.push_back("key/" + std::to_string(i));
+  for (Op op : {Op::kWait, Op::kMultiGet, Op::kCheck}) {
+    std::string bytes;
+    wire::PutU8(&bytes, *wire::CommandByte(Dialect::kTorch113, op));
+    wire::PutKeyList(&bytes, keys);
+    bytes += Torch113Set("after", "v");
+    RequestParser parser(wire::StoreLimits{});
+    StoreRequest req;
+    size_t consumed = 0;
+    std::string error;
+    int yields = 0, need_more = 0;
+    size_t fed = 0;
+    RequestParser::Result r;
+    while (true) {
+      size_t budget = 100;
+      absl::string_view input(bytes.data(), std::min(fed, bytes.size()));
+      r = parser.Next(input, &req, &consumed, &error, &budget);
+      if (r == RequestParser::Result::kYield) {
+        ++yields;
+        CHECK(budget == 0);
+        CHECK(parser.held_bytes() > 0);
+      } else if (r == RequestParser::Result::kNeedMore) {
+        ++need_more;
+        fed += 3001;  // bytes arrive in odd-sized pieces
+      } else {
+        break;
+      }
+    }
+    REQUIRE(r == RequestParser::Result::kRequest);
+    CHECK(req.op == op);
+    CHECK(req.keys == keys);
+    CHECK(yields >= 5);
+    CHECK(need_more > 1);
+    CHECK(parser.held_bytes() == 0);
+    CHECK(parser.dialect() == Dialect::kTorch113);
+    // The next request follows as usual.
+    absl::string_view rest(bytes.data() + consumed, bytes.size() - consumed);
+    REQUIRE(parser.Next(rest, &req, &consumed, &error) == RequestParser::Result::kRequest);
+    CHECK(req.op == Op::kSet);
+    CHECK(consumed == rest.size());
+  }
+}
+
+TEST_CASE("an oversized key deep in a long key list is an error with the usual message") {
+  wire::StoreLimits limits;
+  limits.max_key_bytes = 16;
+  std::vector<std::string> keys(500, "short");
+  keys[400] = std::string(17, 'x');
+  std::string bytes;
+  wire::PutU8(&bytes, *wire::CommandByte(Dialect::kTorch113, Op::kWait));
+  wire::PutKeyList(&bytes, keys);
+  RequestParser parser(limits);
+  StoreRequest req;
+  size_t consumed = 0;
+  std::string error;
+  CHECK(parser.Next(bytes, &req, &consumed, &error) == RequestParser::Result::kError);
+  CHECK(error == "key of 17 bytes exceeds --store-max-key-bytes=16");
+}
+
 }  // namespace
 }  // namespace muster

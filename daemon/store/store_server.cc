@@ -12,6 +12,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <ctime>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <set>
@@ -34,6 +36,39 @@ constexpr size_t kReadChunk = 64 << 10;
 constexpr size_t kMaxReadPerEvent = 1 << 20;
 // How often a failing durability log is tried again.
 constexpr absl::Duration kLogProbeInterval = absl::Seconds(1);
+// What a parked wait costs per key beyond the key bytes (hash-map and set
+// nodes, std::string headers); its key bytes are held three times (the
+// connection's list, the registration's, the per-key index).
+constexpr uint64_t kWaitKeyOverhead = 128;
+// Waits on more keys than this register in slices, at most this many keys
+// per loop iteration across all connections, so a 131,072-key WAIT does not
+// stall other clients while it registers.
+constexpr size_t kWaitRegisterSlice = 2048;
+constexpr int kAcceptsPerIteration = 64;
+// Charges up to this size may use the memory budget's last eighth.
+constexpr uint64_t kSmallCharge = 64 << 10;
+// Keys of long key lists parsed per loop iteration across all connections
+// (RequestParser's key budget); a connection that runs out yields and
+// continues in the next iteration.
+constexpr size_t kParseKeysPerIteration = 4096;
+// Bytes read per loop iteration across all connections; past it each
+// readable connection still gets one chunk, so small clients keep moving.
+constexpr size_t kReadPerIteration = 4 << 20;
+// A loop iteration that uses more CPU than this stalled every client; it is
+// logged (rate-limited) so a regression or an overload is visible.
+constexpr absl::Duration kSlowIteration = absl::Milliseconds(10);
+
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
+uint64_t WaitCharge(const std::vector<std::string>& keys) {
+  uint64_t bytes = 0;
+  for (const std::string& k : keys) bytes += 3 * k.size() + kWaitKeyOverhead;
+  return bytes;
+}
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
   int fd = -1;
@@ -162,6 +197,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.auth_timeouts = stat_auth_timeouts_.load();
     std::lock_guard<std::mutex> lock(stat_mu_);
     s.log_error = stat_log_error_;
+    s.memory_bytes = stat_memory_.load();
+    s.refused_for_memory = stat_refused_memory_.load();
     return s;
   }
 
@@ -218,6 +255,15 @@ class StoreServer::Impl : public StoreServer::Loop {
     uint64_t out_epoch = 0;
     size_t out_mark = 0;
     uint64_t write_epoch = 0;  // epoch_ of its last write request
+    // Memory accounting: what this connection holds of the budget now (its
+    // share of budget_used_) and, of that, its parked wait's key lists.
+    uint64_t charged = 0;
+    uint64_t wait_charge = 0;
+    // A long key list registering in slices: wait_keys[0, wait_registered)
+    // are registered; the connection is in registering_.
+    bool wait_registering = false;
+    size_t wait_registered = 0;
+    bool yielded = false;  // in yielded_
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -268,11 +314,16 @@ class StoreServer::Impl : public StoreServer::Loop {
                 : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
+      if (!registering_.empty() || !yielded_.empty()) timeout_ms = 0;  // more work queued
       int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
         MLOG(ERROR) << "store: epoll_wait: " << std::strerror(errno);
         break;
       }
+      absl::Duration cpu_start = ThreadCpuTime();
+      parse_keys_left_ = kParseKeysPerIteration;
+      read_bytes_left_ = kReadPerIteration;
+      ContinueYielded();
       for (int i = 0; i < n; ++i) {
         uint64_t id = events[i].data.u64;
         if (id == kListenerId) {
@@ -294,7 +345,13 @@ class StoreServer::Impl : public StoreServer::Loop {
         Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_MOD);
       }
       RunDueTimers(absl::Now());
+      RegisterWaitSlices();
       EndIteration();
+      absl::Duration cpu = ThreadCpuTime() - cpu_start;
+      if (cpu > kSlowIteration) {
+        Warn(absl::StrCat("slow loop iteration: ", absl::ToInt64Milliseconds(cpu), " ms of CPU (",
+                          n, " events); every client waited"));
+      }
     }
     // Shutdown: fire every timer early so posted waits can finish.
     stopping_ = true;
@@ -357,6 +414,100 @@ class StoreServer::Impl : public StoreServer::Loop {
     stat_bytes_ = kv_.total_bytes();
     stat_connections_ = static_cast<int64_t>(conns_.size());
     stat_unauthenticated_ = static_cast<int64_t>(pending_auth_.size());
+    stat_memory_ = budget_used_;
+  }
+
+  // Memory accounting. A connection is charged its input buffer (or what
+  // the request being received declared, if more: the buffer will grow to
+  // it), its unsent replies and its parked wait; budget_used_ is the sum.
+
+  static uint64_t InputCharge(const Connection& c) {
+    if (c.closing) return c.in.capacity();  // nothing more will be buffered
+    return std::max<uint64_t>(c.in.capacity(), c.in_off + c.parser.min_needed()) +
+           c.parser.held_bytes();
+  }
+
+  // Brings c.charged (and budget_used_) up to date; call after any change.
+  void Recharge(Connection& c) {
+    uint64_t now = InputCharge(c) + c.out.capacity() + c.wait_charge;
+    budget_used_ = budget_used_ - c.charged + now;
+    c.charged = now;
+  }
+
+  // Fails the current request of `c` for memory: closes the connection (a
+  // native client is told why first) with a log line naming the peer.
+  void RefuseForMemory(Connection& c, std::string why) {
+    ++stat_refused_memory_;
+    Reject(c, absl::ResourceExhaustedError(std::move(why)));
+    std::string().swap(c.in);  // the refused request's bytes are not needed
+    c.in_off = 0;
+    Recharge(c);
+  }
+
+  // Large charges may use 7/8 of the budget; the last eighth is kept for
+  // small requests, so ordinary clients are served while big ones fill it.
+  uint64_t BudgetFor(uint64_t bytes) const {
+    const uint64_t budget = options_.memory_budget_bytes;
+    return bytes > kSmallCharge ? budget - budget / 8 : budget;
+  }
+
+  std::string BudgetText() const {
+    return absl::StrCat("--store-memory-budget-bytes=", options_.memory_budget_bytes, " (",
+                        budget_used_, " bytes in use by all connections)");
+  }
+
+  // After input arrived or a request was parsed: the connection's buffered
+  // (and declared) input must fit its share and the budget. The buffer is
+  // then reserved at the declared size, so it grows once, to what was
+  // charged. False if the connection was refused.
+  bool AdmitInput(Connection& c) {
+    uint64_t input = InputCharge(c);
+    if (input + c.wait_charge > options_.max_connection_bytes) {
+      RefuseForMemory(c, absl::StrCat("request needs ", input, " bytes buffered",
+                                      c.wait_charge ? " besides its parked wait" : "",
+                                      ", exceeding --store-max-connection-bytes=",
+                                      options_.max_connection_bytes));
+      return false;
+    }
+    uint64_t after = budget_used_ - c.charged + input + c.out.capacity() + c.wait_charge;
+    if (after > budget_used_ && after > BudgetFor(after - budget_used_)) {
+      RefuseForMemory(
+          c, absl::StrCat("request needs ", input, " bytes buffered, exceeding ", BudgetText()));
+      return false;
+    }
+    uint64_t declared = c.in_off + c.parser.min_needed();
+    if (declared > c.in.capacity() && c.parser.min_needed() > 0) c.in.reserve(declared);
+    Recharge(c);
+    return true;
+  }
+
+  // Before a reply of `bytes` (its body) is built: it must fit the per-reply
+  // limit and the budget; then `out` is reserved for it. False if refused.
+  bool AdmitReply(Connection& c, uint64_t bytes, wire::Op op) {
+    bytes += 1;  // the native status byte
+    if (bytes > options_.max_reply_bytes) {
+      RefuseForMemory(c,
+                      absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
+                                   " exceeds --store-max-reply-bytes=", options_.max_reply_bytes));
+      return false;
+    }
+    if (budget_used_ + bytes > BudgetFor(bytes)) {
+      RefuseForMemory(c, absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
+                                      " would exceed ", BudgetText()));
+      return false;
+    }
+    c.out.reserve(c.out.size() + bytes);
+    return true;
+  }
+
+  // The reply size of a list of values (MULTI_GET, GET_WAIT_FOR).
+  uint64_t ValuesReplyBytes(const std::vector<std::string>& keys) const {
+    uint64_t bytes = 0;
+    for (const std::string& k : keys) {
+      const std::string* v = kv_.Find(k);
+      bytes += 8 + (v ? v->size() : 0);
+    }
+    return bytes;
   }
 
   // This iteration's log write failed: nothing of it may look acknowledged.
@@ -500,7 +651,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
 
   void AcceptAll() {
-    while (true) {
+    // A bounded batch per iteration (the listener is level-triggered): a
+    // burst of connections does not delay the clients already connected.
+    for (int batch = 0; batch < kAcceptsPerIteration; ++batch) {
       sockaddr_storage addr{};
       socklen_t len = sizeof(addr);
       int fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len,
@@ -575,11 +728,13 @@ class StoreServer::Impl : public StoreServer::Loop {
     // means the socket is drained (epoll is level-triggered and reports any
     // later data), which saves the read that would return EAGAIN.
     size_t total = 0;
-    while (total < kMaxReadPerEvent) {
+    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, sizeof(read_buffer_)));
+    while (total < limit) {
       ssize_t n = ::read(c.fd, read_buffer_, sizeof(read_buffer_));
       if (n > 0) {
         c.in.append(read_buffer_, n);
         total += n;
+        read_bytes_left_ -= std::min<size_t>(read_bytes_left_, n);
         if (static_cast<size_t>(n) < sizeof(read_buffer_)) break;
         continue;
       }
@@ -626,8 +781,14 @@ class StoreServer::Impl : public StoreServer::Loop {
       size_t consumed = 0;
       std::string error;
       absl::string_view input(c.in.data() + c.in_off, c.in.size() - c.in_off);
-      RequestParser::Result r = c.parser.Next(input, &request, &consumed, &error);
+      RequestParser::Result r =
+          c.parser.Next(input, &request, &consumed, &error, &parse_keys_left_);
       if (r == RequestParser::Result::kNeedMore) break;
+      if (r == RequestParser::Result::kYield) {
+        if (!c.yielded) yielded_.push_back(id);
+        c.yielded = true;
+        break;
+      }
       if (r == RequestParser::Result::kError) {
         Reject(c, absl::InvalidArgumentError(error));
         break;
@@ -635,15 +796,37 @@ class StoreServer::Impl : public StoreServer::Loop {
       c.in_off += consumed;
       Handle(c, request);
       if (conns_.find(id) == conns_.end()) return;  // closed while handling
+      Recharge(c);
     }
     if (c.in_off > 0 && (c.in_off == c.in.size() || c.in_off > (1 << 20))) {
       c.in.erase(0, c.in_off);
       c.in_off = 0;
     }
-    if (c.in.empty() && c.in.capacity() > 4096) {
+    // Shrink a large buffer unless the request being received declared
+    // that much (AdmitInput reserved it).
+    if (c.in.empty() && c.in.capacity() > 4096 && c.parser.min_needed() == 0) {
       std::string().swap(c.in);  // idle connections hold no buffer
-    } else if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20)) {
+    } else if (c.in.capacity() > (4 << 20) && c.in.size() < (1 << 20) &&
+               c.in_off + c.parser.min_needed() < c.in.capacity() / 2) {
       c.in.shrink_to_fit();
+    }
+    if (!c.closing) {
+      AdmitInput(c);
+    } else {
+      Recharge(c);
+    }
+  }
+
+  // Connections whose long key list ran out of this iteration's parse
+  // budget continue, oldest first.
+  void ContinueYielded() {
+    std::deque<uint64_t> ids;
+    ids.swap(yielded_);
+    for (uint64_t id : ids) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      it->second->yielded = false;
+      ProcessInput(*it->second);
     }
   }
 
@@ -688,6 +871,12 @@ class StoreServer::Impl : public StoreServer::Loop {
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
         SetEvents(c, c.closing ? EPOLLOUT : (EPOLLIN | EPOLLOUT));
         if (c.pending_out() > options_.max_output_bytes) SetEvents(c, EPOLLOUT);
+        if (c.out_off > (4 << 20)) {  // release what was sent of a large reply
+          c.out.erase(0, c.out_off);
+          c.out_off = 0;
+          c.out.shrink_to_fit();
+        }
+        Recharge(c);
         return;
       }
       Close(c.id);  // peer gone
@@ -696,6 +885,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.out.clear();
     c.out_off = 0;
     if (c.out.capacity() > 4096) std::string().swap(c.out);
+    Recharge(c);
     if (c.closing) {
       Close(c.id);
       return;
@@ -713,6 +903,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     DropPendingAuth(c);
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
+    budget_used_ -= c.charged;
     conns_.erase(it);
   }
 
@@ -724,17 +915,66 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_id = 0;
     c.wait_timer = 0;
     c.wait_keys.clear();
+    c.wait_charge = 0;
+    c.wait_registering = false;
+    Recharge(c);
+  }
+
+  // Registers up to kWaitRegisterSlice keys of the waits in registering_,
+  // round robin; a wait whose last slice is in and is already satisfied
+  // finishes now.
+  void RegisterWaitSlices() {
+    size_t budget = kWaitRegisterSlice;
+    while (budget > 0 && !registering_.empty()) {
+      uint64_t id = registering_.front();
+      registering_.pop_front();
+      auto it = conns_.find(id);
+      if (it == conns_.end() || !it->second->wait_registering) continue;
+      Connection& c = *it->second;
+      size_t n = std::min(budget, c.wait_keys.size() - c.wait_registered);
+      kv_.AddWaitKeys(c.wait_id, c.wait_keys.data() + c.wait_registered, n);
+      c.wait_registered += n;
+      budget -= n;
+      if (c.wait_registered < c.wait_keys.size()) {
+        registering_.push_back(id);
+        continue;
+      }
+      c.wait_registering = false;
+      if (!kv_.EndWait(c.wait_id)) {
+        c.wait_id = 0;
+        FinishWait(c, /*timed_out=*/false);
+      }
+    }
   }
 
   // Parks `c` until `keys` exist (or the native timeout passes).
   void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, int64_t timeout_ms) {
     uint64_t id = c.id;
+    uint64_t charge = WaitCharge(keys);
+    if (InputCharge(c) + charge > options_.max_connection_bytes) {
+      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                             " bytes, exceeding --store-max-connection-bytes=",
+                                             options_.max_connection_bytes));
+    }
+    if (budget_used_ + charge > BudgetFor(charge)) {
+      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                             " bytes, exceeding ", BudgetText()));
+    }
+    c.wait_charge = charge;
+    Recharge(c);
     c.wait_kind = kind;
     c.wait_keys = std::move(keys);
-    c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
-    if (c.wait_id == 0) {
-      FinishWait(c, /*timed_out=*/false);
-      return;
+    if (c.wait_keys.size() > kWaitRegisterSlice) {
+      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); });
+      c.wait_registering = true;
+      c.wait_registered = 0;
+      registering_.push_back(id);
+    } else {
+      c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
+      if (c.wait_id == 0) {
+        FinishWait(c, /*timed_out=*/false);
+        return;
+      }
     }
     if (kind != WaitKind::kTorchWait && timeout_ms > 0) {
       c.wait_timer = AddTimer(absl::Now() + absl::Milliseconds(timeout_ms), [this, id] {
@@ -755,8 +995,24 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
+    c.wait_charge = 0;
+    c.wait_registering = false;
+    Recharge(c);
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
+      return;
+    }
+    std::vector<std::string> missing;
+    uint64_t reply_bytes = 1;
+    if (kind != WaitKind::kTorchWait && timed_out) {
+      missing = kv_.MissingKeys(keys);
+      reply_bytes += 8;
+      for (const std::string& k : missing) reply_bytes += 8 + k.size();
+    } else if (kind == WaitKind::kGetWaitFor) {
+      reply_bytes += ValuesReplyBytes(keys);
+    }
+    if (!AdmitReply(c, reply_bytes,
+                    kind == WaitKind::kGetWaitFor ? wire::Op::kGetWaitFor : wire::Op::kWaitFor)) {
       return;
     }
     std::string& out = Reply(c);
@@ -764,7 +1020,7 @@ class StoreServer::Impl : public StoreServer::Loop {
       wire::PutU8(&out, wire::kStopWaiting);
     } else if (timed_out) {
       wire::PutU8(&out, wire::kWaitTimedOut);
-      wire::PutKeyList(&out, kv_.MissingKeys(keys));
+      wire::PutKeyList(&out, missing);
     } else {
       wire::PutU8(&out, wire::kWaitDone);
       if (kind == WaitKind::kGetWaitFor) {
@@ -774,6 +1030,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         }
       }
     }
+    Recharge(c);
     if (!c.closing) ProcessInput(c);
   }
 
@@ -868,6 +1125,10 @@ class StoreServer::Impl : public StoreServer::Loop {
         if (absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
         return;
       case Op::kCompareSet: {
+        const std::string* current = kv_.Find(req.keys[0]);
+        uint64_t longest = std::max<uint64_t>(current ? current->size() : 0,
+                                              std::max(req.values[0].size(), req.values[1].size()));
+        if (!AdmitReply(c, 8 + longest, req.op)) return;
         auto r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
         if (!r.ok()) return Reject(c, r.status());
         wire::PutBytes(&Reply(c), *r);
@@ -877,6 +1138,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         // A missing key answers an empty value (like PyTorch's libuv
         // server) rather than dropping the connection.
         const std::string* v = kv_.Find(req.keys[0]);
+        if (!AdmitReply(c, 8 + (v ? v->size() : 0), req.op)) return;
         wire::PutBytes(&Reply(c), v ? absl::string_view(*v) : absl::string_view());
         return;
       }
@@ -914,6 +1176,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         wire::PutU8(&Reply(c), wire::kWatchRegistered);
         return;
       case Op::kMultiGet: {
+        if (!AdmitReply(c, ValuesReplyBytes(req.keys), req.op)) return;
         std::string& out = Reply(c);
         for (const std::string& k : req.keys) {
           const std::string* v = kv_.Find(k);
@@ -922,6 +1185,9 @@ class StoreServer::Impl : public StoreServer::Loop {
         return;
       }
       case Op::kListKeys: {
+        uint64_t count = 0, bytes = 0;
+        kv_.MeasureKeys("", &count, &bytes);
+        if (!AdmitReply(c, 8 + 8 * count + bytes, req.op)) return;
         std::vector<std::string> keys = kv_.ListKeys();
         std::string& out = Reply(c);
         wire::PutI64(&out, static_cast<int64_t>(keys.size()));
@@ -929,6 +1195,8 @@ class StoreServer::Impl : public StoreServer::Loop {
         return;
       }
       case Op::kQueuePop: {
+        const std::string* front = kv_.QueueFront(req.keys[0]);
+        if (!AdmitReply(c, 16 + (front ? front->size() : 0), req.op)) return;
         std::string value;
         int64_t before = kv_.QueuePop(req.keys[0], &value);
         std::string& out = Reply(c);
@@ -961,9 +1229,13 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::flat_hash_map<uint64_t, std::unique_ptr<Connection>> conns_;
   // Connections with pending_auth, oldest (lowest id) first.
   std::set<uint64_t> pending_auth_;
-  uint64_t next_conn_id_ = 2;      // 0 and 1 are the listener and the wake fd
-  std::vector<uint64_t> dirty_;    // connections with replies to send
-  std::vector<uint64_t> resumed_;  // connections whose wait was satisfied
+  uint64_t next_conn_id_ = 2;                        // 0 and 1 are the listener and the wake fd
+  std::vector<uint64_t> dirty_;                      // connections with replies to send
+  std::vector<uint64_t> resumed_;                    // connections whose wait was satisfied
+  std::deque<uint64_t> registering_;                 // connections whose wait registers in slices
+  std::deque<uint64_t> yielded_;                     // connections with a long key list to parse on
+  size_t parse_keys_left_ = kParseKeysPerIteration;  // this iteration's parse budget
+  size_t read_bytes_left_ = kReadPerIteration;       // and its read budget
   std::map<std::pair<absl::Time, TimerId>, std::function<void()>> timers_;
   absl::flat_hash_map<TimerId, absl::Time> timer_deadlines_;
   TimerId next_timer_id_ = 1;
@@ -990,6 +1262,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::atomic<uint64_t> stat_auth_timeouts_{0};
   mutable std::mutex stat_mu_;
   std::string stat_log_error_;  // guarded by stat_mu_
+  std::atomic<uint64_t> stat_memory_{0};
+  std::atomic<uint64_t> stat_refused_memory_{0};
+  uint64_t budget_used_ = 0;  // sum of every connection's `charged`
 };
 
 StoreServer::StoreServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

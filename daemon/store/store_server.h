@@ -24,8 +24,11 @@
 // one if it has been authenticating for longer than min(auth_timeout / 4,
 // 1 s) (no muster client takes that long), else it is refused at accept. So
 // idle connections neither keep token holders out nor pin memory. Memory is bounded by the store
-// size limit, the request size limit and a per-connection output limit
-// (past it the connection is not read until its client drains replies).
+// size limit (data) and a memory budget shared by all connections (input
+// buffers charged by what a request declares, parked waits' key lists,
+// unsent replies; plus a per-connection share and a per-reply limit, every
+// reply measured before it is built). Past a per-connection output limit
+// the connection is not read until its client drains replies.
 //
 // Thread-safety: Start/Stop/port/stats/Post are thread-safe; everything
 // else runs on the loop thread. Tasks given to Post() run on the loop thread
@@ -64,6 +67,19 @@ struct StoreServerOptions {
   uint64_t max_total_bytes = uint64_t{4} << 30;
   // Past this many unsent reply bytes a connection is not read further.
   uint64_t max_output_bytes = 64 << 20;
+  // Largest single reply (MULTI_GET, GET of an appended value, LIST_KEYS,
+  // GET_WAIT_FOR, QUEUE_POP...). Its size is computed before it is built; a
+  // larger one fails that request alone (the connection is closed, a native
+  // client told why first).
+  uint64_t max_reply_bytes = 256 << 20;
+  // Memory of all connections together (not the data, see max_total_bytes):
+  // input buffers, charged as soon as a request's header declares its
+  // lengths; parked waits' key lists; unsent replies. A request that would
+  // exceed it fails alone, before its bytes are buffered.
+  uint64_t memory_budget_bytes = uint64_t{1} << 30;
+  // One connection's share of it: its buffered (declared) request plus its
+  // parked wait. Replies are bounded by max_reply_bytes instead.
+  uint64_t max_connection_bytes = 128 << 20;
   // Non-empty: clients must prove they hold this token (native handshake), or
   // come from `allow_unauthenticated`. Never logged, never sent.
   std::string token;
@@ -120,6 +136,8 @@ class StoreServer {
     // Why the durability log cannot be written ("" when it can); while set,
     // writes are refused.
     std::string log_error;
+    uint64_t memory_bytes = 0;        // charged to memory_budget_bytes now
+    uint64_t refused_for_memory = 0;  // requests failed by a memory limit
   };
   Stats stats() const;
 

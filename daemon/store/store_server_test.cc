@@ -1,0 +1,172 @@
+// StoreServer's memory accounting: what each connection is charged, and that
+// every path gives it back (reply sent, wait satisfied or cancelled,
+// connection closed).
+#include "daemon/store/store_server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <functional>
+
+#include "common/store_wire.h"
+
+namespace muster {
+namespace {
+
+class Raw {
+ public:
+  explicit Raw(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  }
+  ~Raw() { Close(); }
+  void Close() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  void Send(const std::string& bytes) {
+    size_t off = 0;
+    while (off < bytes.size()) {
+      ssize_t n = ::send(fd_, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+      REQUIRE(n > 0);
+      off += n;
+    }
+  }
+  // Reads exactly `n` bytes (5 s at most).
+  std::string Read(size_t n) {
+    std::string out;
+    char buf[65536];
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      if (::poll(&p, 1, 5000) <= 0) break;
+      ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+      if (got <= 0) break;
+      out.append(buf, got);
+    }
+    return out;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+bool Eventually(const std::function<bool()>& pred) {
+  absl::Time deadline = absl::Now() + absl::Seconds(5);
+  while (absl::Now() < deadline) {
+    if (pred()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return pred();
+}
+
+std::string Set113(const std::string& key, const std::string& value) {
+  std::string s;
+  wire::PutU8(&s, 0);
+  wire::PutBytes(&s, key);
+  wire::PutBytes(&s, value);
+  return s;
+}
+
+// Idle connections hold (almost) nothing.
+constexpr uint64_t kIdle = 4096;
+
+TEST_CASE("memory charged for a partial request, a pending reply and a parked wait is given back") {
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  StoreServer& s = **server;
+  auto memory = [&] { return s.stats().memory_bytes; };
+
+  SECTION("a partial request is charged what it declared; completing or closing releases it") {
+    Raw a(s.port());
+    std::string set = Set113("k", std::string(1 << 20, 'v'));
+    a.Send(set.substr(0, 100));
+    REQUIRE(Eventually([&] { return memory() >= (1u << 20); }));
+    a.Send(set.substr(100));
+    REQUIRE(Eventually([&] { return memory() < kIdle; }));
+    Raw b(s.port());
+    b.Send(set.substr(0, 100));
+    REQUIRE(Eventually([&] { return memory() >= (1u << 20); }));
+    b.Close();
+    CHECK(Eventually([&] { return memory() < kIdle; }));
+  }
+
+  SECTION("an unsent reply is charged until the client reads it") {
+    Raw a(s.port());
+    a.Send(Set113("big", std::string(8 << 20, 'b')));
+    REQUIRE(Eventually([&] { return s.stats().keys == 1; }));
+    std::string get;
+    wire::PutU8(&get, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kGet));
+    wire::PutBytes(&get, "big");
+    a.Send(get);
+    REQUIRE(Eventually([&] { return memory() >= (1u << 20); }));  // not read yet
+    CHECK(a.Read(8 + (8 << 20)).size() == 8 + (8u << 20));
+    CHECK(Eventually([&] { return memory() < kIdle; }));
+  }
+
+  SECTION("a parked wait is charged until satisfied, cancelled or its connection closes") {
+    std::string wait;
+    wire::PutU8(&wait, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kWait));
+    wire::PutKeyList(&wait, {"w1", "w2"});
+    Raw a(s.port());
+    a.Send(wait);
+    REQUIRE(Eventually([&] { return memory() >= 2 * 128; }));
+    Raw writer(s.port());
+    writer.Send(Set113("w1", "x") + Set113("w2", "x"));
+    CHECK(a.Read(1) == std::string(1, wire::kStopWaiting));
+    CHECK(Eventually([&] { return memory() < kIdle; }));
+
+    // 2.x CANCEL_WAIT.
+    Raw b(s.port());
+    std::string validate;
+    validate.push_back(0);
+    wire::PutU32(&validate, wire::kValidateMagic);
+    std::string wait2;
+    wire::PutU8(&wait2, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kWait));
+    wire::PutKeyList(&wait2, {"never"});
+    b.Send(validate + wait2);
+    REQUIRE(Eventually([&] { return memory() >= 128; }));
+    b.Send(std::string(1, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kCancelWait)));
+    CHECK(b.Read(1) == std::string(1, wire::kWaitCanceled));
+    CHECK(Eventually([&] { return memory() < kIdle; }));
+
+    // Closed while parked.
+    Raw d(s.port());
+    std::string wait3;
+    wire::PutU8(&wait3, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kWait));
+    wire::PutKeyList(&wait3, {"absent"});
+    d.Send(wait3);
+    REQUIRE(Eventually([&] { return memory() >= 128; }));
+    d.Close();
+    CHECK(Eventually([&] { return memory() < kIdle; }));
+  }
+
+  SECTION("a reply over --store-max-reply-bytes fails without being built") {
+    server->reset();
+    options.max_reply_bytes = 1 << 20;
+    auto small = StoreServer::Start(options);
+    REQUIRE(small.ok());
+    Raw a((*small)->port());
+    a.Send(Set113("v", std::string(600 << 10, 'x')));
+    std::string multi;
+    wire::PutU8(&multi, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kMultiGet));
+    wire::PutKeyList(&multi, {"v", "v"});
+    a.Send(multi);
+    CHECK(a.Read(1).empty());  // closed, nothing sent
+    CHECK((*small)->stats().refused_for_memory == 1);
+    CHECK(Eventually([&] { return (*small)->stats().memory_bytes < kIdle; }));
+  }
+}
+
+}  // namespace
+}  // namespace muster
