@@ -191,6 +191,8 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
     s.set_num_store_connections(static_cast<int32_t>(stats.connections));
     s.set_store_log_error(stats.log_error);
     s.set_store_durable(!options_.store.state_dir.empty());
+    s.set_store_memory_bytes(static_cast<int64_t>(stats.memory_bytes));
+    s.set_store_refused_for_memory(static_cast<int64_t>(stats.refused_for_memory));
   }
   if (registry_ != nullptr) {
     Registry::Counts counts = registry_->counts();

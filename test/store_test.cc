@@ -1135,6 +1135,15 @@ TEST_CASE("a MULTI_GET naming one 16 MiB key 200 times is refused before its rep
   auto few = native->MultiGet({"big", "big"}, absl::Seconds(10));
   REQUIRE(few.ok());
   CHECK((*few)[1].size() == (16u << 20));
+  // musterctl status counts the refusals.
+  auto status = Run({RunfilePath("tools/musterctl"), daemon->SocketFlag(), "status", "--json"});
+  REQUIRE(status.ok());
+  auto fields = ParseFlatJsonObject(status->out);
+  REQUIRE(fields.ok());
+  int64_t refused = 0;
+  CHECK(absl::SimpleAtoi((*fields)["store_refused_for_memory"], &refused));
+  CHECK(refused >= 2);
+  CHECK(fields->count("store_memory_bytes") == 1);
 }
 
 TEST_CASE("1000 partial requests declaring 16 MiB each are held to the memory budget", "[budget]") {

@@ -189,6 +189,10 @@ int RunStatus(const CtlOptions& options) {
         .Bool(status.store_durable())
         .Key("store_log_error")
         .String(status.store_log_error())
+        .Key("store_memory_bytes")
+        .Int(status.store_memory_bytes())
+        .Key("store_refused_for_memory")
+        .Int(status.store_refused_for_memory())
         .Key("sessions")
         .Int(status.num_sessions())
         .Key("jobs")
@@ -214,6 +218,8 @@ int RunStatus(const CtlOptions& options) {
                       : status.store_log_error().empty()
                           ? std::string("ok")
                           : absl::StrCat("FAILING, writes refused: ", status.store_log_error())},
+        {"store mem", absl::StrCat(status.store_memory_bytes(), " bytes in use (",
+                                   status.store_refused_for_memory(), " requests refused)")},
         {"sessions", absl::StrCat(status.num_sessions())},
         {"jobs", absl::StrCat(status.num_jobs())},
         {"groups", absl::StrCat(status.num_groups())},
