@@ -38,25 +38,10 @@ bool SetLogLevel(const std::string& name) {
   return true;
 }
 
-// Reads a whole file (PEM certificates and keys).
-absl::StatusOr<std::string> ReadWholeFile(const std::string& flag, const std::string& path) {
-  FILE* f = std::fopen(path.c_str(), "r");
-  if (f == nullptr) {
-    return absl::NotFoundError(
-        absl::StrCat("cannot read --", flag, " ", path, ": ", std::strerror(errno)));
-  }
-  std::string data;
-  char buf[4096];
-  size_t n;
-  while ((n = std::fread(buf, 1, sizeof(buf), f)) > 0) data.append(buf, n);
-  std::fclose(f);
-  if (data.empty())
-    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, " is empty"));
-  return data;
-}
-
-// Reads a token: the file's content without surrounding whitespace.
-absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+// Reads a whole file. A secret (a token, a TLS key) that group or others can
+// read gets a warning.
+absl::StatusOr<std::string> ReadWholeFile(const std::string& flag, const std::string& path,
+                                          bool secret) {
   FILE* f = std::fopen(path.c_str(), "r");
   if (f == nullptr) {
     return absl::NotFoundError(
@@ -69,13 +54,23 @@ absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::st
   struct stat st;
   bool loose = ::fstat(fileno(f), &st) == 0 && (st.st_mode & 077) != 0;
   std::fclose(f);
-  std::string token(absl::StripAsciiWhitespace(data));
+  if (data.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("--", flag, " ", path, " is empty"));
+  }
+  if (secret && loose) {
+    MLOG(WARNING) << "--" << flag << " " << path << " is readable by group or others; chmod 600 it";
+  }
+  return data;
+}
+
+// Reads a token: the file's content without surrounding whitespace.
+absl::StatusOr<std::string> ReadTokenFile(const std::string& flag, const std::string& path) {
+  absl::StatusOr<std::string> data = ReadWholeFile(flag, path, /*secret=*/true);
+  if (!data.ok()) return data.status();
+  std::string token(absl::StripAsciiWhitespace(*data));
   if (token.empty()) return absl::InvalidArgumentError(absl::StrCat(path, " holds no token"));
   if (token.size() > 4096) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": token longer than 4096 bytes"));
-  }
-  if (loose) {
-    MLOG(WARNING) << "--" << flag << " " << path << " is readable by group or others; chmod 600 it";
   }
   return token;
 }
@@ -352,7 +347,7 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                                  {"tls-key", &tls_key, &options.tls_key_pem},
                                  {"tls-ca", &tls_ca, &options.tls_ca_pem}}) {
     if (path->empty()) continue;
-    auto pem = ReadWholeFile(flag, *path);
+    auto pem = ReadWholeFile(flag, *path, /*secret=*/std::string(flag) == "tls-key");
     if (!pem.ok()) {
       std::fprintf(stderr, "musterd: %s\n", std::string(pem.status().message()).c_str());
       return 2;

@@ -263,6 +263,25 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   CHECK(absl::StrContains(bad->err, "--grpc-port"));
 }
 
+TEST_CASE("secrets that others can read are warned about; an empty token file is refused") {
+  ClusterToken token;
+  ::chmod(token.path.c_str(), 0644);
+  TestDaemonOptions options;
+  options.extra_args = {token.DaemonFlag()};
+  auto daemon = StartDaemon(options);
+  CHECK(absl::StrContains(daemon->process().Stderr(),
+                          "--token-file " + token.path + " is readable by group or others"));
+  CHECK_FALSE(absl::StrContains(daemon->process().Stderr(), token.token));
+
+  std::string empty = token.dir.File("empty.token");
+  std::fclose(std::fopen(empty.c_str(), "w"));
+  auto refused = Run({RunfilePath("daemon/musterd"), "--token-file=" + empty,
+                      "--socket=" + token.dir.File("s.sock")});
+  REQUIRE(refused.ok());
+  CHECK(refused->exit.code == 2);
+  CHECK(absl::StrContains(refused->err, "--token-file " + empty + " is empty"));
+}
+
 TEST_CASE("musterctl --help documents its credentials for TCP") {
   auto help = Run({Musterctl(), "--help"});
   REQUIRE(help.ok());
