@@ -1,7 +1,12 @@
 #include "daemon/daemon.h"
 
 #include <grpcpp/grpcpp.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
 #include <unistd.h>
+
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -18,11 +23,65 @@
 #include "daemon/registry/registry.h"
 #include "daemon/registry/services.h"
 #include "daemon/socket_lock.h"
+#include "daemon/store/local_store.h"
 #include "daemon/store/store_service.h"
 #include "daemon/systemd_notify.h"
 
 namespace muster {
 namespace {
+
+// Whether `host` names this machine (in this network namespace): a
+// loopback address or one of its interfaces' addresses.
+bool IsThisMachine(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* resolved = nullptr;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &resolved) != 0) return false;
+  ifaddrs* interfaces = nullptr;
+  if (::getifaddrs(&interfaces) != 0) interfaces = nullptr;
+  bool local = false;
+  for (addrinfo* a = resolved; a != nullptr && !local; a = a->ai_next) {
+    if (a->ai_family == AF_INET) {
+      in_addr addr = reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr;
+      if ((ntohl(addr.s_addr) >> 24) == 127) local = true;
+      for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET) continue;
+        local = reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr.s_addr == addr.s_addr;
+      }
+    } else if (a->ai_family == AF_INET6) {
+      in6_addr addr = reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr;
+      if (IN6_IS_ADDR_LOOPBACK(&addr)) local = true;
+      for (ifaddrs* i = interfaces; i != nullptr && !local; i = i->ifa_next) {
+        if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != AF_INET6) continue;
+        local = std::memcmp(&reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, &addr,
+                            sizeof(addr)) == 0;
+      }
+    }
+  }
+  if (interfaces != nullptr) ::freeifaddrs(interfaces);
+  ::freeaddrinfo(resolved);
+  return local;
+}
+
+// The registry reaches this daemon's own store in process (no TCP round
+// trip, waits woken by the store), any other over TCP.
+JobStoreAccess ReachJobStore(StoreServer* own, const std::string& master,
+                             const std::string& token) {
+  std::string host;
+  int port = 0;
+  if (own != nullptr && SplitHostPort(master, &host, &port).ok() && port == own->port() &&
+      IsThisMachine(host)) {
+    JobStoreAccess access;
+    access.connect = [own]() -> absl::StatusOr<std::unique_ptr<Store>> {
+      return std::unique_ptr<Store>(std::make_unique<LocalStore>(own));
+    };
+    access.watch = [own](std::vector<std::string> keys, std::function<void(absl::Status)> ready) {
+      return LocalStore::Watch(own, std::move(keys), std::move(ready));
+    };
+    return access;
+  }
+  return TcpJobStore(master, token);
+}
 
 std::string Hostname() {
   char buf[256] = {};
@@ -96,6 +155,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.max_group_size = options.max_group_size;
   registry_options.max_jobs = options.max_jobs;
   registry_options.job_grace = options.job_grace;
+  StoreServer* own_store = daemon->store_.get();
+  std::string store_token = options.store.token;
+  registry_options.job_store = [own_store, store_token](const std::string& master) {
+    return ReachJobStore(own_store, master, store_token);
+  };
   const AccessPolicy* policy = daemon->access_.get();
   daemon->registry_ = std::make_unique<Registry>(registry_options);
   daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get(), policy);

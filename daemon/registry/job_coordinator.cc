@@ -6,6 +6,7 @@
 #include "absl/strings/str_split.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "muster/tcp_store.h"
 
 namespace muster {
 namespace {
@@ -29,6 +30,13 @@ RemoteRank DecodeRank(int rank, const std::string& text) {
 
 std::string RankKey(int rank) { return absl::StrCat("rank/", rank); }
 
+// A condition: the wake counter moved past what a waiter saw.
+struct WakeArgs {
+  const uint64_t* wakes;
+  uint64_t seen;
+};
+bool Woken(WakeArgs* a) { return *a->wakes != a->seen; }
+
 }  // namespace
 
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port) {
@@ -47,21 +55,42 @@ absl::Status SplitHostPort(const std::string& address, std::string* host, int* p
   return absl::OkStatus();
 }
 
-JobCoordinator::JobCoordinator(std::string job_id, int64_t generation, std::string master,
-                               std::string token)
-    : job_id_(std::move(job_id)),
-      prefix_(absl::StrCat("muster/", job_id_, "/", generation, "/")),
-      token_(std::move(token)) {
-  address_status_ = SplitHostPort(master, &host_, &port_);
+JobStoreAccess TcpJobStore(const std::string& master, const std::string& token) {
+  TcpStoreOptions options;
+  absl::Status address = SplitHostPort(master, &options.host, &options.port);
+  options.token = token;
+  options.connect_timeout = absl::Seconds(1);
+  options.timeout = absl::Seconds(30);
+  JobStoreAccess access;
+  access.connect = [address, options]() -> absl::StatusOr<std::unique_ptr<Store>> {
+    RETURN_IF_ERROR(address);
+    ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> store, TcpStore::Connect(options));
+    return std::unique_ptr<Store>(std::move(store));
+  };
+  return access;
 }
 
+JobCoordinator::JobCoordinator(std::string job_id, int64_t generation, JobStoreAccess access)
+    : job_id_(std::move(job_id)),
+      prefix_(absl::StrCat("muster/", job_id_, "/", generation, "/")),
+      access_(std::move(access)) {}
+
 JobCoordinator::~JobCoordinator() {
-  stopping_ = true;
+  Cancel();
   if (watcher_.joinable()) watcher_.join();
 }
 
-absl::StatusOr<std::unique_ptr<TcpStore>> JobCoordinator::Acquire() {
-  RETURN_IF_ERROR(address_status_);
+void JobCoordinator::Cancel() {
+  stopping_ = true;
+  Interrupt();
+}
+
+void JobCoordinator::Interrupt() {
+  absl::MutexLock lock(&wake_mu_);
+  ++wakes_;
+}
+
+absl::StatusOr<std::unique_ptr<Store>> JobCoordinator::Acquire() {
   {
     absl::MutexLock lock(&mu_);
     if (!idle_.empty()) {
@@ -70,29 +99,84 @@ absl::StatusOr<std::unique_ptr<TcpStore>> JobCoordinator::Acquire() {
       return store;
     }
   }
-  TcpStoreOptions options;
-  options.host = host_;
-  options.port = port_;
-  options.token = token_;
-  options.connect_timeout = absl::Seconds(1);
-  options.timeout = absl::Seconds(30);
   // The job's store may start after this daemon: keep trying for a while,
   // in short attempts so that Cancel() is noticed.
   absl::Time give_up = absl::Now() + absl::Minutes(5);
   while (true) {
     if (stopping_) return absl::UnavailableError("musterd is shutting down");
-    auto store = TcpStore::Connect(options);
+    auto store = access_.connect();
     if (store.ok()) return store;
     if (store.status().code() != absl::StatusCode::kUnavailable || absl::Now() > give_up) {
       return Annotate(store.status(),
                       absl::StrCat("job ", job_id_, ": cannot reach the job's store"));
     }
+    absl::MutexLock lock(&wake_mu_);
+    WakeArgs args{&wakes_, wakes_};
+    wake_mu_.AwaitWithTimeout(absl::Condition(&Woken, &args), absl::Milliseconds(50));
   }
 }
 
-void JobCoordinator::Release(std::unique_ptr<TcpStore> store) {
+void JobCoordinator::Release(std::unique_ptr<Store> store) {
   absl::MutexLock lock(&mu_);
   if (idle_.size() < kMaxIdleConnections) idle_.push_back(std::move(store));
+}
+
+absl::Status JobCoordinator::WaitForKeys(Store& store, const std::vector<std::string>& keys,
+                                         absl::Time deadline,
+                                         const std::function<std::string()>& interrupted) {
+  auto check = [&]() -> absl::Status {
+    if (stopping_) return absl::UnavailableError("musterd is shutting down");
+    std::string reason = interrupted();
+    if (!reason.empty()) return absl::AbortedError(reason);
+    return absl::OkStatus();
+  };
+  if (!access_.watch) {
+    // Polled: a wait in slices, re-checking between them.
+    while (true) {
+      RETURN_IF_ERROR(check());
+      absl::Duration left = deadline - absl::Now();
+      if (left <= absl::ZeroDuration()) return absl::DeadlineExceededError("timed out");
+      absl::Status s = store.Wait(keys, std::min(left, kSlice));
+      if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+    }
+  }
+  // Notified: the store tells when the keys exist, Interrupt() when to
+  // re-check; no polling.
+  struct Ready {
+    bool done = false;
+    absl::Status status;
+  };
+  auto ready = std::make_shared<Ready>();  // guarded by wake_mu_
+  JobStoreAccess::Cancel cancel = access_.watch(keys, [this, ready](absl::Status s) {
+    absl::MutexLock lock(&wake_mu_);
+    ready->done = true;
+    ready->status = std::move(s);
+    ++wakes_;
+  });
+  absl::Status result;
+  while (true) {
+    uint64_t seen;
+    {
+      absl::MutexLock lock(&wake_mu_);
+      seen = wakes_;
+      if (ready->done) {
+        result = ready->status;
+        break;
+      }
+    }
+    if (absl::Status s = check(); !s.ok()) {
+      result = s;
+      break;
+    }
+    absl::MutexLock lock(&wake_mu_);
+    WakeArgs args{&wakes_, seen};
+    if (!wake_mu_.AwaitWithDeadline(absl::Condition(&Woken, &args), deadline)) {
+      result = absl::DeadlineExceededError("timed out");
+      break;
+    }
+  }
+  cancel();
+  return result;
 }
 
 absl::Status JobCoordinator::PublishRank(int world_size, const RemoteRank& rank) {
@@ -148,21 +232,16 @@ absl::Status JobCoordinator::AwaitArrivals(const std::string& key, const std::ve
   std::vector<std::string> keys;
   for (int r : ranks) keys.push_back(absl::StrCat(prefix_, key, "/", r));
   ASSIGN_OR_RETURN(auto store, Acquire());
-  while (true) {
-    std::string reason = abort_reason();
-    if (!reason.empty()) {
-      Release(std::move(store));
-      return absl::AbortedError(absl::StrCat(what, " aborted: ", reason));
-    }
-    absl::Duration left = deadline - absl::Now();
-    if (left <= absl::ZeroDuration()) break;
-    absl::Status s = store->Wait(keys, std::min(left, kSlice));
-    if (s.ok()) {
-      Release(std::move(store));
-      return absl::OkStatus();
-    }
-    if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
+  absl::Status s = WaitForKeys(*store, keys, deadline, abort_reason);
+  if (s.ok()) {
+    Release(std::move(store));
+    return s;
   }
+  if (s.code() == absl::StatusCode::kAborted) {
+    Release(std::move(store));
+    return absl::AbortedError(absl::StrCat(what, " aborted: ", s.message()));
+  }
+  if (s.code() != absl::StatusCode::kDeadlineExceeded) return s;
   std::vector<int> missing;
   for (size_t i = 0; i < keys.size(); ++i) {
     auto present = store->Check({keys[i]});
@@ -200,38 +279,51 @@ absl::Status JobCoordinator::ReportFailure(const FailureRecord& f) {
 }
 
 void JobCoordinator::WatchFailures(std::function<void(const FailureRecord&)> on_failure) {
-  watcher_ = std::thread([this, on_failure = std::move(on_failure)] {
-    int64_t seen = 0;
-    std::unique_ptr<TcpStore> store;
-    while (!stopping_) {
-      if (store == nullptr) {
-        auto s = Acquire();
-        if (!s.ok()) {
-          absl::SleepFor(absl::Milliseconds(500));
-          continue;
-        }
-        store = std::move(*s);
-      }
-      std::string key = absl::StrCat(prefix_, "failure/", seen + 1);
-      auto value = store->Get(key, absl::Milliseconds(500));
-      if (!value.ok()) {
-        if (value.status().code() != absl::StatusCode::kDeadlineExceeded) store.reset();
+  watcher_ =
+      std::thread([this, on_failure = std::move(on_failure)] { RunFailureWatcher(on_failure); });
+}
+
+void JobCoordinator::RunFailureWatcher(
+    const std::function<void(const FailureRecord&)>& on_failure) {
+  int64_t seen = 0;
+  std::unique_ptr<Store> store;
+  auto never = [] { return std::string(); };
+  while (!stopping_) {
+    if (store == nullptr) {
+      auto s = Acquire();
+      if (!s.ok()) {
+        absl::SleepFor(absl::Milliseconds(500));
         continue;
       }
-      ++seen;
-      std::vector<std::string> f =
-          absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 3));
-      FailureRecord record;
-      if (f.size() == 4 && absl::SimpleAtoi(f[0], &record.rank) &&
-          absl::SimpleAtoi(f[2], &record.pid)) {
-        record.host = f[1];
-        record.reason = f[3];
-        on_failure(record);
-      } else {
-        MLOG(WARNING) << "job " << job_id_ << ": malformed failure record " << key;
-      }
+      store = std::move(*s);
     }
-  });
+    std::string key = absl::StrCat(prefix_, "failure/", seen + 1);
+    absl::Status present = WaitForKeys(*store, {key}, absl::InfiniteFuture(), never);
+    if (!present.ok()) {
+      if (present.code() != absl::StatusCode::kUnavailable || !stopping_) {
+        store.reset();  // a broken connection: reconnect
+        if (!stopping_) absl::SleepFor(absl::Milliseconds(100));
+      }
+      continue;
+    }
+    auto value = store->Get(key, absl::Seconds(5));
+    if (!value.ok()) {
+      store.reset();
+      continue;
+    }
+    ++seen;
+    std::vector<std::string> f =
+        absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 3));
+    FailureRecord record;
+    if (f.size() == 4 && absl::SimpleAtoi(f[0], &record.rank) &&
+        absl::SimpleAtoi(f[2], &record.pid)) {
+      record.host = f[1];
+      record.reason = f[3];
+      on_failure(record);
+    } else {
+      MLOG(WARNING) << "job " << job_id_ << ": malformed failure record " << key;
+    }
+  }
 }
 
 }  // namespace muster

@@ -9,8 +9,11 @@
 //   group/<name>/barrier/<seq>/<r>
 //   failures, failure/<n>    a counter and one record per failed rank
 // Traffic leaves the node once per operation, not once per rank: the daemon
-// aggregates its ranks (fan-in). Blocking waits run in slices so that a
-// caller can give up as soon as a failure is known.
+// aggregates its ranks (fan-in). How the store is reached is injected
+// (JobStoreAccess): musterd reaches its own node's store in process, where
+// the store wakes waits when keys appear and Interrupt() wakes them when
+// something else changed (an abort, a failure); a store on another node is
+// reached over TCP and its waits are re-checked every 200 ms.
 //
 // Thread-safe: each call borrows a connection from a small pool.
 #ifndef MUSTER_DAEMON_REGISTRY_JOB_COORDINATOR_H_
@@ -28,7 +31,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "muster/tcp_store.h"
+#include "muster/store.h"
 
 namespace muster {
 
@@ -49,15 +52,34 @@ struct FailureRecord {
 // "host:port" or "[v6]:port" -> host, port.
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
 
+// How a coordinator reaches the job's store.
+struct JobStoreAccess {
+  // A new connection; UNAVAILABLE while the store cannot be reached yet
+  // (retried for a while).
+  std::function<absl::StatusOr<std::unique_ptr<Store>>()> connect;
+  // Optional (in-process stores): calls `ready` once every key exists, or
+  // with an error if the store goes away; returns a function that cancels
+  // it (never called from within `ready`). Without it, waits are re-checked
+  // in slices.
+  using Cancel = std::function<void()>;
+  std::function<Cancel(std::vector<std::string> keys, std::function<void(absl::Status)> ready)>
+      watch;
+};
+
+// The job store at `master` ("host:port") over TCP, with `token`.
+JobStoreAccess TcpJobStore(const std::string& master, const std::string& token);
+
 class JobCoordinator {
  public:
-  // `master` is "host:port" of the authoritative store; `token` its token.
-  JobCoordinator(std::string job_id, int64_t generation, std::string master, std::string token);
+  JobCoordinator(std::string job_id, int64_t generation, JobStoreAccess access);
   ~JobCoordinator();
 
   const std::string& prefix() const { return prefix_; }
   // Makes pending and later calls give up (the daemon is stopping).
-  void Cancel() { stopping_ = true; }
+  void Cancel();
+  // Makes pending waits re-check their abort reason now (call after
+  // anything that may change one).
+  void Interrupt();
 
   // Publishes a rank. AlreadyExists if another process holds that rank;
   // InvalidArgument if the world size differs from what other ranks said.
@@ -81,18 +103,25 @@ class JobCoordinator {
   void WatchFailures(std::function<void(const FailureRecord&)> on_failure);
 
  private:
-  absl::StatusOr<std::unique_ptr<TcpStore>> Acquire();
-  void Release(std::unique_ptr<TcpStore> store);
+  absl::StatusOr<std::unique_ptr<Store>> Acquire();
+  void Release(std::unique_ptr<Store> store);
+  // Waits until every key exists (OK), `deadline` (DeadlineExceeded),
+  // Cancel or `interrupted()` turning true (Aborted, its reason).
+  absl::Status WaitForKeys(Store& store, const std::vector<std::string>& keys, absl::Time deadline,
+                           const std::function<std::string()>& interrupted);
+  void RunFailureWatcher(const std::function<void(const FailureRecord&)>& on_failure);
 
   const std::string job_id_;
   const std::string prefix_;
-  std::string host_;
-  int port_ = 0;
-  absl::Status address_status_;
-  const std::string token_;
+  const JobStoreAccess access_;
 
   absl::Mutex mu_;
-  std::vector<std::unique_ptr<TcpStore>> idle_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::unique_ptr<Store>> idle_ ABSL_GUARDED_BY(mu_);
+
+  // Counts Interrupt() calls and watch notifications: waiters sleep until
+  // it changes.
+  absl::Mutex wake_mu_;
+  uint64_t wakes_ ABSL_GUARDED_BY(wake_mu_) = 0;
 
   std::atomic<bool> stopping_{false};
   std::thread watcher_;  // owned; polls failure records until stopping_

@@ -13,6 +13,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace muster {
 namespace {
@@ -81,6 +82,7 @@ Registry::Registry(RegistryOptions options)
     daemon_id_ =
         absl::StrCat(options_.hostname, "/", ::getpid(), "/", absl::ToUnixNanos(absl::Now()));
   }
+  pool_ = std::make_unique<WorkerPool>(options_.max_workers, /*reserved_for_short=*/4);
   reaper_ = std::thread([this] { ReapLoop(); });
 }
 
@@ -93,20 +95,23 @@ void Registry::EndSessions(const std::string& reason) {
     for (auto& [r, rank] : job.ranks) {
       if (rank.local && rank.sink != nullptr) rank.sink->End(reason);
     }
+    InterruptWaits(job);
   }
 }
 
 void Registry::Shutdown() {
-  std::vector<std::shared_ptr<JobCoordinator>> coordinators;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     for (auto& [id, job] : jobs_) {
       if (job.coordinator != nullptr) job.coordinator->Cancel();
     }
-    // Workers notice stopping_ within one wait slice.
-    mu_.Await(absl::Condition(
-        +[](int* active) { return *active == 0; }, &active_workers_));
+  }
+  // Cancelled coordinators end their waits at once.
+  pool_->Drain();
+  std::vector<std::shared_ptr<JobCoordinator>> coordinators;
+  {
+    absl::MutexLock lock(&mu_);
     for (auto& [id, job] : jobs_) {
       if (job.coordinator != nullptr) coordinators.push_back(std::move(job.coordinator));
       // UNAVAILABLE: the segments' members are this daemon's ranks, which
@@ -180,16 +185,12 @@ absl::Status Registry::CheckAccess(const std::string& job_id, const Caller& who)
   return Authorize(*job, who);
 }
 
-void Registry::Spawn(std::function<void()> fn) {
-  {
-    absl::MutexLock lock(&mu_);
-    ++active_workers_;
-  }
-  std::thread([this, fn = std::move(fn)] {
-    fn();
-    absl::MutexLock lock(&mu_);
-    --active_workers_;
-  }).detach();
+void Registry::Spawn(WorkerPool::Kind kind, std::function<void()> fn) {
+  pool_->Run(kind, std::move(fn));
+}
+
+void Registry::InterruptWaits(Job& job) {
+  if (job.coordinator != nullptr) job.coordinator->Interrupt();
 }
 
 std::string Registry::DescribeRank(const v1::RankInfo& info) {
@@ -223,35 +224,90 @@ absl::StatusOr<Registry::Job*> Registry::CallerJob(const v1::RankId& caller, con
   return job;
 }
 
+absl::Status ValidateRegisterRequest(const v1::RegisterRequest& req,
+                                     const RegistryOptions& options) {
+  int rank = req.rank().global_rank();
+  RETURN_IF_ERROR(ValidateJobId(req.rank().job_id()));
+  if (req.world_size() < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size must be >= 1, got ", req.world_size()));
+  }
+  if (req.world_size() > options.max_world_size) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world size ", req.world_size(),
+                     " exceeds this daemon's --max-world-size=", options.max_world_size));
+  }
+  if (rank < 0 || rank >= req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the world of size ",
+                                                   req.world_size(), " (ranks 0..",
+                                                   req.world_size() - 1, ")"));
+  }
+  if (req.local_world_size() > 0 &&
+      (req.local_rank() < 0 || req.local_rank() >= req.local_world_size())) {
+    return absl::InvalidArgumentError(absl::StrCat("local rank ", req.local_rank(),
+                                                   " is outside the local world of size ",
+                                                   req.local_world_size()));
+  }
+  if (req.pid() <= 0) return absl::InvalidArgumentError("pid must be positive");
+  std::string host;
+  int port = 0;
+  return SplitHostPort(req.master_store_address(), &host, &port);
+}
+
+absl::Status ValidateGroupRanks(const std::vector<int>& ranks, int world_size,
+                                const std::string& name) {
+  if (ranks.empty()) return absl::InvalidArgumentError("a group needs at least one rank");
+  std::set<int> seen;
+  for (int r : ranks) {
+    if (r < 0 || r >= world_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "rank ", r, " in group '", name, "' is outside the world of size ", world_size));
+    }
+    if (!seen.insert(r).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " appears twice in group '", name, "'"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Registry::ValidateJoin(const Job& job, const v1::RegisterRequest& req,
+                                    const Caller& who) {
+  const v1::RankId& id = req.rank();
+  int rank = id.global_rank();
+  if (job.owner_uid != who.uid) {
+    return absl::PermissionDeniedError(absl::StrCat("job '", id.job_id(),
+                                                    "' on this daemon runs as uid ", job.owner_uid,
+                                                    "; rank ", rank, " runs as ", who.description));
+  }
+  if (job.world_size != req.world_size()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " says world size ",
+                                                   req.world_size(), " but job '", id.job_id(),
+                                                   "' has world size ", job.world_size));
+  }
+  if (job.master != req.master_store_address()) {
+    return absl::InvalidArgumentError(absl::StrCat("rank ", rank, " uses store ",
+                                                   req.master_store_address(), " but job '",
+                                                   id.job_id(), "' uses ", job.master));
+  }
+  auto it = job.ranks.find(rank);
+  if (it != job.ranks.end() &&
+      (it->second.local || it->second.info.state() != v1::RANK_STATE_UNSPECIFIED)) {
+    const v1::RankInfo& other = it->second.info;
+    return absl::AlreadyExistsError(
+        absl::StrCat("rank ", rank, " of job '", id.job_id(), "' is already registered (host ",
+                     other.host(), ", pid ", other.pid(), ", ",
+                     other.state() == v1::RANK_STATE_ALIVE ? "alive" : "no longer alive",
+                     "); a restarted job needs a new generation"));
+  }
+  return absl::OkStatus();
+}
+
 void Registry::Register(const v1::RegisterRequest& req, const Caller& who, SessionSink* sink,
                         RegisterDone done) {
   const v1::RankId& id = req.rank();
   int rank = id.global_rank();
-  absl::Status bad = ValidateJobId(id.job_id());
-  if (bad.ok() && req.world_size() < 1) {
-    bad =
-        absl::InvalidArgumentError(absl::StrCat("world size must be >= 1, got ", req.world_size()));
-  }
-  if (bad.ok() && req.world_size() > options_.max_world_size) {
-    bad = absl::InvalidArgumentError(
-        absl::StrCat("world size ", req.world_size(),
-                     " exceeds this daemon's --max-world-size=", options_.max_world_size));
-  }
-  if (bad.ok() && (rank < 0 || rank >= req.world_size())) {
-    bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " is outside the world of size ",
-                                                  req.world_size(), " (ranks 0..",
-                                                  req.world_size() - 1, ")"));
-  }
-  if (bad.ok() && req.local_world_size() > 0 &&
-      (req.local_rank() < 0 || req.local_rank() >= req.local_world_size())) {
-    bad = absl::InvalidArgumentError(absl::StrCat("local rank ", req.local_rank(),
-                                                  " is outside the local world of size ",
-                                                  req.local_world_size()));
-  }
-  if (bad.ok() && req.pid() <= 0) bad = absl::InvalidArgumentError("pid must be positive");
-  std::string host;
-  int port = 0;
-  if (bad.ok()) bad = SplitHostPort(req.master_store_address(), &host, &port);
+  absl::Status bad = ValidateRegisterRequest(req, options_);
   if (!bad.ok()) {
     MLOG(WARNING) << "refused a registration from " << who.description << ": " << bad.message();
     done(bad);
@@ -260,7 +316,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
   // The kernel's word on who the rank is, over the client's.
   int64_t pid = who.pid > 0 ? who.pid : req.pid();
 
-  std::shared_ptr<JobCoordinator> coordinator;
+  std::shared_ptr<JobCoordinator> coordinator, retired;
   std::string session_id;
   {
     absl::MutexLock lock(&mu_);
@@ -280,14 +336,11 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
                          " asked for generation ", req.generation()));
       } else {
         ReleaseSegments(*job, "the job was restarted");
-        jobs_.erase(id.job_id());  // a restart: start the new attempt afresh
+        if (job->coordinator != nullptr) job->coordinator->Cancel();
+        retired = std::move(job->coordinator);  // joined outside the lock
+        jobs_.erase(id.job_id());               // a restart: start the new attempt afresh
         job = nullptr;
       }
-    }
-    if (bad.ok() && job != nullptr && job->owner_uid != who.uid) {
-      bad = absl::PermissionDeniedError(
-          absl::StrCat("job '", id.job_id(), "' on this daemon runs as uid ", job->owner_uid,
-                       "; rank ", rank, " runs as ", who.description));
     }
     if (bad.ok() && job == nullptr && static_cast<int>(jobs_.size()) >= options_.max_jobs) {
       bad = absl::ResourceExhaustedError(
@@ -295,28 +348,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
                        "); a finished job is removed ", absl::FormatDuration(options_.job_grace),
                        " after its last rank left"));
     }
-    if (bad.ok() && job != nullptr && job->world_size != req.world_size()) {
-      bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " says world size ",
-                                                    req.world_size(), " but job '", id.job_id(),
-                                                    "' has world size ", job->world_size));
-    }
-    if (bad.ok() && job != nullptr && job->master != req.master_store_address()) {
-      bad = absl::InvalidArgumentError(absl::StrCat("rank ", rank, " uses store ",
-                                                    req.master_store_address(), " but job '",
-                                                    id.job_id(), "' uses ", job->master));
-    }
-    if (bad.ok() && job != nullptr) {
-      auto it = job->ranks.find(rank);
-      if (it != job->ranks.end() &&
-          (it->second.local || it->second.info.state() != v1::RANK_STATE_UNSPECIFIED)) {
-        const v1::RankInfo& other = it->second.info;
-        bad = absl::AlreadyExistsError(
-            absl::StrCat("rank ", rank, " of job '", id.job_id(), "' is already registered (host ",
-                         other.host(), ", pid ", other.pid(), ", ",
-                         other.state() == v1::RANK_STATE_ALIVE ? "alive" : "no longer alive",
-                         "); a restarted job needs a new generation"));
-      }
-    }
+    if (bad.ok() && job != nullptr) bad = ValidateJoin(*job, req, who);
     if (!bad.ok()) {
       // fall through to done() below, outside the lock
     } else {
@@ -327,8 +359,10 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
         fresh.world_size = req.world_size();
         fresh.master = req.master_store_address();
         fresh.owner_uid = who.uid;
-        fresh.coordinator = std::make_shared<JobCoordinator>(fresh.id, fresh.generation,
-                                                             fresh.master, options_.store_token);
+        fresh.coordinator = std::make_shared<JobCoordinator>(
+            fresh.id, fresh.generation,
+            options_.job_store ? options_.job_store(fresh.master)
+                               : TcpJobStore(fresh.master, options_.store_token));
         job = &jobs_.emplace(fresh.id, std::move(fresh)).first->second;
         std::string job_id = job->id;
         job->coordinator->WatchFailures([this, job_id](const FailureRecord& f) {
@@ -357,6 +391,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
       coordinator = job->coordinator;
     }
   }
+  retired.reset();
   if (!bad.ok()) {
     MLOG(WARNING) << "refused a registration from " << who.description << ": " << bad.message();
     done(bad);
@@ -369,7 +404,8 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
   me.daemon = daemon_id_;
   int world = req.world_size();
   std::string job_id = id.job_id();
-  Spawn([this, coordinator, me, world, job_id, rank, session_id, done = std::move(done)] {
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, me, world, job_id, rank, session_id,
+                                   done = std::move(done)] {
     absl::Status published = coordinator->PublishRank(world, me);
     v1::Registered registered;
     {
@@ -416,6 +452,7 @@ void Registry::Leave(const std::string& session_id) {
     it->second.info.set_state(v1::RANK_STATE_LEFT);
     MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
     if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
+    InterruptWaits(*job);
   }
   NoteIfIdle(*job);
 }
@@ -450,7 +487,7 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
   std::string job_id = job_id_of_session;
   // The stream can close a moment before the kernel marks the process as
   // exited: give it a little time, so the message says what happened.
-  Spawn([this, coordinator, record, job_id]() mutable {
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, record, job_id]() mutable {
     bool gone = false;
     for (int i = 0; i < 30 && !(gone = ProcessGone(record.pid)); ++i) {
       absl::SleepFor(absl::Milliseconds(10));
@@ -498,6 +535,7 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
   }
   if (observer_ != nullptr && r.local) observer_->RankGone(job.id, rank);
   if (r.local) NoteIfIdle(job);
+  InterruptWaits(job);
   v1::SessionServerMessage event;
   *event.mutable_rank_failed()->mutable_rank() = r.info;
   for (auto& [other, rec] : job.ranks) {
@@ -574,21 +612,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
         job = *j;
       }
     }
-    if (bad.ok()) {
-      if (ranks.empty()) bad = absl::InvalidArgumentError("a group needs at least one rank");
-      std::set<int> seen;
-      for (int r : ranks) {
-        if (!bad.ok()) break;
-        if (r < 0 || r >= job->world_size) {
-          bad = absl::InvalidArgumentError(absl::StrCat("rank ", r, " in group '", req.name(),
-                                                        "' is outside the world of size ",
-                                                        job->world_size));
-        } else if (!seen.insert(r).second) {
-          bad = absl::InvalidArgumentError(
-              absl::StrCat("rank ", r, " appears twice in group '", req.name(), "'"));
-        }
-      }
-    }
+    if (bad.ok()) bad = ValidateGroupRanks(ranks, job->world_size, req.name());
     bool local_sync = req.options().local_synchronization();
     if (bad.ok() && local_sync && std::find(ranks.begin(), ranks.end(), caller) == ranks.end()) {
       bad = absl::InvalidArgumentError(
@@ -653,7 +677,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
   std::string name = req.name();
   // Every caller publishes its own arrival; the first local caller also
   // waits for the others on behalf of all local ranks (fan-in).
-  Spawn([this, coordinator, job_id, name, spec, caller, start_waiter] {
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, name, spec, caller, start_waiter] {
     absl::Status s = coordinator->PublishGroupSpec(name, spec);
     if (s.ok()) s = coordinator->Arrive(absl::StrCat("group/", name, "/arrived"), {caller});
     if (!s.ok()) {
@@ -672,7 +696,9 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
       for (auto& d : failed) d(s);
       return;
     }
-    if (start_waiter) FormGroup(job_id, name);
+    if (start_waiter) {
+      Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name] { FormGroup(job_id, name); });
+    }
   });
 }
 
@@ -811,11 +837,14 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
   std::string job_id = req.caller().job_id();
   std::string name = req.name();
   int64_t seq = req.sequence();
-  Spawn([this, coordinator, job_id, name, seq, caller, members, timeout, start_waiter] {
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, name, seq, caller, members, timeout,
+                                   start_waiter] {
     absl::Status s = coordinator->Arrive(absl::StrCat("group/", name, "/barrier/", seq), {caller});
     if (s.ok() && !start_waiter) return;
     if (s.ok()) {
-      RunBarrier(job_id, name, seq, members, timeout);
+      Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name, seq, members, timeout] {
+        RunBarrier(job_id, name, seq, members, timeout);
+      });
       return;
     }
     std::vector<StatusDone> failed;
@@ -900,6 +929,7 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
   if (observer_ != nullptr) {
     observer_->GroupBroken(job_id, name, absl::StrCat("group aborted: ", it->second.abort_reason));
   }
+  InterruptWaits(*job);
   return absl::OkStatus();
 }
 
@@ -940,6 +970,7 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
       observer_->GroupBroken(job_id, name, absl::StrCat("job aborted: ", job->abort_reason));
     }
   }
+  InterruptWaits(*job);
   v1::SessionServerMessage event;
   event.mutable_job_aborted()->set_job_id(job_id);
   event.mutable_job_aborted()->set_reason(job->abort_reason);

@@ -19,10 +19,16 @@
 // others get PERMISSION_DENIED. Jobs whose every local rank left or failed
 // are removed `job_grace` later, with their store connections and threads.
 //
+// The job's store is reached through RegistryOptions::job_store (musterd
+// reaches its own node's store in process, with notified waits; a unit test
+// gives an in-memory store). Whatever changes why a wait should give up (a
+// failure, an abort, shutdown) interrupts the job's waits at once.
+//
 // Thread-safety: all methods are thread-safe and never block on the network;
-// work that talks to the store runs on worker threads owned by the
-// registry, and results are delivered through callbacks (never called with
-// the registry's lock held). SessionSink::Push is called with the lock held.
+// work that talks to the store runs on a bounded pool of worker threads
+// owned by the registry (WorkerPool), and results are delivered through
+// callbacks (never called with the registry's lock held). SessionSink::Push
+// is called with the lock held.
 #ifndef MUSTER_DAEMON_REGISTRY_REGISTRY_H_
 #define MUSTER_DAEMON_REGISTRY_REGISTRY_H_
 
@@ -40,6 +46,7 @@
 #include "backends/shm/segment.h"
 #include "daemon/access/caller.h"
 #include "daemon/registry/job_coordinator.h"
+#include "daemon/registry/worker_pool.h"
 #include "proto/groups.pb.h"
 #include "proto/session.pb.h"
 
@@ -89,7 +96,22 @@ struct RegistryOptions {
   int max_jobs = 1024;
   // How long a job stays listed after its last local rank left or failed.
   absl::Duration job_grace = absl::Seconds(60);
+  // How the registry reaches the job store at `master` ("host:port");
+  // unset: over TCP with store_token (TcpJobStore).
+  std::function<JobStoreAccess(const std::string& master)> job_store;
+  // Worker threads for store traffic and waits (a few are kept for short
+  // tasks, so that waits never starve the arrivals they wait for).
+  int max_workers = 64;
 };
+
+// Checks a rank's registration on its own (ids, sizes, the store address);
+// InvalidArgument naming what is wrong.
+absl::Status ValidateRegisterRequest(const v1::RegisterRequest& request,
+                                     const RegistryOptions& options);
+// The ranks of group `name` in a world of `world_size`: not empty, in range,
+// no duplicates.
+absl::Status ValidateGroupRanks(const std::vector<int>& ranks, int world_size,
+                                const std::string& name);
 
 class Registry {
  public:
@@ -208,8 +230,14 @@ class Registry {
     absl::Time idle_since = absl::InfiniteFuture();
   };
 
-  // Runs `fn` on a registry-owned worker thread.
-  void Spawn(std::function<void()> fn);
+  // Runs `fn` on the registry's worker pool.
+  void Spawn(WorkerPool::Kind kind, std::function<void()> fn);
+  // Whether `rank` of `job` may join it as described by `request` from
+  // `who` (generation, owner, world size, store, a rank already held).
+  static absl::Status ValidateJoin(const Job& job, const v1::RegisterRequest& request,
+                                   const Caller& who);
+  // Makes waits of `job` re-check why they might give up.
+  static void InterruptWaits(Job& job);
   Job* FindJob(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The job of a rank calling through `who`: it must be a live local rank
   // of a job `who` may access.
@@ -252,7 +280,7 @@ class Registry {
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_segment_ ABSL_GUARDED_BY(mu_) = 1;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
-  int active_workers_ ABSL_GUARDED_BY(mu_) = 0;
+  std::unique_ptr<WorkerPool> pool_;
   std::thread reaper_;
 };
 

@@ -1,0 +1,275 @@
+// The registry driven directly, over an in-process store (a real
+// StoreServer reached through LocalStore, no TCP): registration, group
+// formation and barriers, failures and aborts that end pending waits at
+// once, and the Validate* helpers.
+#include "daemon/registry/registry.h"
+
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <memory>
+
+#include "absl/synchronization/notification.h"
+#include "daemon/store/local_store.h"
+#include "daemon/store/store_server.h"
+
+namespace muster {
+namespace {
+
+class RecordingSink : public SessionSink {
+ public:
+  void Push(const v1::SessionServerMessage& message) override {
+    absl::MutexLock lock(&mu_);
+    pushed_.push_back(message);
+  }
+  void End(const std::string& reason) override {
+    absl::MutexLock lock(&mu_);
+    ended_ = reason;
+  }
+  int rank_failures() {
+    absl::MutexLock lock(&mu_);
+    int n = 0;
+    for (const auto& m : pushed_) n += m.has_rank_failed();
+    return n;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::SessionServerMessage> pushed_;
+  std::string ended_;
+};
+
+template <typename T>
+struct Result {
+  absl::Notification done;
+  T value = T(absl::UnknownError("unset"));
+  std::function<void(T)> callback() {
+    return [this](T v) {
+      value = std::move(v);
+      done.Notify();
+    };
+  }
+  const T& Await() {
+    REQUIRE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+    return value;
+  }
+};
+
+// A registry whose job store is a StoreServer in this process.
+struct Fixture {
+  std::unique_ptr<StoreServer> store;
+  std::unique_ptr<Registry> registry;
+  std::string master;
+  Caller caller;
+  std::vector<std::unique_ptr<RecordingSink>> sinks;
+  std::map<int, std::string> sessions;
+
+  Fixture() {
+    StoreServerOptions store_options;
+    store_options.listen_address = "127.0.0.1";
+    store_options.port = 0;
+    auto started = StoreServer::Start(store_options);
+    REQUIRE(started.ok());
+    store = std::move(*started);
+    master = absl::StrCat("127.0.0.1:", store->port());
+    RegistryOptions options;
+    options.hostname = "node-a";
+    options.job_grace = absl::Seconds(60);
+    StoreServer* server = store.get();
+    options.job_store = [server](const std::string&) {
+      JobStoreAccess access;
+      access.connect = [server]() -> absl::StatusOr<std::unique_ptr<Store>> {
+        return std::unique_ptr<Store>(std::make_unique<LocalStore>(server));
+      };
+      access.watch = [server](std::vector<std::string> keys,
+                              std::function<void(absl::Status)> ready) {
+        return LocalStore::Watch(server, std::move(keys), std::move(ready));
+      };
+      return access;
+    };
+    registry = std::make_unique<Registry>(options);
+    caller.via = Caller::Via::kUnixSocket;
+    caller.uid = ::getuid();
+    caller.pid = ::getpid();
+    caller.description = "test rank";
+  }
+  ~Fixture() {
+    registry->Shutdown();
+    store->Stop();
+  }
+
+  v1::RegisterRequest Request(int rank, int world_size) {
+    v1::RegisterRequest req;
+    req.mutable_rank()->set_job_id("job");
+    req.mutable_rank()->set_global_rank(rank);
+    req.set_world_size(world_size);
+    req.set_local_rank(rank);
+    req.set_local_world_size(world_size);
+    req.set_pid(::getpid());
+    req.set_master_store_address(master);
+    return req;
+  }
+
+  absl::StatusOr<v1::Registered> Register(int rank, int world_size) {
+    sinks.push_back(std::make_unique<RecordingSink>());
+    Result<absl::StatusOr<v1::Registered>> r;
+    registry->Register(Request(rank, world_size), caller, sinks.back().get(), r.callback());
+    auto result = r.Await();
+    if (result.ok()) sessions[rank] = result->session_id();
+    return result;
+  }
+
+  v1::CreateGroupRequest Group(int caller_rank, std::vector<int> ranks, const std::string& name,
+                               absl::Duration timeout, bool local_sync = true) {
+    v1::CreateGroupRequest req;
+    req.mutable_caller()->set_job_id("job");
+    req.mutable_caller()->set_global_rank(caller_rank);
+    for (int r : ranks) req.add_ranks(r);
+    req.set_name(name);
+    req.mutable_options()->set_backend("gloo");
+    req.mutable_options()->mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+    req.mutable_options()->set_local_synchronization(local_sync);
+    return req;
+  }
+};
+
+TEST_CASE("ranks register and form a group through the in-process store") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "world", absl::Seconds(30), false), f.caller,
+                          g0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "world", absl::Seconds(30), false), f.caller,
+                          g1.callback());
+  REQUIRE(g0.Await().ok());
+  REQUIRE(g1.Await().ok());
+  CHECK(g0.value->members_size() == 2);
+  CHECK(g0.value->state() == v1::GROUP_STATE_READY);
+  CHECK(g1.value->members(1).pid() == ::getpid());
+
+  // What the registry published is in the store, under the job attempt.
+  LocalStore store(f.store.get());
+  CHECK(*store.Get("muster/job/0/world_size", absl::Seconds(1)) == "2");
+  CHECK(*store.Check({"muster/job/0/rank/0", "muster/job/0/rank/1",
+                      "muster/job/0/group/world/arrived/0", "muster/job/0/group/world/arrived/1"}));
+
+  Result<absl::Status> b0, b1;
+  auto barrier = [](int rank) {
+    v1::BarrierRequest req;
+    req.mutable_caller()->set_job_id("job");
+    req.mutable_caller()->set_global_rank(rank);
+    req.set_name("world");
+    req.set_sequence(1);
+    return req;
+  };
+  f.registry->Barrier(barrier(0), f.caller, b0.callback());
+  CHECK_FALSE(b0.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  f.registry->Barrier(barrier(1), f.caller, b1.callback());
+  CHECK(b0.Await().ok());
+  CHECK(b1.Await().ok());
+}
+
+TEST_CASE("a member's failure ends a pending formation at once, naming it") {
+  Fixture f;
+  REQUIRE(f.Register(0, 3).ok());
+  REQUIRE(f.Register(1, 3).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g;
+  // Rank 1 never creates the group; its 10-minute timeout is not what ends it.
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Minutes(10)), f.caller, g.callback());
+  CHECK_FALSE(g.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  absl::Time failed_at = absl::Now();
+  f.registry->Disconnected(f.sessions[1], f.sinks[1].get());
+  const auto& result = g.Await();
+  CHECK(absl::Now() - failed_at < absl::Seconds(5));
+  REQUIRE(result.status().code() == absl::StatusCode::kAborted);
+  CHECK(result.status().message().find("rank 1") != std::string::npos);
+  CHECK(f.sinks[0]->rank_failures() == 1);
+}
+
+TEST_CASE("an aborted group ends its pending formation; a timeout names who never came") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> aborted;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "g1", absl::Minutes(10)), f.caller,
+                          aborted.callback());
+  CHECK_FALSE(aborted.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  REQUIRE(f.registry->AbortGroup("job", "g1", "operator says stop", Caller::InProcess()).ok());
+  CHECK(aborted.Await().status().code() == absl::StatusCode::kAborted);
+  CHECK(aborted.value.status().message().find("operator says stop") != std::string::npos);
+
+  Result<absl::StatusOr<v1::GroupInfo>> late;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "g2", absl::Milliseconds(200)), f.caller,
+                          late.callback());
+  REQUIRE(late.Await().status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(late.value.status().message().find("never arrived: 1") != std::string::npos);
+}
+
+TEST_CASE("shutdown ends pending formations") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "g", absl::Minutes(10)), f.caller, g.callback());
+  CHECK_FALSE(g.done.WaitForNotificationWithTimeout(absl::Milliseconds(50)));
+  absl::Time start = absl::Now();
+  f.registry->Shutdown();
+  CHECK_FALSE(g.Await().ok());
+  CHECK(absl::Now() - start < absl::Seconds(5));
+}
+
+TEST_CASE("registrations are checked against the job") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  auto other_size = f.Register(1, 3);
+  CHECK(other_size.status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(other_size.status().message().find("world size 3") != std::string::npos);
+  auto twice = f.Register(0, 2);
+  CHECK(twice.status().code() == absl::StatusCode::kAlreadyExists);
+  Caller stranger = f.caller;
+  stranger.uid = f.caller.uid + 1;
+  stranger.description = "uid other";
+  Result<absl::StatusOr<v1::Registered>> r;
+  RecordingSink sink;
+  f.registry->Register(f.Request(1, 2), stranger, &sink, r.callback());
+  CHECK(r.Await().status().code() == absl::StatusCode::kPermissionDenied);
+}
+
+TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {
+  RegistryOptions options;
+  options.max_world_size = 8;
+  v1::RegisterRequest req;
+  req.mutable_rank()->set_job_id("job");
+  req.mutable_rank()->set_global_rank(1);
+  req.set_world_size(2);
+  req.set_pid(42);
+  req.set_master_store_address("host:29500");
+  CHECK(ValidateRegisterRequest(req, options).ok());
+  auto bad = [&](auto mutate, const std::string& says) {
+    v1::RegisterRequest r = req;
+    mutate(r);
+    absl::Status s = ValidateRegisterRequest(r, options);
+    CHECK(s.code() == absl::StatusCode::kInvalidArgument);
+    CHECK(s.message().find(says) != std::string::npos);
+  };
+  bad([](v1::RegisterRequest& r) { r.mutable_rank()->set_job_id("a/b"); }, "job id");
+  bad([](v1::RegisterRequest& r) { r.set_world_size(0); }, "world size must be >= 1");
+  bad([](v1::RegisterRequest& r) { r.set_world_size(9); }, "--max-world-size=8");
+  bad([](v1::RegisterRequest& r) { r.mutable_rank()->set_global_rank(2); }, "outside the world");
+  bad(
+      [](v1::RegisterRequest& r) {
+        r.set_local_world_size(2);
+        r.set_local_rank(5);
+      },
+      "local rank 5");
+  bad([](v1::RegisterRequest& r) { r.set_pid(0); }, "pid");
+  bad([](v1::RegisterRequest& r) { r.set_master_store_address("nohost"); }, "HOST:PORT");
+
+  CHECK(ValidateGroupRanks({0, 2}, 3, "g").ok());
+  CHECK(ValidateGroupRanks({}, 3, "g").message().find("at least one") != std::string::npos);
+  CHECK(ValidateGroupRanks({0, 3}, 3, "g").message().find("rank 3") != std::string::npos);
+  CHECK(ValidateGroupRanks({1, 1}, 3, "g").message().find("twice") != std::string::npos);
+}
+
+}  // namespace
+}  // namespace muster
