@@ -692,6 +692,12 @@ int main(int argc, char** argv) {
                                                    : absl::DeadlineExceededError("no such file"),
              "");
     } else if (cmd == "failures") {
+      // The report comes on the session stream, which may lag the reply
+      // of a call that failed because of it: give it up to 2 s.
+      absl::Time until = absl::Now() + absl::Seconds(2);
+      while (world->failures().empty() && absl::Now() < until) {
+        absl::SleepFor(absl::Milliseconds(10));
+      }
       report(step, absl::OkStatus(), absl::StrJoin(world->failures(), " | "));
     } else if (cmd == "sleep") {
       int ms = 0;

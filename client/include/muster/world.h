@@ -374,7 +374,9 @@ class World {
   absl::StatusOr<std::shared_ptr<Store>> store();
 
   // Failures of other ranks this rank was told about, as messages (and
-  // the end of this rank's session, if its musterd is gone).
+  // the end of this rank's session, if its musterd is gone). They come on
+  // the session stream, which may lag a moment behind the reply of a call
+  // that failed because of them.
   std::vector<std::string> failures() const;
 
   // OK while this rank's session with its musterd lives; once the daemon
