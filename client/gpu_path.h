@@ -30,7 +30,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backends/nccl/gpu_channel.h"
+#include "common/gpu_channel.h"
 #include "client/cuda_driver.h"
 #include "muster/world.h"
 #include "proto/gpu.pb.h"

@@ -12,8 +12,8 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
-#include "backends/nccl/fake_directory.h"
-#include "backends/nccl/fake_gpu_runtime.h"
+#include "daemon/gpu/fake_directory.h"
+#include "daemon/gpu/fake_gpu_runtime.h"
 
 namespace muster {
 namespace {

@@ -1,7 +1,7 @@
 // musterd-fakegpu: musterd with FakeGpuRuntime instead of CUDA/NCCL, for
 // tests of the GPU path on machines without a GPU (ranks use
 // ShmCudaDriver). Test-only.
-#include "backends/nccl/fake_gpu_runtime.h"
+#include "daemon/gpu/fake_gpu_runtime.h"
 #include "daemon/musterd_cli.h"
 
 int main(int argc, char** argv) {

@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
-#include "backends/nccl/fake_gpu_runtime.h"
+#include "daemon/gpu/fake_gpu_runtime.h"
 
 namespace muster::testing {
 

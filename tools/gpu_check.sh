@@ -25,9 +25,10 @@
 #                                      # binaries into DIR for --prebuilt
 #
 # --prebuilt DIR is a tree laid out like bazel-bin (DIR/daemon/musterd,
-# DIR/tools/{musterctl,muster-bench,muster-run}, DIR/client/libmuster.so,
-# DIR/backends/nccl/{muster-gpu-info, muster-gpu-rank,muster-bench-gpu,
-# gpu_smoke_test,gpu_collectives_test, gpu_abort_test} and _solib_k8/); --pack
+# DIR/tools/{musterctl,muster-bench,muster-bench-gpu,muster-run},
+# DIR/client/libmuster.so, DIR/backends/nccl/{muster-gpu-info,gpu_smoke_test,
+# libmuster_cuda.so}, DIR/test/{muster-gpu-rank,gpu_collectives_test,
+# gpu_abort_test} and _solib_k8/); --pack
 # makes one, with DIR/syslib/ holding the Debian libraries the binaries link
 # (gRPC, protobuf, Abseil, Gloo, ...), used only where the machine lacks them.
 # The CUDA/NCCL libraries come from /usr/local/cuda (or the machine's own).
@@ -60,16 +61,19 @@ while [ $# -gt 0 ]; do
 done
 case "$OUT" in /*) ;; *) OUT="$ROOT/$OUT" ;; esac
 
-TARGETS=(//backends/nccl:muster-gpu-info //backends/nccl:muster-gpu-rank
-         //backends/nccl:muster-bench-gpu //backends/nccl:gpu_smoke_test
-         //backends/nccl:gpu_collectives_test //backends/nccl:gpu_abort_test
+TARGETS=(//backends/nccl:muster-gpu-info //test:muster-gpu-rank
+         //tools:muster-bench-gpu //backends/nccl:gpu_smoke_test
+         //test:gpu_collectives_test //test:gpu_abort_test
          //daemon:musterd //tools:musterctl //tools:muster-bench
          //tools:muster-run //client:libmuster.so)
-FILES=(backends/nccl/muster-gpu-info backends/nccl/muster-gpu-rank
-       backends/nccl/muster-bench-gpu backends/nccl/gpu_smoke_test
-       backends/nccl/gpu_collectives_test backends/nccl/gpu_abort_test
+FILES=(backends/nccl/muster-gpu-info test/muster-gpu-rank
+       tools/muster-bench-gpu backends/nccl/gpu_smoke_test
+       test/gpu_collectives_test test/gpu_abort_test
        backends/nccl/libmuster_cuda.so daemon/musterd tools/musterctl tools/muster-bench
        tools/muster-run client/libmuster.so)
+# Where each GPU test lives (bazel-bin and bazel-testlogs layout).
+declare -A TEST_DIR=([gpu_smoke_test]=backends/nccl [gpu_collectives_test]=test
+                     [gpu_abort_test]=test)
 
 say() { echo "gpu_check: $*" >&2; }
 
@@ -167,7 +171,7 @@ TESTS_MD="$LOG/tests.md"
 if [ -z "$PREBUILT" ]; then
   # shellcheck disable=SC2086
   timeout 170 bazel test $BAZEL_FLAGS --test_tag_filters=gpu --build_tests_only --test_timeout=150 \
-    --test_output=errors --test_summary=short //backends/nccl/... 2>&1 |
+    --test_output=errors --test_summary=short //backends/nccl/... //test/... 2>&1 |
     python3 tools/test_summary.py "$(bazel info $BAZEL_FLAGS bazel-testlogs 2>/dev/null)" \
       >"$LOG/tests.txt" 2>&1
   rc=${PIPESTATUS[0]}
@@ -175,7 +179,7 @@ if [ -z "$PREBUILT" ]; then
   # shellcheck disable=SC2086
   TESTLOGS=$(bazel info $BAZEL_FLAGS bazel-testlogs 2>/dev/null)
   for t in gpu_smoke_test gpu_collectives_test gpu_abort_test; do
-    cp -f "$TESTLOGS/backends/nccl/$t/test.log" "$LOG/$t.log" 2>/dev/null
+    cp -f "$TESTLOGS/${TEST_DIR[$t]}/$t/test.log" "$LOG/$t.log" 2>/dev/null
   done
   grep -E '^//|^skipped:|^tests:' "$LOG/tests.txt" | sed 's/^/    /' >>"$TESTS_MD"
   if [ "$rc" != 0 ] || [ "$summary_rc" != 0 ]; then STATUS=1; fi
@@ -187,7 +191,7 @@ else
       gpu_collectives_test) arg=(collectives) ;;
       gpu_abort_test) arg=(abort) ;;
     esac
-    (cd "$BIN" && timeout 150 "./backends/nccl/$name" "${arg[@]}") >"$LOG/$name.log" 2>&1
+    (cd "$BIN" && timeout 150 "./${TEST_DIR[$name]}/$name" "${arg[@]}") >"$LOG/$name.log" 2>&1
     rc=$?
     if grep -q MUSTER_TEST_SKIPPED "$LOG/$name.log"; then
       result="SKIPPED ($(grep -m1 MUSTER_TEST_SKIPPED "$LOG/$name.log"))"

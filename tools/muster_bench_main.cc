@@ -35,7 +35,7 @@ bool ParseIntList(const std::string& text, std::vector<int64_t>* out) {
 
 // `collectives --device cuda` runs in muster-bench-gpu (it links CUDA and
 // NCCL; muster-bench never does): $MUSTER_BENCH_GPU, else next to this
-// binary in bazel-bin (tools/ -> backends/nccl/), else in the same folder.
+// binary (both are in tools/).
 std::string FindBenchGpu() {
   if (const char* env = std::getenv("MUSTER_BENCH_GPU"); env != nullptr && *env != '\0') {
     return env;
@@ -43,10 +43,8 @@ std::string FindBenchGpu() {
   std::error_code ec;
   std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) return "";
-  for (const std::filesystem::path& c : {self.parent_path() / "../backends/nccl/muster-bench-gpu",
-                                         self.parent_path() / "muster-bench-gpu"}) {
-    if (::access(c.c_str(), X_OK) == 0) return c.lexically_normal().string();
-  }
+  std::filesystem::path beside = self.parent_path() / "muster-bench-gpu";
+  if (::access(beside.c_str(), X_OK) == 0) return beside.lexically_normal().string();
   return "";
 }
 
@@ -72,7 +70,7 @@ int main(int argc, char** argv) {
     if (gpu.empty()) {
       std::fprintf(stderr,
                    "muster-bench: --device cuda runs muster-bench-gpu, which was not found next "
-                   "to muster-bench; build it (bazel build //backends/nccl:muster-bench-gpu) or "
+                   "to muster-bench; build it (bazel build //tools:muster-bench-gpu) or "
                    "set MUSTER_BENCH_GPU\n");
       return 2;
     }

@@ -12,7 +12,7 @@
 #include <string>
 
 #include "backends/nccl/gpu_runtime.h"
-#include "backends/nccl/nccl_engine.h"
+#include "daemon/gpu/nccl_engine.h"
 #include "daemon/access/access_policy.h"
 #include "daemon/registry/registry.h"
 #include "proto/gpu.grpc.pb.h"

@@ -1,4 +1,4 @@
-#include "backends/nccl/nccl_engine.h"
+#include "daemon/gpu/nccl_engine.h"
 
 #include <unistd.h>
 
@@ -6,8 +6,8 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "backends/nccl/gpu_plan.h"
-#include "backends/nccl/uid_rendezvous.h"
+#include "daemon/gpu/gpu_plan.h"
+#include "daemon/gpu/uid_rendezvous.h"
 #include "common/logging.h"
 
 namespace muster {

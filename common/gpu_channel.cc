@@ -1,4 +1,4 @@
-#include "backends/nccl/gpu_channel.h"
+#include "common/gpu_channel.h"
 
 #include <fcntl.h>
 #include <linux/futex.h>

@@ -1,4 +1,4 @@
-#include "backends/nccl/uid_rendezvous.h"
+#include "daemon/gpu/uid_rendezvous.h"
 
 #include <algorithm>
 

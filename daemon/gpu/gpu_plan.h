@@ -9,8 +9,8 @@
 //    block goes through a send/recv to itself).
 //  - barrier is an all_reduce of one word of daemon-owned scratch memory.
 // Stateless; thread-safe.
-#ifndef MUSTER_BACKENDS_NCCL_GPU_PLAN_H_
-#define MUSTER_BACKENDS_NCCL_GPU_PLAN_H_
+#ifndef MUSTER_DAEMON_GPU_GPU_PLAN_H_
+#define MUSTER_DAEMON_GPU_GPU_PLAN_H_
 
 #include <vector>
 
@@ -35,4 +35,4 @@ std::string DescribeRequest(const v1::GpuCollectiveRequest& request);
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_GPU_PLAN_H_
+#endif  // MUSTER_DAEMON_GPU_GPU_PLAN_H_

@@ -1,5 +1,5 @@
 // The NCCL unique-id exchange through a store.
-#include "backends/nccl/uid_rendezvous.h"
+#include "daemon/gpu/uid_rendezvous.h"
 
 #include <catch2/catch.hpp>
 #include <thread>

@@ -1,6 +1,6 @@
 // GpuChannel: a rank thread and a daemon thread exchanging requests through
 // the shared-memory channel; closing, oversized requests, bad segments.
-#include "backends/nccl/gpu_channel.h"
+#include "common/gpu_channel.h"
 
 #include <sys/stat.h>
 #include <unistd.h>

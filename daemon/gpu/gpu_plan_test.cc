@@ -1,6 +1,6 @@
 // PlanCollective: which NCCL primitives each request becomes, and the
 // checks on roots, counts and buffer sizes.
-#include "backends/nccl/gpu_plan.h"
+#include "daemon/gpu/gpu_plan.h"
 
 #include <nccl.h>
 

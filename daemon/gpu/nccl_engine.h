@@ -25,8 +25,8 @@
 // Thread-safety: every public method is thread-safe and never blocks on the
 // GPU or the network (the registry calls them with its lock held); the
 // `done` callback of Collective runs on a worker thread.
-#ifndef MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_
-#define MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_
+#ifndef MUSTER_DAEMON_GPU_NCCL_ENGINE_H_
+#define MUSTER_DAEMON_GPU_NCCL_ENGINE_H_
 
 #include <condition_variable>
 #include <deque>
@@ -41,9 +41,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "backends/nccl/gpu_channel.h"
+#include "common/gpu_channel.h"
 #include "backends/nccl/gpu_runtime.h"
-#include "backends/nccl/ipc_cache.h"
+#include "daemon/gpu/ipc_cache.h"
 #include "muster/store.h"
 #include "proto/gpu.pb.h"
 
@@ -178,4 +178,4 @@ class NcclEngine {
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_NCCL_ENGINE_H_
+#endif  // MUSTER_DAEMON_GPU_NCCL_ENGINE_H_

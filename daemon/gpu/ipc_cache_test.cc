@@ -1,5 +1,5 @@
 // IpcCache: one open per (rank, handle), closes on release and rank exit.
-#include "backends/nccl/ipc_cache.h"
+#include "daemon/gpu/ipc_cache.h"
 
 #include <catch2/catch.hpp>
 #include <set>

@@ -1,4 +1,4 @@
-#include "backends/nccl/gpu_plan.h"
+#include "daemon/gpu/gpu_plan.h"
 
 #include <nccl.h>
 

@@ -1,4 +1,4 @@
-#include "backends/nccl/ipc_cache.h"
+#include "daemon/gpu/ipc_cache.h"
 
 #include "absl/strings/str_cat.h"
 

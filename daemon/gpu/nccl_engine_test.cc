@@ -2,7 +2,7 @@
 // way the daemon's gRPC service does. Covers creation through the store,
 // every op, ordering of the rank's events, the IPC handle cache, splits,
 // and every failure path (timeouts, async errors, registry aborts, hangs).
-#include "backends/nccl/nccl_engine.h"
+#include "daemon/gpu/nccl_engine.h"
 
 #include <catch2/catch.hpp>
 #include <complex>
@@ -11,8 +11,8 @@
 #include <thread>
 
 #include "absl/strings/match.h"
-#include "backends/nccl/fake_directory.h"
-#include "backends/nccl/fake_gpu_runtime.h"
+#include "daemon/gpu/fake_directory.h"
+#include "daemon/gpu/fake_gpu_runtime.h"
 #include "muster/hash_store.h"
 
 namespace muster {

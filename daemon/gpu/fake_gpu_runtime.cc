@@ -1,4 +1,4 @@
-#include "backends/nccl/fake_gpu_runtime.h"
+#include "daemon/gpu/fake_gpu_runtime.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

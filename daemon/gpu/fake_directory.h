@@ -1,8 +1,8 @@
 // FakeDirectory: a GpuGroupDirectory for tests: groups are declared by the
 // test, breaks are recorded, and the job store is an in-process HashStore.
 // Thread-safe.
-#ifndef MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_
-#define MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_
+#ifndef MUSTER_DAEMON_GPU_FAKE_DIRECTORY_H_
+#define MUSTER_DAEMON_GPU_FAKE_DIRECTORY_H_
 
 #include <algorithm>
 #include <map>
@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "backends/nccl/nccl_engine.h"
+#include "daemon/gpu/nccl_engine.h"
 #include "muster/hash_store.h"
 
 namespace muster {
@@ -66,4 +66,4 @@ class FakeDirectory : public GpuGroupDirectory {
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_FAKE_DIRECTORY_H_
+#endif  // MUSTER_DAEMON_GPU_FAKE_DIRECTORY_H_

@@ -61,7 +61,7 @@ class Job {
       env["MUSTER_SOCKET"] = daemon_.socket_path();
       env["MUSTER_JOB_ID"] = job_id_;
       auto p =
-          Subprocess::Start({RunfilePath("backends/nccl/muster-gpu-rank"), mode}, dir_.path(), env);
+          Subprocess::Start({RunfilePath("test/muster-gpu-rank"), mode}, dir_.path(), env);
       if (!p.ok()) {
         Check(false, absl::StrCat("start rank ", r, ": ", p.status().ToString()));
         return false;

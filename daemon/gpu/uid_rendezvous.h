@@ -5,8 +5,8 @@
 // group (abort_reason non-empty) stops them at once.
 //
 // Thread-safe if `store` is.
-#ifndef MUSTER_BACKENDS_NCCL_UID_RENDEZVOUS_H_
-#define MUSTER_BACKENDS_NCCL_UID_RENDEZVOUS_H_
+#ifndef MUSTER_DAEMON_GPU_UID_RENDEZVOUS_H_
+#define MUSTER_DAEMON_GPU_UID_RENDEZVOUS_H_
 
 #include <functional>
 #include <string>
@@ -33,4 +33,4 @@ absl::StatusOr<std::string> ExchangeUniqueId(
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_UID_RENDEZVOUS_H_
+#endif  // MUSTER_DAEMON_GPU_UID_RENDEZVOUS_H_

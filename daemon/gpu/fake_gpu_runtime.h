@@ -8,8 +8,8 @@
 //
 // Fault injection: InjectAsyncError(comm-of-rank), HangCollectives().
 // Thread-safe.
-#ifndef MUSTER_BACKENDS_NCCL_FAKE_GPU_RUNTIME_H_
-#define MUSTER_BACKENDS_NCCL_FAKE_GPU_RUNTIME_H_
+#ifndef MUSTER_DAEMON_GPU_FAKE_GPU_RUNTIME_H_
+#define MUSTER_DAEMON_GPU_FAKE_GPU_RUNTIME_H_
 
 #include <atomic>
 #include <map>
@@ -116,4 +116,4 @@ class FakeGpuRuntime : public GpuRuntime {
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_FAKE_GPU_RUNTIME_H_
+#endif  // MUSTER_DAEMON_GPU_FAKE_GPU_RUNTIME_H_

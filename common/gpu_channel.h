@@ -20,8 +20,8 @@
 // Thread-safety: one caller at a time per side (the rank's GpuPath holds
 // its lock; the daemon side is the communicator's worker). Close/Wake may
 // come from any thread.
-#ifndef MUSTER_BACKENDS_NCCL_GPU_CHANNEL_H_
-#define MUSTER_BACKENDS_NCCL_GPU_CHANNEL_H_
+#ifndef MUSTER_COMMON_GPU_CHANNEL_H_
+#define MUSTER_COMMON_GPU_CHANNEL_H_
 
 #include <atomic>
 #include <cstdint>
@@ -83,4 +83,4 @@ class GpuChannel {
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_GPU_CHANNEL_H_
+#endif  // MUSTER_COMMON_GPU_CHANNEL_H_

@@ -8,8 +8,8 @@
 // cudaIpcOpenEventHandle.
 //
 // Thread-safe. Close() of the opener is called without the lock held.
-#ifndef MUSTER_BACKENDS_NCCL_IPC_CACHE_H_
-#define MUSTER_BACKENDS_NCCL_IPC_CACHE_H_
+#ifndef MUSTER_DAEMON_GPU_IPC_CACHE_H_
+#define MUSTER_DAEMON_GPU_IPC_CACHE_H_
 
 #include <map>
 #include <mutex>
@@ -70,4 +70,4 @@ class IpcCache {
 
 }  // namespace muster
 
-#endif  // MUSTER_BACKENDS_NCCL_IPC_CACHE_H_
+#endif  // MUSTER_DAEMON_GPU_IPC_CACHE_H_
