@@ -16,7 +16,7 @@
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
-#include "backends/shm/reduce.h"
+#include "muster/types.h"
 
 namespace muster {
 

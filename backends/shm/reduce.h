@@ -1,5 +1,6 @@
-// Element types, reduce operations and the CPU reduction kernels that every
-// muster collective uses. Semantics follow PyTorch (torch.distributed):
+// The CPU reduction kernels that every muster collective uses, over the
+// element types and reduce operations of muster/types.h. Semantics follow
+// PyTorch (torch.distributed):
 //  - SUM, PRODUCT, MIN, MAX on every numeric dtype; on bool SUM/MAX are
 //    logical OR and PRODUCT/MIN logical AND.
 //  - BAND, BOR, BXOR on integer dtypes and bool only.
@@ -24,43 +25,9 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "muster/types.h"
 
 namespace muster {
-
-enum class DType : uint8_t {
-  kFloat16 = 0,
-  kBFloat16 = 1,
-  kFloat32 = 2,
-  kFloat64 = 3,
-  kInt8 = 4,
-  kUInt8 = 5,
-  kInt32 = 6,
-  kInt64 = 7,
-  kBool = 8,
-  kComplex64 = 9,
-  kComplex128 = 10,
-};
-inline constexpr int kNumDTypes = 11;
-
-enum class ReduceOp : uint8_t {
-  kSum = 0,
-  kAvg = 1,
-  kProduct = 2,
-  kMin = 3,
-  kMax = 4,
-  kBand = 5,
-  kBor = 6,
-  kBxor = 7,
-  kPremulSum = 8,
-};
-inline constexpr int kNumReduceOps = 9;
-
-// Bytes per element (complex64: 8, complex128: 16, bool: 1).
-size_t DTypeSize(DType dtype);
-const char* DTypeName(DType dtype);     // "float32", "bfloat16", ...
-const char* ReduceOpName(ReduceOp op);  // "SUM", "PREMUL_SUM", ...
-// Parses "float32" / "fp32" / "int64" / ... (for tools); InvalidArgument otherwise.
-absl::StatusOr<DType> ParseDType(const char* name);
 
 // OK if `op` applies to `dtype`, else InvalidArgument such as
 // "reduce op BXOR does not support dtype float32".

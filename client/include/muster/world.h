@@ -38,8 +38,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "backends/shm/reduce.h"
 #include "muster/store.h"
+#include "muster/types.h"
 
 namespace muster {
 

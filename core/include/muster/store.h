@@ -12,8 +12,8 @@
 // PrefixStore (namespaces keys of another store), HashStore (in memory,
 // for tests). Each documents its own thread-safety; all of them may be used
 // from several threads.
-#ifndef MUSTER_CLIENT_INCLUDE_MUSTER_STORE_H_
-#define MUSTER_CLIENT_INCLUDE_MUSTER_STORE_H_
+#ifndef MUSTER_CORE_INCLUDE_MUSTER_STORE_H_
+#define MUSTER_CORE_INCLUDE_MUSTER_STORE_H_
 
 #include <cstdint>
 #include <string>
@@ -80,4 +80,4 @@ class Store {
 
 }  // namespace muster
 
-#endif  // MUSTER_CLIENT_INCLUDE_MUSTER_STORE_H_
+#endif  // MUSTER_CORE_INCLUDE_MUSTER_STORE_H_
