@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "common/spawn.h"
 #include "common/status_macros.h"
 
 extern char** environ;
@@ -61,40 +62,29 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Start(
   std::string out = absl::StrCat(output_dir, "/", base, ".", n, ".stdout");
   std::string err = absl::StrCat(output_dir, "/", base, ".", n, ".stderr");
 
-  std::vector<std::string> env_strings;
-  for (char** e = environ; *e != nullptr; ++e) {
-    std::string entry = *e;
-    std::string name = entry.substr(0, entry.find('='));
-    if (env.count(name) == 0) env_strings.push_back(entry);
-  }
-  for (const auto& [name, value] : env) env_strings.push_back(absl::StrCat(name, "=", value));
-  std::vector<char*> c_argv;
-  for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-  c_argv.push_back(nullptr);
-  std::vector<char*> c_env;
-  for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
-  c_env.push_back(nullptr);
-
   int out_fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   int err_fd = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (out_fd < 0 || err_fd < 0) return ErrnoToStatus(errno, "open output files");
-  pid_t pid = ::fork();
-  if (pid < 0) return ErrnoToStatus(errno, "fork");
-  if (pid == 0) {
-    ::dup2(out_fd, STDOUT_FILENO);
-    ::dup2(err_fd, STDERR_FILENO);
-    int null_fd = ::open("/dev/null", O_RDONLY);
-    if (null_fd >= 0) ::dup2(null_fd, STDIN_FILENO);
-    sigset_t none;
-    sigemptyset(&none);
-    ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execve(c_argv[0], c_argv.data(), c_env.data());
-    std::fprintf(stderr, "execve %s: %s\n", c_argv[0], std::strerror(errno));
-    ::_exit(127);
+  if (out_fd < 0 || err_fd < 0) {
+    absl::Status s = ErrnoToStatus(errno, "open output files");
+    if (out_fd >= 0) ::close(out_fd);
+    if (err_fd >= 0) ::close(err_fd);
+    return s;
+  }
+  SpawnOptions options;
+  options.argv = argv;
+  options.env = env;
+  options.stdout_fd = out_fd;
+  options.stderr_fd = err_fd;
+  options.who = "test";
+  absl::StatusOr<pid_t> pid = muster::Spawn(options);
+  if (!pid.ok()) {
+    ::close(out_fd);
+    ::close(err_fd);
+    return pid.status();
   }
   ::close(out_fd);
   ::close(err_fd);
-  return std::unique_ptr<Subprocess>(new Subprocess(pid, out, err));
+  return std::unique_ptr<Subprocess>(new Subprocess(*pid, out, err));
 }
 
 Subprocess::~Subprocess() {

@@ -43,6 +43,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "common/json.h"
+#include "common/spawn.h"
 #include "muster/tcp_store.h"
 
 namespace muster::bench {
@@ -103,9 +104,6 @@ class Child {
   static absl::StatusOr<std::unique_ptr<Child>> Start(const std::vector<std::string>& argv,
                                                       const std::string& stderr_path,
                                                       int* stdout_fd) {
-    std::vector<char*> args;
-    for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
     int err_fd = ::open(stderr_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     if (err_fd < 0)
       return absl::InternalError(absl::StrCat("open ", stderr_path, ": ", strerror(errno)));
@@ -114,25 +112,22 @@ class Child {
       ::close(err_fd);
       return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
     }
-    pid_t parent = ::getpid();
-    pid_t pid = ::fork();
-    if (pid < 0) {
+    SpawnOptions options;
+    options.argv = argv;
+    options.stdout_fd = stdout_fd != nullptr ? pipe_fds[1] : err_fd;
+    options.stderr_fd = err_fd;
+    options.die_with_parent = true;
+    options.who = "muster-bench";
+    absl::StatusOr<pid_t> spawned = muster::Spawn(options);
+    if (!spawned.ok()) {
       ::close(err_fd);
-      return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+      if (stdout_fd != nullptr) {
+        ::close(pipe_fds[0]);
+        ::close(pipe_fds[1]);
+      }
+      return spawned.status();
     }
-    if (pid == 0) {
-      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-      if (::getppid() != parent) ::_exit(127);
-      ::dup2(err_fd, 2);
-      ::dup2(stdout_fd != nullptr ? pipe_fds[1] : err_fd, 1);
-      int devnull = ::open("/dev/null", O_RDONLY);
-      if (devnull >= 0) ::dup2(devnull, 0);
-      ::signal(SIGPIPE, SIG_DFL);
-      ::execv(args[0], args.data());
-      const char msg[] = "muster-bench: exec failed\n";
-      (void)!::write(2, msg, sizeof(msg) - 1);
-      ::_exit(127);
-    }
+    pid_t pid = *spawned;
     ::close(err_fd);
     if (stdout_fd != nullptr) {
       ::close(pipe_fds[1]);

@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "common/json.h"
 #include "common/paths.h"
+#include "common/spawn.h"
 #include "muster/tcp_store.h"
 #include "proto/admin.grpc.pb.h"
 #include "tools/daemon_client.h"
@@ -259,39 +260,33 @@ class Launcher {
       Say(absl::StrCat("pipe: ", std::strerror(errno)));
       return -1;
     }
-    std::vector<std::string> env_strings;
-    for (char** e = environ; *e != nullptr; ++e) {
-      std::string entry = *e;
-      if (env.count(entry.substr(0, entry.find('='))) == 0) env_strings.push_back(entry);
+    SpawnOptions options;
+    options.argv = argv;
+    options.search_path = true;
+    options.env = env;
+    options.null_stdin = false;  // ranks keep muster-run's stdin, as with torchrun
+    options.new_process_group = true;
+    options.signal_mask = old_mask_;
+    options.who = "muster-run";
+    int log_fd = -1;
+    if (child != nullptr) {
+      options.stdout_fd = out[1];
+      options.stderr_fd = err[1];
+    } else {
+      log_fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      options.stdout_fd = log_fd;
+      options.stderr_fd = log_fd;
     }
-    for (const auto& [k, v] : env) env_strings.push_back(absl::StrCat(k, "=", v));
-    std::vector<char*> c_argv, c_env;
-    for (const auto& a : argv) c_argv.push_back(const_cast<char*>(a.c_str()));
-    c_argv.push_back(nullptr);
-    for (const auto& e : env_strings) c_env.push_back(const_cast<char*>(e.c_str()));
-    c_env.push_back(nullptr);
-    pid_t pid = ::fork();
-    if (pid < 0) {
-      Say(absl::StrCat("fork: ", std::strerror(errno)));
+    absl::StatusOr<pid_t> spawned = muster::Spawn(options);
+    if (log_fd >= 0) ::close(log_fd);
+    if (!spawned.ok()) {
+      Say(std::string(spawned.status().message()));
+      if (child != nullptr) {
+        for (int fd : {out[0], out[1], err[0], err[1]}) ::close(fd);
+      }
       return -1;
     }
-    if (pid == 0) {
-      ::setpgid(0, 0);  // signals reach the rank's own children too
-      if (child != nullptr) {
-        ::dup2(out[1], STDOUT_FILENO);
-        ::dup2(err[1], STDERR_FILENO);
-      } else {
-        int fd = ::open(log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-        if (fd >= 0) {
-          ::dup2(fd, STDOUT_FILENO);
-          ::dup2(fd, STDERR_FILENO);
-        }
-      }
-      ::sigprocmask(SIG_SETMASK, &old_mask_, nullptr);
-      ::execvpe(c_argv[0], c_argv.data(), c_env.data());
-      std::fprintf(stderr, "muster-run: cannot run %s: %s\n", c_argv[0], std::strerror(errno));
-      ::_exit(127);
-    }
+    pid_t pid = *spawned;
     if (child != nullptr) {
       ::close(out[1]);
       ::close(err[1]);

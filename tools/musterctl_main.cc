@@ -15,6 +15,7 @@
 #include "proto/gpu.grpc.pb.h"
 #include "proto/groups.grpc.pb.h"
 #include "proto/session.grpc.pb.h"
+#include "proto/state_names.h"
 #include "proto/store.grpc.pb.h"
 #include "tools/daemon_client.h"
 
@@ -50,34 +51,6 @@ void PrintTable(const std::vector<std::string>& header,
   };
   print(header);
   for (const auto& row : rows) print(row);
-}
-
-std::string RankStateName(v1::RankState s) {
-  switch (s) {
-    case v1::RANK_STATE_ALIVE:
-      return "alive";
-    case v1::RANK_STATE_LEFT:
-      return "left";
-    case v1::RANK_STATE_FAILED:
-      return "failed";
-    default:
-      return "unknown";
-  }
-}
-
-std::string GroupStateName(v1::GroupState s) {
-  switch (s) {
-    case v1::GROUP_STATE_FORMING:
-      return "forming";
-    case v1::GROUP_STATE_READY:
-      return "ready";
-    case v1::GROUP_STATE_BROKEN:
-      return "broken";
-    case v1::GROUP_STATE_DESTROYED:
-      return "destroyed";
-    default:
-      return "unknown";
-  }
 }
 
 std::string MemberRanks(const v1::GroupInfo& g) {
@@ -473,7 +446,7 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
   std::printf("group %s (job %s, generation %lld)\n", g.name().c_str(), g.job_id().c_str(),
               static_cast<long long>(g.generation()));
   std::printf("backend  %s\nstate    %s%s%s\ntimeout  %gs\n", g.backend().c_str(),
-              GroupStateName(g.state()).c_str(), g.broken_reason().empty() ? "" : ": ",
+              GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
               g.broken_reason().c_str(), g.timeout_millis() / 1000.0);
   if (!g.tag().empty()) std::printf("tag      %s\n", g.tag().c_str());
   std::vector<std::vector<std::string>> rows;

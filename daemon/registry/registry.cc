@@ -14,6 +14,7 @@
 #include "backends/backend.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "proto/state_names.h"
 
 namespace muster {
 namespace {
@@ -27,21 +28,6 @@ std::string GroupSpec(const std::vector<int>& ranks, const std::string& backend,
 
 absl::Duration TimeoutOf(const v1::Timeout& t, absl::Duration fallback) {
   return t.millis() > 0 ? absl::Milliseconds(t.millis()) : fallback;
-}
-
-const char* GroupStateName(v1::GroupState s) {
-  switch (s) {
-    case v1::GROUP_STATE_FORMING:
-      return "forming";
-    case v1::GROUP_STATE_READY:
-      return "ready";
-    case v1::GROUP_STATE_BROKEN:
-      return "broken";
-    case v1::GROUP_STATE_DESTROYED:
-      return "destroyed";
-    default:
-      return "unknown";
-  }
 }
 
 // True if `pid` no longer runs: no such process, or a zombie waiting to be
