@@ -49,3 +49,27 @@ ip link set "va$$" netns "$NA" && ip link set "vb$$" netns "$NB" || fail "veth m
 ip -n "$NA" addr add "$IPA/24" dev "va$$" && ip -n "$NB" addr add "$IPB/24" dev "vb$$" || fail "addr"
 for ns in "$NA" "$NB"; do ip -n "$ns" link set lo up; done
 ip -n "$NA" link set "va$$" up && ip -n "$NB" link set "vb$$" up || fail "link up"
+
+# start_daemons MUSTERD [node A flags...] [-- node B flags...]: node A's
+# musterd serves the job store, node B's has none (--store=false); returns
+# once both are ready, with PORT (A's store port), GRPC_A (A's TCP gRPC port,
+# 0 when off) and PID_A, PID_B set; the daemons' pids are in `pids`.
+start_daemons() {
+  local musterd=$1 a_flags=() b_flags=()
+  shift
+  while (($#)) && [[ $1 != -- ]]; do a_flags+=("$1"); shift; done
+  (($#)) && shift
+  b_flags=("$@")
+  ip netns exec "$NA" "$musterd" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \
+    --store-port 0 --ready-file "$WORK/a.json" "${a_flags[@]}" 2>"$WORK/musterd-a.log" &
+  pids+=($!)
+  ip netns exec "$NB" "$musterd" --socket "$WORK/b.sock" --listen "$IPB" --grpc-port 0 \
+    --store=false --ready-file "$WORK/b.json" "${b_flags[@]}" 2>"$WORK/musterd-b.log" &
+  pids+=($!)
+  for _ in $(seq 200); do [[ -s $WORK/a.json && -s $WORK/b.json ]] && break; sleep 0.05; done
+  [[ -s $WORK/a.json && -s $WORK/b.json ]] || fail "daemons did not start"
+  PORT=$(sed -E 's/.*"store_port":([0-9]+).*/\1/' "$WORK/a.json")
+  GRPC_A=$(sed -E 's/.*"grpc_port":([0-9]+).*/\1/' "$WORK/a.json")
+  PID_A=$(sed -E 's/.*"pid":([0-9]+).*/\1/' "$WORK/a.json")
+  PID_B=$(sed -E 's/.*"pid":([0-9]+).*/\1/' "$WORK/b.json")
+}

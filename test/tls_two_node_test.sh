@@ -33,16 +33,8 @@ new_cert node-b cluster "$IPB"
 new_cert rogue other "$IPB"
 
 tls() { echo --tls-cert "$1.pem" --tls-key "$1.key" --tls-ca cluster.pem; }
-ip netns exec "$NA" "$MUSTERD" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \
-  --store-port 0 $(tls node-a) --ready-file "$WORK/a.json" 2>"$WORK/musterd-a.log" &
-pids+=($!)
-ip netns exec "$NB" "$MUSTERD" --socket "$WORK/b.sock" --listen "$IPB" --grpc-port 0 \
-  --store=false $(tls node-b) --ready-file "$WORK/b.json" 2>"$WORK/musterd-b.log" &
-pids+=($!)
-for _ in $(seq 200); do [[ -s $WORK/a.json && -s $WORK/b.json ]] && break; sleep 0.05; done
-[[ -s $WORK/a.json && -s $WORK/b.json ]] || fail "daemons did not start"
-STORE=$(sed -E 's/.*"store_port":([0-9]+).*/\1/' "$WORK/a.json")
-GRPC_A=$(sed -E 's/.*"grpc_port":([0-9]+).*/\1/' "$WORK/a.json")
+start_daemons "$MUSTERD" $(tls node-a) -- $(tls node-b)
+STORE=$PORT
 (( GRPC_A > 0 )) || fail "node A serves no TCP gRPC"
 grep -q "(mutual TLS)" "$WORK/musterd-a.log" || fail "node A's log does not say mutual TLS"
 

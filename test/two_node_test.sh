@@ -17,15 +17,7 @@ MUSTERCTL=$(find_bin tools/musterctl)
 RANK=$(find_bin test/muster-test-rank)
 
 # Node A: the job's store. Node B: no store of its own (--store=false).
-ip netns exec "$NA" "$MUSTERD" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \
-  --store-port 0 --ready-file "$WORK/a.json" 2>"$WORK/musterd-a.log" &
-pids+=($!)
-ip netns exec "$NB" "$MUSTERD" --socket "$WORK/b.sock" --listen "$IPB" --grpc-port 0 \
-  --store=false --ready-file "$WORK/b.json" 2>"$WORK/musterd-b.log" &
-pids+=($!)
-for _ in $(seq 200); do [[ -s $WORK/a.json && -s $WORK/b.json ]] && break; sleep 0.05; done
-[[ -s $WORK/a.json && -s $WORK/b.json ]] || fail "daemons did not start"
-PORT=$(sed -E 's/.*"store_port":([0-9]+).*/\1/' "$WORK/a.json")
+start_daemons "$MUSTERD"
 
 start_rank() {  # rank namespace socket script
   ip netns exec "$2" env RANK="$1" LOCAL_RANK=$(( $1 % 2 )) WORLD_SIZE=4 LOCAL_WORLD_SIZE=2 MASTER_ADDR="$IPA" \

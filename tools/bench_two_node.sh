@@ -25,15 +25,7 @@ BENCH=$BIN/tools/muster-bench
 [[ -x $MUSTERD && -x $BENCH ]] || { echo "build first: bazel build -c opt //daemon:musterd //tools:muster-bench"; exit 2; }
 source "$ROOT/test/netns_lib.sh"
 
-ip netns exec "$NA" "$MUSTERD" --socket "$WORK/a.sock" --listen "$IPA" --grpc-port 0 \
-  --store-port 0 --ready-file "$WORK/a.json" 2>"$WORK/musterd-a.log" &
-pids+=($!)
-ip netns exec "$NB" "$MUSTERD" --socket "$WORK/b.sock" --listen "$IPB" --grpc-port 0 \
-  --store=false --ready-file "$WORK/b.json" 2>"$WORK/musterd-b.log" &
-pids+=($!)
-for _ in $(seq 200); do [[ -s $WORK/a.json && -s $WORK/b.json ]] && break; sleep 0.05; done
-[[ -s $WORK/a.json && -s $WORK/b.json ]] || fail "daemons did not start"
-PORT=$(sed -E 's/.*"store_port":([0-9]+).*/\1/' "$WORK/a.json")
+start_daemons "$MUSTERD"
 
 run() {  # mode (flat|hier)
   local hier=1 ranks=()
