@@ -332,27 +332,6 @@ const std::vector<std::string>& AllCollectiveOps() {
   return *ops;
 }
 
-bool ParseByteSizes(const std::string& text, std::vector<int64_t>* out) {
-  out->clear();
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::string p = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(part));
-    int64_t mult = 1;
-    if (absl::EndsWith(p, "IB")) p.resize(p.size() - 2);  // 4KiB
-    if (absl::EndsWith(p, "B")) p.resize(p.size() - 1);   // 4KB, 4B
-    if (!p.empty()) {
-      char s = p.back();
-      if (s == 'K') mult = int64_t{1} << 10;
-      if (s == 'M') mult = int64_t{1} << 20;
-      if (s == 'G') mult = int64_t{1} << 30;
-      if (mult != 1) p.pop_back();
-    }
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(p, &v) || v <= 0 || v > (int64_t{1} << 40) / mult) return false;
-    out->push_back(v * mult);
-  }
-  return !out->empty();
-}
-
 int RunCollectivesBench(const CollectivesBenchOptions& o) {
   // Options (identical on every rank: every rank must run the same calls).
   std::vector<Op> ops;

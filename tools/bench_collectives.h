@@ -57,10 +57,6 @@ struct CollectivesBenchOptions {
 // The known ops, in their default order.
 const std::vector<std::string>& AllCollectiveOps();
 
-// Parses "4,4K,256K,4M,64M" (K/M/G: powers of 1024; plain numbers: bytes).
-// False on a malformed or non-positive entry.
-bool ParseByteSizes(const std::string& text, std::vector<int64_t>* out);
-
 // Runs the benchmark on this rank; rank 0 prints the results to stdout
 // (errors go to stderr, prefixed with the rank). Returns the exit status: 0,
 // 1 if a collective failed or verification found a wrong result, 2 for bad

@@ -64,6 +64,7 @@
 #include "common/flags.h"
 #include "common/status_macros.h"
 #include "muster/world.h"
+#include "tools/bench_flags.h"
 #include "tools/launcher.h"
 
 namespace muster {
@@ -80,32 +81,6 @@ struct Options {
   int nproc = 0;
   std::string impl = "both";
 };
-
-// "4,4K,256K,4M,64M,256M": K/M/G (or KiB/MiB/GiB) are powers of 1024.
-bool ParseSizes(const std::string& text, std::vector<int64_t>* out) {
-  out->clear();
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    std::string p = absl::AsciiStrToUpper(absl::StripAsciiWhitespace(part));
-    int64_t mult = 1;
-    for (const auto& [suffix, m] : std::vector<std::pair<std::string, int64_t>>{{"KIB", 1 << 10},
-                                                                                {"MIB", 1 << 20},
-                                                                                {"GIB", 1 << 30},
-                                                                                {"K", 1 << 10},
-                                                                                {"M", 1 << 20},
-                                                                                {"G", 1 << 30}}) {
-      if (p.size() > suffix.size() &&
-          p.compare(p.size() - suffix.size(), suffix.size(), suffix) == 0) {
-        p.resize(p.size() - suffix.size());
-        mult = m;
-        break;
-      }
-    }
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(p, &v) || v <= 0) return false;
-    out->push_back(v * mult);
-  }
-  return !out->empty();
-}
 
 // Default iterations: many for small sizes, fewer for large ones.
 int64_t DefaultIters(int64_t bytes) {
@@ -477,10 +452,13 @@ std::string Size(int64_t b) {
 
 int Main(int argc, char** argv) {
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
-  std::string device = "cuda", op = "all_reduce", bytes = "4,4K,256K,4M,64M,256M", iters;
-  std::string dtype = "float32", impl = "both", socket, musterd, worker_results, pin = "none";
-  int64_t warmup = -1, nproc = 0, root = 0;
-  bool verify = false, json = false, quick = false, shared = false;
+  bench::CollectiveFlags coll;
+  coll.device = "cuda";
+  coll.op = "all_reduce";
+  coll.bytes = "4,4K,256K,4M,64M,256M";
+  std::string impl = "both", socket, musterd, worker_results;
+  int64_t nproc = 0;
+  bool json = false, quick = false;
   FlagSet flags(
       "muster-bench-gpu",
       "muster-bench collectives --device cuda: all_reduce on CUDA buffers, in-process NCCL vs\n"
@@ -498,14 +476,7 @@ int Main(int argc, char** argv) {
       "and a Markdown table with the ratio (nccl p50 / muster p50) and the targets: busbw\n"
       "within 3% at >= 64 MiB, at most 15 us added at 4 B. Exit status: 0 when everything\n"
       "ran and verified, 1 otherwise, 2 for bad usage or no GPU.");
-  flags.AddString("device", &device, "Must be cuda (muster-bench runs CPU benchmarks itself).");
-  flags.AddString("op", &op, "Only all_reduce (SUM) on --device cuda.");
-  flags.AddString("bytes", &bytes, "Sizes in bytes; K, M, G (KiB, MiB, GiB) are powers of 1024.");
-  flags.AddString("iters", &iters,
-                  "Timed iterations: one count, or one per size. Default: 1000 up to 1 MiB,\n"
-                  "200 up to 16 MiB, 50 above.");
-  flags.AddInt("warmup", &warmup, "Untimed iterations per size; -1: max(5, iters/10).");
-  flags.AddString("dtype", &dtype, "float32, float64, float16, bfloat16, int32, int64.");
+  bench::AddCollectiveFlags(flags, &coll);
   flags.AddInt("nproc", &nproc, "GPUs (and ranks) to use; 0: every visible GPU.");
   flags.AddString("impl", &impl, "both, nccl or muster.");
   flags.AddString("socket", &socket,
@@ -515,11 +486,7 @@ int Main(int argc, char** argv) {
                   "musterd for the embedded daemon (default: bazel-bin/daemon/musterd next to\n"
                   "this binary, or the same folder).");
   flags.AddBool("quick", &quick, "Sizes 4,4K,256K,4M with 20 iterations unless given.");
-  flags.AddBool("verify", &verify, "Accepted for muster-bench compatibility (always verified).");
   flags.AddBool("json", &json, "Accepted for muster-bench compatibility (JSON lines always).");
-  flags.AddInt("root", &root, "Accepted for muster-bench compatibility (unused).");
-  flags.AddString("pin", &pin, "Accepted for muster-bench compatibility (unused).");
-  flags.AddBool("shared", &shared, "Not for CUDA buffers (an error).");
   flags.AddString("worker-results", &worker_results, "Internal: run as a rank of (b).");
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
 
@@ -527,36 +494,32 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "muster-bench-gpu: only the collectives benchmark runs on CUDA\n");
     return 2;
   }
-  if (device != "cuda") {
+  if (coll.device != "cuda") {
     std::fprintf(stderr, "muster-bench-gpu: --device must be cuda\n");
     return 2;
   }
-  if (op != "all_reduce") {
+  if (coll.op != "all_reduce") {
     std::fprintf(stderr, "muster-bench-gpu: --op: only all_reduce on --device cuda (got '%s')\n",
-                 op.c_str());
+                 coll.op.c_str());
     return 2;
   }
-  if (shared) {
+  if (coll.shared) {
     std::fprintf(stderr, "muster-bench-gpu: --shared is for CPU buffers, not --device cuda\n");
     return 2;
   }
   Options o;
-  if (quick && bytes == "4,4K,256K,4M,64M,256M") bytes = "4,4K,256K,4M";
-  if (quick && iters.empty()) iters = "20";
-  if (!ParseSizes(bytes, &o.bytes)) {
+  if (quick && coll.bytes == "4,4K,256K,4M,64M,256M") coll.bytes = "4,4K,256K,4M";
+  if (quick && coll.iters.empty()) coll.iters = "20";
+  if (!bench::ParseByteSizes(coll.bytes, &o.bytes)) {
     std::fprintf(stderr, "muster-bench-gpu: --bytes wants positive sizes like 4,4K,256K,4M\n");
     return 2;
   }
-  if (iters.empty()) {
+  if (coll.iters.empty()) {
     for (int64_t b : o.bytes) o.iters.push_back(DefaultIters(b));
   } else {
-    for (absl::string_view part : absl::StrSplit(iters, ',', absl::SkipWhitespace())) {
-      int64_t v = 0;
-      if (!absl::SimpleAtoi(part, &v) || v <= 0) {
-        std::fprintf(stderr, "muster-bench-gpu: --iters wants positive integers\n");
-        return 2;
-      }
-      o.iters.push_back(v);
+    if (!bench::ParseCounts(coll.iters, &o.iters)) {
+      std::fprintf(stderr, "muster-bench-gpu: --iters wants positive integers\n");
+      return 2;
     }
     if (o.iters.size() == 1) o.iters.assign(o.bytes.size(), o.iters[0]);
     if (o.iters.size() != o.bytes.size()) {
@@ -564,8 +527,8 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  o.warmup = warmup;
-  absl::StatusOr<DType> dt = ParseDType(dtype.c_str());
+  o.warmup = coll.warmup;
+  absl::StatusOr<DType> dt = ParseDType(coll.dtype.c_str());
   if (!dt.ok() || !NcclReduceType(*dt).ok() || *dt == DType::kBool || DTypeSize(*dt) > 8 ||
       *dt == DType::kInt8 || *dt == DType::kUInt8) {
     std::fprintf(stderr,

@@ -18,21 +18,12 @@
 #include "absl/strings/str_split.h"
 #include "common/flags.h"
 #include "tools/bench_collectives.h"
+#include "tools/bench_flags.h"
 #include "tools/bench_store.h"
 
 namespace {
 
 // Parses "1,16,64" into positive integers.
-bool ParseIntList(const std::string& text, std::vector<int64_t>* out) {
-  out->clear();
-  for (absl::string_view part : absl::StrSplit(text, ',', absl::SkipWhitespace())) {
-    int64_t v = 0;
-    if (!absl::SimpleAtoi(part, &v) || v <= 0) return false;
-    out->push_back(v);
-  }
-  return true;
-}
-
 // `collectives --device cuda` runs in muster-bench-gpu (it links CUDA and
 // NCCL; muster-bench never does): $MUSTER_BENCH_GPU, else next to this
 // binary (both are in tools/).
@@ -100,16 +91,14 @@ int main(int argc, char** argv) {
   double start_timeout = defaults.server_start_timeout_seconds;
   // collectives
   bench::CollectivesBenchOptions cdefaults;
-  std::string coll_ops = absl::StrJoin(bench::AllCollectiveOps(), ",");
-  std::string coll_bytes = "4,4K,256K,4M";
-  std::string coll_iters = "100";
-  int64_t coll_warmup = cdefaults.warmup;
-  int64_t coll_root = cdefaults.root;
-  std::string coll_dtype = cdefaults.dtype;
-  std::string coll_pin = cdefaults.pin;
-  bool verify = false;
-  bool coll_shared = false;
-  std::string coll_device = "cpu";
+  bench::CollectiveFlags coll;
+  coll.op = absl::StrJoin(bench::AllCollectiveOps(), ",");
+  coll.bytes = "4,4K,256K,4M";
+  coll.iters = "100";
+  coll.warmup = cdefaults.warmup;
+  coll.root = cdefaults.root;
+  coll.dtype = cdefaults.dtype;
+  coll.pin = cdefaults.pin;
   std::string client = "native";
 
   muster::FlagSet flags(
@@ -197,37 +186,9 @@ int main(int argc, char** argv) {
                   "the TCPStore master.");
   flags.AddDouble("start-timeout-seconds", &start_timeout,
                   "How long each server may take to become ready.");
-  flags.AddString("op", &coll_ops,
-                  "collectives: comma-separated ops: all_reduce (SUM), broadcast (from --root),\n"
-                  "all_gather (AllGatherIntoTensor), reduce_scatter (ReduceScatterTensor, SUM),\n"
-                  "barrier (CollectiveBarrier; runs once, sizes do not apply).");
-  flags.AddString("bytes", &coll_bytes,
-                  "collectives: comma-separated sizes in bytes; K, M, G (or KiB, MiB, GiB) are\n"
-                  "powers of 1024, e.g. 4,4K,256K,4M,64M. Rounded down to whole elements (at\n"
-                  "least one per rank); the size actually used is reported.");
-  flags.AddString("iters", &coll_iters,
-                  "collectives: timed iterations: one count for every size, or one per --bytes\n"
-                  "size (e.g. 1000,1000,200,50,10). barrier uses the largest.");
-  flags.AddInt("warmup", &coll_warmup,
-               "collectives: untimed iterations before each size; -1: max(2, iters/10).");
-  flags.AddString("dtype", &coll_dtype,
-                  "collectives: element type: float32, float64, float16, bfloat16, int8, uint8,\n"
-                  "int32, int64.");
-  flags.AddInt("root", &coll_root, "collectives: broadcast's root rank.");
-  flags.AddBool("verify", &verify,
-                "collectives: fill deterministic inputs and check the result on every rank,\n"
-                "once before and once after each timed loop (verified: true/false; else null).");
-  flags.AddBool("shared", &coll_shared,
-                "collectives: buffers from muster::AllocShared (peers read them in place)\n"
-                "instead of the heap.");
-  flags.AddString("pin", &coll_pin,
-                  "collectives: none (the scheduler places the ranks) or rank (rank r runs on\n"
-                  "allowed CPU local_rank mod #CPUs, all its threads included).");
-  flags.AddString("device", &coll_device,
-                  "collectives: cpu (this binary, under muster-run) or cuda (muster-bench-gpu,\n"
-                  "run directly; see above).");
+  bench::AddCollectiveFlags(flags, &coll);
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
-  if (coll_device != "cpu") {
+  if (coll.device != "cpu") {
     std::fprintf(stderr, "muster-bench: --device must be cpu or cuda\n");
     return 2;
   }
@@ -252,34 +213,34 @@ int main(int argc, char** argv) {
   if (positional[0] == "collectives") {
     bench::CollectivesBenchOptions c;
     if (quick) {
-      if (coll_bytes == "4,4K,256K,4M") coll_bytes = "4,4K,256K,5242884";
-      if (coll_iters == "100") coll_iters = "10";
-      if (coll_warmup == cdefaults.warmup) coll_warmup = 2;
+      if (coll.bytes == "4,4K,256K,4M") coll.bytes = "4,4K,256K,5242884";
+      if (coll.iters == "100") coll.iters = "10";
+      if (coll.warmup == cdefaults.warmup) coll.warmup = 2;
     }
-    c.ops = std::vector<std::string>(absl::StrSplit(coll_ops, ',', absl::SkipWhitespace()));
+    c.ops = std::vector<std::string>(absl::StrSplit(coll.op, ',', absl::SkipWhitespace()));
     if (c.ops.empty()) {
       std::fprintf(stderr, "muster-bench: --op names no op\n");
       return 2;
     }
-    if (!bench::ParseByteSizes(coll_bytes, &c.bytes)) {
+    if (!bench::ParseByteSizes(coll.bytes, &c.bytes)) {
       std::fprintf(stderr, "muster-bench: --bytes wants positive sizes like 4,4K,256K,4M\n");
       return 2;
     }
-    if (!ParseIntList(coll_iters, &c.iters) || c.iters.empty()) {
+    if (!bench::ParseCounts(coll.iters, &c.iters) || c.iters.empty()) {
       std::fprintf(stderr, "muster-bench: --iters wants positive integers like 100 or 1000,50\n");
       return 2;
     }
-    if (coll_warmup < -1) {
+    if (coll.warmup < -1) {
       std::fprintf(stderr, "muster-bench: --warmup must be >= 0 (or -1: automatic)\n");
       return 2;
     }
-    c.warmup = coll_warmup;
-    c.dtype = coll_dtype;
-    c.root = static_cast<int>(coll_root);
-    c.verify = verify;
+    c.warmup = coll.warmup;
+    c.dtype = coll.dtype;
+    c.root = static_cast<int>(coll.root);
+    c.verify = coll.verify;
     c.json = json;
-    c.pin = coll_pin;
-    c.shared = coll_shared;
+    c.pin = coll.pin;
+    c.shared = coll.shared;
     c.command_line = command_line;
     return bench::RunCollectivesBench(c);
   }
@@ -316,11 +277,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (!ParseIntList(clients, &o.clients)) {
+  if (!bench::ParseCounts(clients, &o.clients)) {
     std::fprintf(stderr, "muster-bench: --clients wants positive integers like 1,16,64\n");
     return 2;
   }
-  if (!ParseIntList(barrier, &o.barrier)) {
+  if (!bench::ParseCounts(barrier, &o.barrier)) {
     std::fprintf(stderr, "muster-bench: --barrier wants positive integers like 64,256,1024\n");
     return 2;
   }
