@@ -1,14 +1,14 @@
-// PrefixStore: a namespace inside another store. Every key becomes
-// "<prefix>/<key>" (c10d's PrefixStore joins the same way), so groups and
-// jobs sharing one store never see each other's keys. NumKeys counts the
-// whole underlying store (as c10d does); ListKeys lists only this prefix,
-// with the prefix removed.
+// HashStore: an in-memory Store for tests and single-process use. Blocking
+// calls wait on a condition variable; every operation is atomic.
 //
-// Thread-safe if the underlying store is.
-#ifndef MUSTER_CLIENT_INCLUDE_MUSTER_PREFIX_STORE_H_
-#define MUSTER_CLIENT_INCLUDE_MUSTER_PREFIX_STORE_H_
+// Thread-safe. (std::mutex rather than absl::Mutex so that ThreadSanitizer,
+// which cannot see into Debian's uninstrumented Abseil, understands it.)
+#ifndef MUSTER_CORE_INCLUDE_MUSTER_HASH_STORE_H_
+#define MUSTER_CORE_INCLUDE_MUSTER_HASH_STORE_H_
 
-#include <memory>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -16,10 +16,8 @@
 
 namespace muster {
 
-class PrefixStore : public Store {
+class HashStore : public Store {
  public:
-  PrefixStore(std::string prefix, std::shared_ptr<Store> base);
-
   absl::Status Set(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::string> Get(absl::string_view key, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta) override;
@@ -29,7 +27,7 @@ class PrefixStore : public Store {
   absl::StatusOr<bool> Check(const std::vector<std::string>& keys) override;
   absl::StatusOr<bool> DeleteKey(absl::string_view key) override;
   absl::StatusOr<int64_t> NumKeys() override;
-  bool Supports(StoreCapability capability) const override;
+  bool Supports(StoreCapability) const override { return true; }
   absl::Status Append(absl::string_view key, absl::string_view value) override;
   absl::StatusOr<std::vector<std::string>> MultiGet(const std::vector<std::string>& keys,
                                                     absl::Duration timeout) override;
@@ -40,16 +38,17 @@ class PrefixStore : public Store {
   using Store::MultiGet;
   using Store::Wait;
 
-  const std::string& prefix() const { return prefix_; }
-
  private:
-  std::string Key(absl::string_view key) const;
-  std::vector<std::string> Keys(const std::vector<std::string>& keys) const;
+  // Waits (holding `lock` on mu_) until every key exists; DeadlineExceeded
+  // names the missing ones.
+  absl::Status AwaitKeys(std::unique_lock<std::mutex>& lock, const std::vector<std::string>& keys,
+                         absl::Duration timeout);
 
-  std::string prefix_;
-  std::shared_ptr<Store> base_;
+  std::mutex mu_;
+  std::condition_variable changed_;                      // notified on every write
+  std::map<std::string, std::string, std::less<>> map_;  // guarded by mu_
 };
 
 }  // namespace muster
 
-#endif  // MUSTER_CLIENT_INCLUDE_MUSTER_PREFIX_STORE_H_
+#endif  // MUSTER_CORE_INCLUDE_MUSTER_HASH_STORE_H_

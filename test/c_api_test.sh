@@ -10,7 +10,7 @@ else
   ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/bazel-bin"
 fi
 RUN="$ROOT/tools/muster-run"
-RANK="$ROOT/client/c_api_rank"
+RANK="$ROOT/test/c_api_rank"
 for f in "$RUN" "$RANK" "$ROOT/daemon/musterd" "$ROOT/client/libmuster.so"; do
   [[ -e "$f" ]] || { echo "c_api_test: FAIL: missing $f" >&2; exit 1; }
 done
