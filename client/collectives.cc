@@ -829,10 +829,8 @@ std::shared_ptr<Work> ProcessGroup::ISend(Tensor t, int dst, uint64_t tag) {
 }
 
 std::shared_ptr<Work> ProcessGroup::IRecv(Tensor t, int src, uint64_t tag) {
-  if (src < 0) {
-    return Failed(absl::InvalidArgumentError(
-        absl::StrCat("recv from rank ", src, ": not a rank (IRecvAnySource receives from any)")));
-  }
+  // (-1 is SubmitP2P's "any source": only IRecvAnySource means it.)
+  if (src < 0) return Failed(GroupRank(src).status());
   return SubmitP2P(false, t, src, tag);
 }
 
@@ -868,7 +866,10 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
     works.assign(requests.size(), Failed(device.status()));
     return works;
   }
-  for (const P2PRequest& r : requests) works.push_back(SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  for (const P2PRequest& r : requests) {
+    works.push_back(r.peer < 0 ? Failed(GroupRank(r.peer).status())
+                               : SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  }
   return works;
 }
 
