@@ -784,8 +784,14 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
   if (!comm_status_.ok()) return Failed(comm_status_);
   if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
   if (remote_p2p_ != nullptr && any_source) {
-    return Failed(absl::UnimplementedError(absl::StrCat(
-        "recv from any source on group '", name_, "': not supported on groups spanning nodes")));
+    // A group spanning nodes: over its Gloo mesh.
+    auto work = std::make_shared<Work>();
+    remote_p2p_->PostRecvAnySource(
+        tag, t.data, t.bytes(), absl::Now() + timeout_, [work, this](absl::Status s, int source) {
+          if (!s.ok()) s = Explain(std::move(s));
+          work->Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
+        });
+    return work;
   }
   if (remote_p2p_ != nullptr) {
     // A group spanning nodes: over its Gloo mesh.

@@ -253,8 +253,8 @@ class ProcessGroup {
   std::shared_ptr<Work> ISend(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> IRecv(Tensor tensor, int src, uint64_t tag = 0);
   // c10d's recv(src=None) / irecv_anysource: receives the first message
-  // with `tag` from any member; Work::source_rank() names the sender.
-  // Node-local groups only (UNIMPLEMENTED on groups spanning nodes).
+  // with `tag` from any member; Work::source_rank() names the sender. CPU
+  // tensors only (UNIMPLEMENTED for CUDA: NCCL matches by peer).
   std::shared_ptr<Work> IRecvAnySource(Tensor tensor, uint64_t tag = 0);
   absl::Status Send(Tensor tensor, int dst, uint64_t tag = 0) {
     return ISend(tensor, dst, tag)->Wait();
