@@ -202,6 +202,12 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       // Every member arrived, but one may have given up on the round
       // already (a late arrival): then it failed here too.
       if (arrivals && Decide(round, /*failed=*/false)) return Aborted();
+      // Every member released, but one failed reading (it decided the next
+      // round failed before releasing): not OK here either.
+      if (!arrivals &&
+          segment_->header().outcome.load(std::memory_order_acquire) == ((round << 1) | 1)) {
+        return Aborted();
+      }
       return absl::OkStatus();
     }
     if (segment_->locally_aborted()) {
@@ -412,6 +418,7 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
         absl::Status st = work();
         if (!st.ok()) {
           // The others go on to the next round: make them fail too.
+          Decide(round_ + 1, /*failed=*/true);
           segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
         }
         return st;
@@ -576,6 +583,9 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
                 size_t len = Part(count, size_, j, &off);
                 if (absl::Status st = ReadSource(j, off * es, len * es, bytes + off * es);
                     !st.ok()) {
+                  // The others wait for this rank's release (WaitReaders):
+                  // the decision tells them it failed.
+                  Decide(round_ + 1, /*failed=*/true);
                   segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
                   return st;
                 }
