@@ -723,6 +723,16 @@ int muster_recv(muster_group* g, const muster_tensor* tensor, int src, uint64_t 
   });
 }
 
+int muster_recv_anysource(muster_group* g, const muster_tensor* tensor, uint64_t tag,
+                          muster_work** work) {
+  if (int c = CheckGroup(g, work); c != kOk) return c;
+  return Guarded([&] {
+    Tensor t;
+    if (int c = ToTensor(tensor, &t); c != kOk) return c;
+    return Deliver(g, g->group->IRecvAnySource(t, tag), work);
+  });
+}
+
 int muster_batch_isend_irecv(muster_group* g, const muster_p2p_op* ops, size_t n,
                              muster_work** works) {
   if (int c = CheckGroup(g, works); c != kOk) return c;
@@ -777,6 +787,10 @@ int muster_work_synchronize(muster_work* w, double timeout_s) {
 
 uint64_t muster_work_sequence(const muster_work* w) {
   return w == nullptr ? 0 : w->work->sequence();
+}
+
+int muster_work_source_rank(const muster_work* w) {
+  return w == nullptr ? -1 : w->work->source_rank();
 }
 
 int muster_work_on_complete(muster_work* w, muster_work_callback callback, void* arg) {

@@ -105,12 +105,18 @@ absl::Status Work::status() const {
   return status_;
 }
 
-void Work::Complete(absl::Status status) {
+int Work::source_rank() const {
+  absl::MutexLock lock(&mu_);
+  return done_ ? source_ : -1;
+}
+
+void Work::Complete(absl::Status status, int source) {
   std::vector<std::function<void(const absl::Status&)>> callbacks;
   {
     absl::MutexLock lock(&mu_);
     if (done_) return;  // recorded exactly once
     status_ = std::move(status);
+    source_ = source;
     done_ = true;
     callbacks.swap(on_complete_);
   }
@@ -757,8 +763,14 @@ std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs,
 std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
   const char* what = send ? "send" : "recv";
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
-  auto group_rank = GroupRank(peer);
+  const bool any_source = !send && peer == -1;
+  absl::StatusOr<int> group_rank =
+      any_source ? absl::StatusOr<int>(P2POp::kAnySource) : GroupRank(peer);
   if (!group_rank.ok()) return Failed(group_rank.status());
+  if (any_source && t.device != Device::kCpu) {
+    return Failed(absl::UnimplementedError(
+        "recv from any source: only CPU tensors (NCCL matches messages by peer)"));
+  }
   if (auto gpu = RouteToGpu(what, {&t}, [&] {
         // NCCL has no tags: messages between two ranks match in order.
         GpuCall g;
@@ -771,14 +783,24 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
   }
   if (!comm_status_.ok()) return Failed(comm_status_);
   if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
+  if (remote_p2p_ != nullptr && any_source) {
+    // A group spanning nodes: over its Gloo mesh.
+    auto work = std::make_shared<Work>();
+    remote_p2p_->PostRecvAnySource(
+        tag, t.data, t.bytes(), absl::Now() + timeout_, [work, this](absl::Status s, int source) {
+          if (!s.ok()) s = Explain(std::move(s));
+          work->Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
+        });
+    return work;
+  }
   if (remote_p2p_ != nullptr) {
     // A group spanning nodes: over its Gloo mesh.
     if (absl::Status s = remote_p2p_->Validate(*group_rank, tag); !s.ok()) return Failed(s);
     auto work = std::make_shared<Work>();
     remote_p2p_->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
-                      [work, this](absl::Status s) {
+                      [work, this, source = send ? -1 : peer](absl::Status s) {
                         if (!s.ok()) s = Explain(std::move(s));
-                        work->Complete(std::move(s));
+                        work->Complete(std::move(s), source);
                       });
     return work;
   }
@@ -813,7 +835,13 @@ std::shared_ptr<Work> ProcessGroup::ISend(Tensor t, int dst, uint64_t tag) {
 }
 
 std::shared_ptr<Work> ProcessGroup::IRecv(Tensor t, int src, uint64_t tag) {
+  // (-1 is SubmitP2P's "any source": only IRecvAnySource means it.)
+  if (src < 0) return Failed(GroupRank(src).status());
   return SubmitP2P(false, t, src, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::IRecvAnySource(Tensor t, uint64_t tag) {
+  return SubmitP2P(false, t, -1, tag);
 }
 
 std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
@@ -844,7 +872,10 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
     works.assign(requests.size(), Failed(device.status()));
     return works;
   }
-  for (const P2PRequest& r : requests) works.push_back(SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  for (const P2PRequest& r : requests) {
+    works.push_back(r.peer < 0 ? Failed(GroupRank(r.peer).status())
+                               : SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  }
   return works;
 }
 
@@ -878,7 +909,8 @@ void ProcessGroup::RunP2P() {
       if (it->first->finished) {
         absl::Status status = it->first->status;
         if (!status.ok()) status = Explain(std::move(status));
-        it->second->Complete(std::move(status));
+        int source = it->first->send || it->first->source < 0 ? -1 : ranks_[it->first->source];
+        it->second->Complete(std::move(status), source);
         it = active.erase(it);
       } else {
         ++it;

@@ -22,6 +22,17 @@
 //                              running" after the first); reports the failure with
 //                              iters= and at_us= (wall clock, µs since the epoch)
 //   artime GROUP               one all_reduce, reported with at_us=
+//   tagorder GROUP             pairs (0,1), (2,3), ...: the even rank sends tags 1
+//                              then 2, the odd one receives 2 then 1 (checked)
+//   anysrc GROUP               group rank 0 receives one message from every
+//                              other member from any source (tag 3); prints
+//                              the senders it was told, in arrival order
+//   timedwait GROUP MS MODE    all_reduce, Wait(MS) (expected to time out; its
+//                              elapsed_ms), then Wait() for the result. MODE:
+//                              plain; inline (another thread waits without a
+//                              timeout first: it runs the collective itself);
+//                              callback (an OnComplete callback is registered
+//                              first: the executor runs it at once)
 //   mark TEXT                  prints "rank R: mark TEXT"
 //   waitfile PATH              waits (up to 60 s) until PATH exists
 //   sleep MS | crash | exit CODE
@@ -38,12 +49,14 @@
 #include <map>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "backends/backend.h"
 #include "muster/shared_buffer.h"
@@ -680,6 +693,74 @@ int main(int argc, char** argv) {
       } while (st.ok() && cmd == "arloop");
       std::string when = at_us();
       report(step, st, absl::StrCat("iters=", iters, " ", when));
+    } else if (cmd == "tagorder") {
+      auto g = groups.at(words[1]);
+      int me = g->rank(), partner_group = me ^ 1;
+      absl::Status st;
+      if (partner_group >= g->size()) {
+        report(step, st, "no partner");
+        continue;
+      }
+      int partner = g->ranks()[partner_group];
+      int64_t a = 1000 + world->rank(), b = 2000 + world->rank(), ra = -1, rb = -1;
+      if (me % 2 == 0) {
+        auto sa = g->ISend({&a, 1, muster::DType::kInt64}, partner, 1);
+        auto sb = g->ISend({&b, 1, muster::DType::kInt64}, partner, 2);
+        st = sa->Wait();
+        if (st.ok()) st = sb->Wait();
+      } else {
+        st = g->Recv({&rb, 1, muster::DType::kInt64}, partner, 2);
+        if (st.ok()) st = g->Recv({&ra, 1, muster::DType::kInt64}, partner, 1);
+        if (st.ok() && (ra != 1000 + partner || rb != 2000 + partner)) {
+          st = absl::InternalError(absl::StrCat("wrong messages: tag 1 ", ra, ", tag 2 ", rb));
+        }
+      }
+      report(step, st, "");
+    } else if (cmd == "anysrc") {
+      auto g = groups.at(words[1]);
+      absl::Status st;
+      std::vector<std::string> senders;
+      if (g->rank() == 0) {
+        for (int i = 1; i < g->size() && st.ok(); ++i) {
+          int64_t v = -1;
+          auto w = g->IRecvAnySource({&v, 1, muster::DType::kInt64}, 3);
+          st = w->Wait();
+          if (st.ok() && v != 100 + w->source_rank()) {
+            st = absl::InternalError(absl::StrCat("rank ", w->source_rank(), " sent ", v));
+          }
+          senders.push_back(std::to_string(w->source_rank()));
+        }
+      } else {
+        int64_t v = 100 + world->rank();
+        st = g->Send({&v, 1, muster::DType::kInt64}, g->ranks()[0], 3);
+      }
+      report(step, st, absl::StrCat("senders=", absl::StrJoin(senders, ",")));
+    } else if (cmd == "timedwait") {
+      auto g = groups.at(words[1]);
+      int ms = std::stoi(words[2]);
+      const std::string& mode = words[3];
+      std::vector<int32_t> v(8, 1);
+      auto work = g->AllReduce({v.data(), v.size(), muster::DType::kInt32});
+      std::thread other;
+      absl::Notification callback_ran;
+      if (mode == "inline") {
+        other = std::thread([work] { (void)work->Wait(); });
+        absl::SleepFor(absl::Milliseconds(50));  // it is running the collective now
+      } else if (mode == "callback") {
+        work->OnComplete([&callback_ran](const absl::Status&) { callback_ran.Notify(); });
+      }
+      absl::Time t0 = absl::Now();
+      absl::Status first = work->Wait(absl::Milliseconds(ms));
+      int64_t first_ms = absl::ToInt64Milliseconds(absl::Now() - t0);
+      absl::Status st = work->Wait();
+      if (other.joinable()) other.join();
+      if (mode == "callback" && !callback_ran.WaitForNotificationWithTimeout(absl::Seconds(5))) {
+        st = absl::InternalError("the callback never ran");
+      }
+      if (st.ok() && v[0] != g->size()) st = absl::InternalError("wrong all_reduce result");
+      report(
+          step, st,
+          absl::StrCat("first=", absl::StatusCodeToString(first.code()), " first_ms=", first_ms));
     } else if (cmd == "mark") {
       std::printf("rank %s: mark %s\n", me.c_str(), words.size() > 1 ? words[1].c_str() : "");
     } else if (cmd == "waitfile") {

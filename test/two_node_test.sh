@@ -26,7 +26,7 @@ start_rank() {  # rank namespace socket script
   pids+=($!)
   eval "rank_pid_$1=$!"
 }
-SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world;allreduce world 100000;bcast world 1000 3;gatherobj world;a2a world;cbarrier world;xops world;ring world 1048576"
+SCRIPT="init;subgroups 2;group cross 1,2;barrier world;barrier world;allreduce world 100000;bcast world 1000 3;gatherobj world;a2a world;cbarrier world;xops world;ring world 1048576;tagorder world;anysrc world"
 start_rank 0 "$NA" "$WORK/a.sock" "$SCRIPT;barrier world 20000;sleep 1500"
 start_rank 1 "$NA" "$WORK/a.sock" "$SCRIPT;barrier cross 20000;xops cross;allreduce cross 1000;barrier world 20000;sleep 1000"
 start_rank 2 "$NB" "$WORK/b.sock" "$SCRIPT;barrier cross 20000;xops cross;sleep 2500;crash"
@@ -62,7 +62,12 @@ for r in 0 1 2 3; do
     grep -q "rank $r: xops world $op ok" "$WORK/rank$r.out" || fail "rank $r: xops world $op"
   done
   grep -q "rank $r: ring world 1048576 ok" "$WORK/rank$r.out" || fail "rank $r: ring across nodes"
+  grep -q "rank $r: tagorder world ok" "$WORK/rank$r.out" || fail "rank $r: tags out of order"
+  grep -q "rank $r: anysrc world ok" "$WORK/rank$r.out" || fail "rank $r: recv from any source"
 done
+senders=$(sed -nE 's/^rank 0: anysrc world ok senders=([0-9,]+).*/\1/p' "$WORK/rank0.out" \
+  | tr , '\n' | sort | tr '\n' ' ')
+[[ $senders == "1 2 3 " ]] || fail "rank 0 was told senders '$senders' (want 1 2 3)"
 for r in 1 2; do  # one member per node: leaders only
   n=$(grep -c "rank $r: xops cross .* ok" "$WORK/rank$r.out")
   (( n == 20 )) || fail "rank $r: $n of 20 operations on group cross"

@@ -3,6 +3,7 @@
 // create groups, hit barriers, fail and misbehave.
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <map>
 
@@ -485,6 +486,77 @@ TEST_CASE(
                                                 " ok mapped_peers=", c.peers)));
     }
   }
+}
+
+TEST_CASE(
+    "point to point matches by (peer, tag) in any tag order and receives from any source; the "
+    "group keeps working") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "p2ptags", 4);
+  for (int r = 0; r < 4; ++r) {
+    job.Start(r, "init;tagorder world;allreduce world 8;anysrc world;allreduce world 8");
+  }
+  std::string out = job.WaitAll();
+  INFO(out);
+  for (int r = 0; r < 4; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": ");
+    CHECK(absl::StrContains(out, p + "tagorder world ok"));
+    CHECK(absl::StrContains(out, p + "allreduce world 8 ok seq=1"));
+    CHECK(absl::StrContains(out, p + "anysrc world ok"));
+    CHECK(absl::StrContains(out, p + "allreduce world 8 ok seq=2"));
+  }
+  // Rank 0 was told every sender once.
+  size_t at = out.find("rank 0: anysrc world ok senders=");
+  REQUIRE(at != std::string::npos);
+  std::string senders = out.substr(at + 32, out.find('\n', at) - at - 32);
+  std::vector<std::string> got = absl::StrSplit(senders, ',');
+  std::sort(got.begin(), got.end());
+  CHECK(got == std::vector<std::string>{"1", "2", "3"});
+}
+
+TEST_CASE(
+    "Work::Wait(timeout) gives up at its deadline whichever thread runs the collective; the "
+    "collective goes on") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "timedwait", 2);
+  job.Start(0,
+            "init;timedwait world 300 plain;timedwait world 300 inline;"
+            "timedwait world 300 callback");
+  job.Start(1,
+            "init;sleep 1500;timedwait world 20000 plain;sleep 1500;timedwait world 20000 plain;"
+            "sleep 1500;timedwait world 20000 plain");
+  std::string out = job.WaitAll();
+  INFO(out);
+  for (const char* mode : {"plain", "inline", "callback"}) {
+    std::string line = absl::StrCat("rank 0: timedwait world 300 ", mode);
+    CHECK(absl::StrContains(out, line + " ok first=DEADLINE_EXCEEDED"));
+    int64_t ms = Field(out, line, "first_ms");
+    CHECK(ms >= 290);
+    CHECK(ms < 900);  // not the peer's 1.5 s
+  }
+  CHECK(absl::StrContains(out, "rank 1: timedwait world 20000 plain ok first=OK"));
+}
+
+TEST_CASE("a rank that arrives after the group timed out fails that collective too, at once") {
+  auto daemon = StartDaemon();
+  Job job(*daemon, "late", 2);
+  std::map<std::string, std::string> env = {{"MUSTER_TEST_INIT_TIMEOUT_MS", "2000"}};
+  job.Start(0, "init;allreduce world 8;allreduce world 8", env);
+  job.Start(1, "init;sleep 4000;allreduce world 8;allreduce world 8", env);
+  std::string out = job.WaitAll();
+  INFO(out);
+  CHECK(
+      absl::StrContains(out,
+                        "rank 0: allreduce world 8 error DEADLINE_EXCEEDED: all_reduce #1(int32, "
+                        "count 8, SUM) on group 'world' timed out waiting for ranks 1 to arrive"));
+  CHECK(absl::StrContains(out,
+                          "rank 1: allreduce world 8 error ABORTED: all_reduce #1(int32, count 8, "
+                          "SUM) on group 'world' aborted: rank 0: all_reduce #1(int32, count 8, "
+                          "SUM) on group 'world' timed out waiting for ranks 1 to arrive"));
+  CHECK_FALSE(absl::StrContains(out, "allreduce world 8 ok"));
+  size_t late = out.find("rank 1: allreduce world 8 error");
+  REQUIRE(late != std::string::npos);
+  CHECK(Field(out.substr(late), "rank 1: allreduce", "elapsed_ms") < 1000);
 }
 
 TEST_CASE("mismatched collectives across processes fail with both signatures") {

@@ -176,6 +176,51 @@ TEST_CASE("a member that never connects makes Connect fail instead of hanging") 
   CHECK(absl::Now() - start < absl::Seconds(20));
 }
 
+TEST_CASE("a rank arriving after the others timed out fails that collective too") {
+  // Ranks 0 and 1 give up after 300 ms; rank 2 arrives after 1 s with a far
+  // deadline: no rank may complete the collective the others failed, and
+  // the mesh is broken for all.
+  constexpr int kWorld = 3;
+  auto store = std::make_shared<HashStore>();
+  std::unique_ptr<GlooCommunicator> comms[kWorld];
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      auto c = GlooCommunicator::Connect(store, r, kWorld, "127.0.0.1", absl::Seconds(20));
+      if (c.ok()) comms[r] = std::move(*c);
+    });
+  }
+  for (auto& t : threads) t.join();
+  threads.clear();
+  for (auto& c : comms) REQUIRE(c != nullptr);
+  std::vector<absl::Status> results(kWorld), after(kWorld);
+  std::vector<absl::Duration> took(kWorld);
+  for (int r = 0; r < kWorld; ++r) {
+    threads.emplace_back([&, r] {
+      std::vector<int32_t> v(64, r + 1);
+      absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+      if (r == kWorld - 1) {
+        absl::SleepFor(absl::Seconds(1));
+        deadline = absl::Now() + absl::Seconds(10);
+      }
+      absl::Time start = absl::Now();
+      results[r] =
+          comms[r]->AllReduce(v.data(), v.size(), DType::kInt32, ReduceOp::kSum, 1, deadline);
+      took[r] = absl::Now() - start;
+      after[r] = comms[r]->AllReduce(v.data(), v.size(), DType::kInt32, ReduceOp::kSum, 1,
+                                     absl::Now() + absl::Seconds(5));
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < kWorld; ++r) {
+    INFO("rank " << r << ": " << results[r].ToString() << " / after: " << after[r].ToString());
+    CHECK_FALSE(results[r].ok());
+    CHECK_FALSE(after[r].ok());
+  }
+  CHECK(results[0].code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(took[kWorld - 1] < absl::Seconds(3));  // not its own 10 s deadline
+}
+
 TEST_CASE("Abort from another thread fails the rank's pending collective and later ones") {
   auto store = std::make_shared<HashStore>();
   std::unique_ptr<GlooCommunicator> comms[2];

@@ -1,5 +1,6 @@
 #include "backends/gloo/gloo_p2p.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "absl/strings/str_cat.h"
@@ -46,6 +47,7 @@ GlooP2P::~GlooP2P() {
     }
     threads.swap(threads_);
     unposted_.clear();
+    behind_any_.clear();
   }
   for (auto& t : threads) t.join();
   // Operations never picked up by a waiter.
@@ -56,7 +58,8 @@ GlooP2P::~GlooP2P() {
   }
   for (auto& op : left) {
     op->done(absl::CancelledError(
-        absl::StrCat(Describe(*op), ": group '", group_name_, "' was destroyed")));
+                 absl::StrCat(Describe(*op), ": group '", group_name_, "' was destroyed")),
+             -1);
   }
 }
 
@@ -75,6 +78,9 @@ void GlooP2P::Abort() {
 }
 
 std::string GlooP2P::Describe(const Pending& op) const {
+  if (op.any && op.peer == kAnySource) {
+    return absl::StrCat("recv from any rank (tag ", op.tag, ", ", op.bytes, " bytes)");
+  }
   int global = op.peer >= 0 && op.peer < static_cast<int>(global_ranks_.size())
                    ? global_ranks_[op.peer]
                    : op.peer;
@@ -104,18 +110,87 @@ void GlooP2P::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, 
   op->tag = tag;
   op->bytes = bytes;
   op->deadline = deadline;
-  op->done = std::move(done);
+  op->done = [done = std::move(done)](absl::Status s, int) { done(std::move(s)); };
   if (absl::Status s = Validate(peer, tag); !s.ok()) {
-    op->done(s);
+    op->done(s, -1);
     return;
   }
-  op->sizes[0] = bytes;
+  PostOp(std::move(op), data);
+}
+
+void GlooP2P::PostRecvAnySource(uint64_t tag, void* data, size_t bytes, absl::Time deadline,
+                                DoneFrom done) {
+  auto op = std::make_shared<Pending>();
+  op->send = false;
+  op->peer = kAnySource;
+  op->any = true;
+  op->tag = tag;
+  op->bytes = bytes;
+  op->deadline = deadline;
+  op->done = std::move(done);
+  if (tag > kMaxTag) {
+    op->done(absl::InvalidArgumentError(absl::StrCat("tag ", tag, " is above 2^56-1")), -1);
+    return;
+  }
+  if (context_->size < 2) {
+    op->done(absl::InvalidArgumentError(
+                 absl::StrCat("recv from any rank: group '", group_name_, "' has no other member")),
+             -1);
+    return;
+  }
+  PostOp(std::move(op), data);
+}
+
+bool GlooP2P::PostHeader(const std::shared_ptr<Pending>& op) {
+  // Posted under mu_ so that the sizes go out in the order of unposted_.
+  // The receive first: once the match has our size, it can send us its.
   try {
-    op->buffer = context_->createUnboundBuffer(data, bytes);
+    if (op->any) {
+      // Our size goes to the sender once we know it (Wait).
+      std::vector<int> others;
+      for (int i = 0; i < context_->size; ++i) {
+        if (i != context_->rank) others.push_back(i);
+      }
+      op->header->recv(others, kSendSizeSlotPrefix | op->tag, sizeof(uint64_t), sizeof(uint64_t));
+    } else {
+      uint64_t in = op->send ? kRecvSizeSlotPrefix : kSendSizeSlotPrefix;
+      uint64_t out = op->send ? kSendSizeSlotPrefix : kRecvSizeSlotPrefix;
+      op->header->recv(op->peer, in | op->tag, sizeof(uint64_t), sizeof(uint64_t));
+      op->header->send(op->peer, out | op->tag, 0, sizeof(uint64_t));
+      unposted_[Key(op->peer, op->tag, op->send)].push_back(op);
+    }
+  } catch (const std::exception& e) {
+    op->status = absl::AbortedError(
+        absl::StrCat(Describe(*op), " on group '", group_name_, "' failed over gloo: ", e.what()));
+    op->posted = true;
+    return false;
+  }
+  op->posted = true;
+  return true;
+}
+
+void GlooP2P::Resolved(uint64_t tag) {
+  auto it = behind_any_.find(tag);
+  if (it == behind_any_.end()) return;
+  auto& waiting = it->second;
+  waiting.pop_front();  // the receive from any source that learnt its sender
+  while (!waiting.empty()) {
+    std::shared_ptr<Pending> next = waiting.front();
+    if (PostHeader(next) && next->any) return;  // the next one to wait behind
+    waiting.pop_front();
+  }
+  behind_any_.erase(it);
+}
+
+void GlooP2P::PostOp(std::shared_ptr<Pending> op, void* data) {
+  op->sizes[0] = op->bytes;
+  try {
+    op->buffer = context_->createUnboundBuffer(data, op->bytes);
     op->header = context_->createUnboundBuffer(op->sizes, sizeof(op->sizes));
   } catch (const std::exception& e) {
-    op->done(absl::AbortedError(
-        absl::StrCat(Describe(*op), " on group '", group_name_, "' failed over gloo: ", e.what())));
+    op->done(absl::AbortedError(absl::StrCat(Describe(*op), " on group '", group_name_,
+                                             "' failed over gloo: ", e.what())),
+             -1);
     return;
   }
   absl::Status failed;
@@ -125,19 +200,17 @@ void GlooP2P::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, 
       failed = absl::CancelledError(
           absl::StrCat(Describe(*op), " on group '", group_name_, "': the group was aborted"));
     } else if (!stopping_) {
-      // Posted under mu_ so that the sizes go out in the order of unposted_.
-      // The receive first: once the match has our size, it can send us its.
-      try {
-        uint64_t in = send ? kRecvSizeSlotPrefix : kSendSizeSlotPrefix;
-        uint64_t out = send ? kSendSizeSlotPrefix : kRecvSizeSlotPrefix;
-        op->header->recv(peer, in | tag, sizeof(uint64_t), sizeof(uint64_t));
-        op->header->send(peer, out | tag, 0, sizeof(uint64_t));
-      } catch (const std::exception& e) {
-        failed = absl::AbortedError(absl::StrCat(Describe(*op), " on group '", group_name_,
-                                                 "' failed over gloo: ", e.what()));
+      auto behind = op->send ? behind_any_.end() : behind_any_.find(op->tag);
+      if (behind != behind_any_.end()) {
+        // After a receive from any source with this tag: posted once it
+        // knows its sender (Resolved).
+        behind->second.push_back(op);
+      } else if (PostHeader(op)) {
+        if (op->any) behind_any_[op->tag].push_back(op);
+      } else {
+        failed = op->status;
       }
       if (failed.ok()) {
-        unposted_[Key(peer, tag, send)].push_back(op);
         queue_.push_back(op);
         // Every queued operation needs a waiter of its own.
         if (queue_.size() > static_cast<size_t>(idle_)) {
@@ -151,7 +224,7 @@ void GlooP2P::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, 
           absl::StrCat(Describe(*op), ": group '", group_name_, "' was destroyed"));
     }
   }
-  op->done(std::move(failed));
+  op->done(std::move(failed), -1);
 }
 
 void GlooP2P::PostReady(const Key& key) {
@@ -199,14 +272,50 @@ absl::Status GlooP2P::Wait(const std::shared_ptr<Pending>& op) {
     }
     return absl::AbortedError(message);
   };
-  Key key(op->peer, op->tag, op->send);
-  // 1. The match's size.
+  // 0. Posted (a receive behind one from any source with its tag waits).
+  {
+    absl::MutexLock lock(&mu_);
+    auto ready = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return op->posted || stopping_ || aborted_;
+    };
+    if (!mu_.AwaitWithDeadline(absl::Condition(&ready), op->deadline)) {
+      auto it = behind_any_.find(op->tag);
+      if (it != behind_any_.end()) {
+        auto& ops = it->second;
+        ops.erase(std::remove(ops.begin(), ops.end(), op), ops.end());
+      }
+      return absl::DeadlineExceededError(
+          absl::StrCat(where,
+                       ": an earlier receive from any source with the same tag is still "
+                       "pending"));
+    }
+    if (!op->posted) return cancelled();
+    if (!op->status.ok()) return op->status;
+  }
+  // 1. The match's size (from any source: the first sender's, which makes
+  // it the match; our size goes to it now).
   absl::Status status;
   try {
-    if (!op->header->waitRecv(Left(op->deadline))) status = cancelled();
+    int source = -1;
+    if (!op->header->waitRecv(op->any ? &source : nullptr, Left(op->deadline))) {
+      status = cancelled();
+    }
+    if (op->any && status.ok()) {
+      absl::MutexLock lock(&mu_);
+      op->header->send(source, kRecvSizeSlotPrefix | op->tag, 0, sizeof(uint64_t));
+      op->peer = source;
+      unposted_[Key(source, op->tag, false)].push_back(op);
+      Resolved(op->tag);
+    }
   } catch (const std::exception& e) {
     status = fail(e);
   }
+  if (op->any && op->peer == kAnySource) {
+    absl::MutexLock lock(&mu_);
+    Resolved(op->tag);  // failed before it knew its sender
+    return status.ok() ? cancelled() : status;
+  }
+  Key key(op->peer, op->tag, op->send);
   {
     absl::MutexLock lock(&mu_);
     op->header_done = true;
@@ -276,7 +385,7 @@ void GlooP2P::Waiter() {
       absl::MutexLock lock(&mu_);
       waiting_.remove(op);
     }
-    op->done(std::move(status));
+    op->done(std::move(status), op->peer);
   }
 }
 

@@ -20,6 +20,14 @@
 // once), so an operation's completion is reported as soon as it happens
 // whatever else is pending.
 //
+// Receive from any source (PostRecvAnySource): the size exchange's receive
+// is posted to every other member (Gloo's recv from any rank); the first
+// sender's size decides the source, and only then does the receive send its
+// size and post its data, like a receive from that peer. To keep the order
+// per (peer, tag), receives with a tag posted while a receive from any
+// source with that tag has not learnt its sender wait (unposted to Gloo)
+// until it has.
+//
 // Failures: a peer that dies or closes its connection fails the pending
 // operations with ABORTED; an operation still pending at its deadline fails
 // with DEADLINE_EXCEEDED, and Gloo then fails every other operation pending
@@ -59,7 +67,10 @@ namespace muster {
 class GlooP2P {
  public:
   using Done = std::function<void(absl::Status)>;
+  // With the group rank of the sender (receives from any source).
+  using DoneFrom = std::function<void(absl::Status, int source)>;
   static constexpr uint64_t kMaxTag = (uint64_t{1} << 56) - 1;
+  static constexpr int kAnySource = -1;
 
   // `context` is the group's full mesh (rank i = group rank i);
   // `global_ranks[i]` names group rank i in messages.
@@ -77,6 +88,10 @@ class GlooP2P {
   // until then.
   void Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, absl::Time deadline,
             Done done);
+  // Receives the first message with `tag` from any member; `done` gets
+  // the sender's group rank (-1 if it failed before one was known).
+  void PostRecvAnySource(uint64_t tag, void* data, size_t bytes, absl::Time deadline,
+                         DoneFrom done);
   // Every pending and later operation fails with CANCELLED at once (the
   // caller refuses new ones and says why). Any thread.
   void Abort();
@@ -84,7 +99,8 @@ class GlooP2P {
  private:
   struct Pending {
     bool send = true;
-    int peer = -1;
+    int peer = -1;     // kAnySource until the sender is known
+    bool any = false;  // a receive from any source
     uint64_t tag = 0;
     size_t bytes = 0;
     absl::Time deadline;
@@ -92,7 +108,10 @@ class GlooP2P {
     uint64_t sizes[2] = {0, 0};
     std::unique_ptr<gloo::transport::UnboundBuffer> header;
     std::unique_ptr<gloo::transport::UnboundBuffer> buffer;
-    Done done;
+    DoneFrom done;
+    // Guarded by mu_: the size exchange was posted to Gloo (false while it
+    // waits behind a receive from any source with the same tag).
+    bool posted = false;
     // Guarded by mu_: the sizes arrived (or the exchange failed); the data
     // was posted (or will not be: `status` says why).
     bool header_done = false;
@@ -101,6 +120,14 @@ class GlooP2P {
   };
   // (peer, tag, send): operations whose data is not posted yet, in order.
   using Key = std::tuple<int, uint64_t, bool>;
+  void PostOp(std::shared_ptr<Pending> op, void* data);
+  // Posts the size exchange of `op` to Gloo; false (and op->status set) if
+  // Gloo refused.
+  bool PostHeader(const std::shared_ptr<Pending>& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A receive from any source with `tag` learnt its sender (or failed):
+  // posts the receives that waited behind it, up to the next one from any
+  // source.
+  void Resolved(uint64_t tag) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Waiter();
   absl::Status Wait(const std::shared_ptr<Pending>& op);
   // Posts the data of the operations at the front of `key`'s queue whose
@@ -117,6 +144,9 @@ class GlooP2P {
   // Operations a waiter is blocked on (aborted by the destructor).
   std::list<std::shared_ptr<Pending>> waiting_ ABSL_GUARDED_BY(mu_);
   std::map<Key, std::deque<std::shared_ptr<Pending>>> unposted_ ABSL_GUARDED_BY(mu_);
+  // By tag: receives waiting behind a receive from any source that has not
+  // learnt its sender (the front one is that receive, posted).
+  std::map<uint64_t, std::deque<std::shared_ptr<Pending>>> behind_any_ ABSL_GUARDED_BY(mu_);
   int idle_ ABSL_GUARDED_BY(mu_) = 0;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool aborted_ ABSL_GUARDED_BY(mu_) = false;

@@ -6,8 +6,10 @@
 
 #include <catch2/catch.hpp>
 #include <future>
+#include <set>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
 #include "backends/gloo/gloo_communicator.h"
 #include "muster/hash_store.h"
 
@@ -77,6 +79,56 @@ TEST_CASE("two ranks exchanging 16 MiB each way, both sending first, do not dead
   });
   CHECK(failures[0] == std::vector<std::string>{});
   CHECK(failures[1] == std::vector<std::string>{});
+}
+
+TEST_CASE("a receive from any source takes the first sender's message and names it") {
+  // Rank 0 receives two tag-5 messages from any source, then a tag-5
+  // message from rank 2 posted behind them, while ranks 1 and 2 send: rank
+  // 1 one message, rank 2 two (in order; its second once rank 1's was
+  // received, so that the receives from any source get one each).
+  std::promise<void> rank1_sent;
+  std::shared_future<void> rank1_done = rank1_sent.get_future().share();
+  auto failures = RunRanks(3, [&](int r, GlooP2P& p2p, std::vector<std::string>& fail) {
+    if (r == 0) {
+      int64_t got[3] = {-1, -1, -1};
+      int sources[2] = {-2, -2};
+      std::promise<absl::Status> done[2];
+      for (int i = 0; i < 2; ++i) {
+        p2p.PostRecvAnySource(5, &got[i], 8, absl::Now() + absl::Seconds(20),
+                              [&, i](absl::Status s, int source) {
+                                sources[i] = source;
+                                done[i].set_value(std::move(s));
+                              });
+      }
+      Async last;
+      last.Post(p2p, false, 2, 5, &got[2], 8);
+      for (auto& d : done) {
+        if (!d.get_future().get().ok()) fail.push_back("any");
+      }
+      if (!last.Get().ok()) fail.push_back("last");
+      // Rank 2's messages arrive in order: its second is the last receive's.
+      if (got[2] != 202) fail.push_back(absl::StrCat("last got ", got[2]));
+      std::set<int64_t> firsts = {got[0], got[1]};
+      if (firsts != std::set<int64_t>{101, 201}) fail.push_back("any values");
+      for (int i = 0; i < 2; ++i) {
+        if (got[i] != 100 * sources[i] + 1) {
+          fail.push_back(absl::StrCat("receive ", i, " got ", got[i], " from ", sources[i]));
+        }
+      }
+    } else {
+      int64_t first = 100 * r + 1, second = 100 * r + 2;
+      if (!Blocking(p2p, true, 0, 5, &first, 8).ok()) fail.push_back("send 1");
+      if (r == 1) rank1_sent.set_value();
+      if (r == 2) {
+        rank1_done.wait();
+        if (!Blocking(p2p, true, 0, 5, &second, 8).ok()) fail.push_back("send 2");
+      }
+    }
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r);
+    CHECK(failures[r] == std::vector<std::string>{});
+  }
 }
 
 TEST_CASE("messages with one tag arrive in order; tags are matched independently") {

@@ -322,6 +322,35 @@ TEST_CASE("bad arguments are refused before any data moves") {
   }
 }
 
+TEST_CASE("a member arriving after the others timed out fails that collective too") {
+  // Nodes a = {0, 1}, b = {2, 3}: rank 3 (not a leader) and rank 1 arrive
+  // after everyone else gave up. No member may complete the collective.
+  for (int late : {1, 2}) {
+    FakeJob job({"a", "a", "b", "b"});
+    std::vector<absl::Status> result(4), again(4);
+    std::vector<absl::Duration> took(4);
+    job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
+      std::vector<int32_t> v(16, r + 1);
+      absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+      if (r == late || r == 3) {
+        absl::SleepFor(absl::Seconds(1));
+        deadline = absl::Now() + absl::Seconds(10);
+      }
+      absl::Time start = absl::Now();
+      result[r] = c.AllReduce(v.data(), v.size(), DType::kInt32, ReduceOp::kSum, 1, deadline);
+      took[r] = absl::Now() - start;
+      again[r] = c.Barrier(Deadline());
+    });
+    for (int r = 0; r < 4; ++r) {
+      INFO("late " << late << ", rank " << r << ": " << result[r].ToString() << " after " << took[r]
+                   << "; then " << again[r].ToString());
+      CHECK_FALSE(result[r].ok());
+      CHECK_FALSE(again[r].ok());
+      CHECK(took[r] < absl::Seconds(5));
+    }
+  }
+}
+
 TEST_CASE("a local stage failing after the signature exchange fails the other nodes at once") {
   // The root's node disagrees on the shared-memory direct path (thresholds
   // differ between its ranks): its local broadcast fails after every node

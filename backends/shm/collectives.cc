@@ -154,8 +154,39 @@ absl::Status ShmCommunicator::Finish(absl::Status status) {
 // How long an oversubscribed rank yields its CPU before it sleeps.
 constexpr int64_t kYieldBudgetUs = 300;
 
+bool ShmCommunicator::Decide(uint64_t round, bool failed) {
+  std::atomic<uint64_t>& outcome = segment_->header().outcome;
+  uint64_t mine = (round << 1) | (failed ? 1 : 0);
+  uint64_t seen = outcome.load(std::memory_order_acquire);
+  while ((seen >> 1) < round) {
+    if (outcome.compare_exchange_weak(seen, mine, std::memory_order_acq_rel,
+                                      std::memory_order_acquire)) {
+      return failed;
+    }
+  }
+  // Decided before. A later round is decided only by members that completed
+  // this one (a failed round ends the collective on everyone).
+  return (seen >> 1) == round && (seen & 1) != 0;
+}
+
+absl::Status ShmCommunicator::Aborted() const {
+  // The member that failed the round aborts the segment right after
+  // deciding: wait for its reason (briefly).
+  for (int i = 0; i < 1000 && !segment_->aborted(); ++i) std::this_thread::yield();
+  if (!segment_->aborted()) {
+    return absl::AbortedError(absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
+                                           "' failed on another member"));
+  }
+  return segment_->AbortStatus(
+      absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
+}
+
 absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                                       absl::Time deadline, const char* what) {
+  // Waiting for arrivals at round `target` decides that round; a wait for
+  // releases of round `target` can only fail the next one.
+  const bool arrivals = field == &RankControl::arrived;
+  const uint64_t round = arrivals ? target : target + 1;
   absl::Time spin_until = absl::InfinitePast();
   int polls = 0;
   while (true) {
@@ -167,13 +198,27 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
         break;
       }
     }
-    if (all) return absl::OkStatus();
+    if (all) {
+      // Every member arrived, but one may have given up on the round
+      // already (a late arrival): then it failed here too.
+      if (arrivals && Decide(round, /*failed=*/false)) return Aborted();
+      // Every member released, but one failed reading (it decided the next
+      // round failed before releasing): not OK here either.
+      if (!arrivals &&
+          segment_->header().outcome.load(std::memory_order_acquire) == ((round << 1) | 1)) {
+        return Aborted();
+      }
+      return absl::OkStatus();
+    }
     if (segment_->locally_aborted()) {
       absl::Status local = segment_->local_abort_status();
       return absl::Status(local.code(), absl::StrCat(DescribeSignature(current_), " on group '",
                                                      group_name_, "': ", local.message()));
     }
     if (segment_->aborted()) {
+      // Unless the round completed (decided by a member that saw every
+      // arrival: they are visible here on the next look).
+      if (!Decide(round, /*failed=*/true)) continue;
       return segment_->AbortStatus(
           absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
     }
@@ -191,6 +236,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
           missing.push_back(global_ranks_[j]);
         }
       }
+      if (missing.empty() || !Decide(round, /*failed=*/true)) continue;  // it completed
       std::string message = absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
                                          "' timed out waiting for ranks ",
                                          absl::StrJoin(missing, ", "), " to ", what);
@@ -216,6 +262,11 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
                                     Read read) {
   uint64_t k = ++round_;
   RankControl& me = segment_->rank(rank_);
+  // A broken group fails every later collective at once, on every member.
+  if (segment_->aborted() && !segment_->locally_aborted()) {
+    return segment_->AbortStatus(
+        absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
+  }
   if (absl::Status s =
           WaitAll(&RankControl::released, k - 1, deadline, "finish the previous round");
       !s.ok()) {
@@ -367,6 +418,7 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
         absl::Status st = work();
         if (!st.ok()) {
           // The others go on to the next round: make them fail too.
+          Decide(round_ + 1, /*failed=*/true);
           segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
         }
         return st;
@@ -531,6 +583,9 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
                 size_t len = Part(count, size_, j, &off);
                 if (absl::Status st = ReadSource(j, off * es, len * es, bytes + off * es);
                     !st.ok()) {
+                  // The others wait for this rank's release (WaitReaders):
+                  // the decision tells them it failed.
+                  Decide(round_ + 1, /*failed=*/true);
                   segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
                   return st;
                 }

@@ -13,7 +13,13 @@
 // process (with the local reason: the rank lost its musterd) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
-// never complete). In the first round of every collective each rank also
+// never complete). A collective fails on every member or on none: each
+// round is decided once, in the segment's outcome word, by the first member
+// that saw every member arrive (completed) or gave up waiting (failed: its
+// deadline, an abort); a member that arrives after the round was failed
+// (a late rank) fails at once with ABORTED and the reason of the member
+// that gave up, and once the segment is aborted every later collective
+// fails at its start. In the first round of every collective each rank also
 // publishes its OpSignature; if they differ, every rank fails the
 // collective with FAILED_PRECONDITION naming both ranks and both
 // signatures (desync). Reductions combine contributions in rank order on
@@ -179,6 +185,12 @@ class ShmCommunicator : public Communicator {
   absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);
   // Waits until every peer finished reading this rank's buffer.
   absl::Status WaitReaders(absl::Time deadline);
+  // Decides round `round` (the segment's outcome word): completed, or
+  // failed if `failed`, unless it was decided before. Returns whether the
+  // round failed.
+  bool Decide(uint64_t round, bool failed);
+  // The status of a round another member failed (the segment's abort).
+  absl::Status Aborted() const;
   // Waits until rank j's `field` >= target for every j.
   absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                        absl::Time deadline, const char* what);

@@ -511,6 +511,60 @@ TEST_CASE("a rank that never joins fails the others with DEADLINE_EXCEEDED namin
   CHECK(deadline_errors >= 1);
 }
 
+TEST_CASE("a rank arriving after the others gave up fails too, at once, naming why") {
+  // Rank 0 gives up after 300 ms; rank 1 arrives after 800 ms (its own
+  // deadline far away). Every rank must fail the collective: none returns
+  // OK for one another member failed.
+  std::vector<absl::Status> results(2), after(2);
+  std::vector<absl::Duration> took(2);
+  std::vector<int32_t> got(2, 0);
+  RunRanks(2, 4096, [&](ShmCommunicator& c) {
+    std::vector<int32_t> v(4, c.rank() + 1);
+    absl::Time deadline = absl::Now() + absl::Milliseconds(300);
+    if (c.rank() == 1) {
+      absl::SleepFor(absl::Milliseconds(800));
+      deadline = Soon();
+    }
+    absl::Time start = absl::Now();
+    results[c.rank()] = c.AllReduce(v.data(), 4, DType::kInt32, ReduceOp::kSum, 1, deadline);
+    took[c.rank()] = absl::Now() - start;
+    got[c.rank()] = v[0];
+    after[c.rank()] = c.Barrier(Soon());
+  });
+  CHECK(results[0].code() == absl::StatusCode::kDeadlineExceeded);
+  INFO(results[1].ToString());
+  CHECK(results[1].code() == absl::StatusCode::kAborted);
+  CHECK(std::string(results[1].message()) ==
+        "all_reduce #1(int32, count 4, SUM) on group 'g' aborted: rank 10: all_reduce #1(int32, "
+        "count 4, SUM) on group 'g' timed out waiting for ranks 11 to arrive");
+  CHECK(took[1] < absl::Milliseconds(200));  // at once, not at its own deadline
+  for (int r = 0; r < 2; ++r) CHECK(after[r].code() == absl::StatusCode::kAborted);
+}
+
+TEST_CASE("with a timeout racing the last arrival, the ranks agree on the outcome") {
+  // Rank 2 arrives at about the moment ranks 0 and 1 give up, many times:
+  // either everyone completes the collective or no one does.
+  int disagreements = 0, failed_runs = 0;
+  for (int run = 0; run < 30; ++run) {
+    std::vector<absl::Status> results(3);
+    RunRanks(3, 4096, [&](ShmCommunicator& c) {
+      std::vector<int32_t> v(4, 1);
+      absl::Time deadline = absl::Now() + absl::Milliseconds(20);
+      if (c.rank() == 2) {
+        absl::SleepFor(absl::Microseconds(19000 + 100 * (run % 20)));
+        deadline = Soon();
+      }
+      results[c.rank()] = c.AllReduce(v.data(), 4, DType::kInt32, ReduceOp::kSum, 1, deadline);
+    });
+    int ok = 0;
+    for (const absl::Status& s : results) ok += s.ok();
+    if (ok != 0 && ok != 3) ++disagreements;
+    if (ok == 0) ++failed_runs;
+  }
+  CHECK(disagreements == 0);
+  INFO("runs where the collective failed everywhere: " << failed_runs);
+}
+
 TEST_CASE("an abort from outside wakes sleeping ranks with the reason") {
   std::string name = UniqueName();
   auto seg = GroupSegment::Create(name, 2, 4096);

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 
 #include "absl/strings/str_cat.h"
 
@@ -13,14 +12,24 @@ P2PEngine::P2PEngine(GroupSegment* segment, int rank, std::string group_name,
     : segment_(segment),
       rank_(rank),
       group_name_(std::move(group_name)),
-      global_ranks_(std::move(global_ranks)) {
+      global_ranks_(std::move(global_ranks)),
+      incoming_(segment->nranks()) {
   if (global_ranks_.size() != static_cast<size_t>(segment_->nranks())) {
     global_ranks_.resize(segment_->nranks());
     for (int i = 0; i < segment_->nranks(); ++i) global_ranks_[i] = i;
   }
 }
 
+std::string P2PEngine::Describe(const P2POp& op) const {
+  if (!op.send && op.peer == P2POp::kAnySource) return "recv from any rank";
+  return absl::StrCat(op.send ? "send to" : "recv from", " rank ", global_ranks_[op.peer]);
+}
+
 absl::Status P2PEngine::Validate(const P2POp& op) const {
+  if (!op.send && op.peer == P2POp::kAnySource) {
+    if (op.data == nullptr && op.bytes > 0) return absl::InvalidArgumentError("null buffer");
+    return absl::OkStatus();
+  }
   if (op.peer < 0 || op.peer >= segment_->nranks()) {
     return absl::InvalidArgumentError(absl::StrCat(op.send ? "send to" : "recv from", " rank ",
                                                    op.peer, ": outside group '", group_name_,
@@ -55,76 +64,144 @@ uint64_t P2PEngine::Read(MailboxHeader& box, char* ring, char* dst, uint64_t n) 
   uint64_t avail = std::min(n, w - r);
   uint64_t pos = r % cap;
   uint64_t first = std::min(avail, cap - pos);
-  std::memcpy(dst, ring + pos, first);
-  std::memcpy(dst + first, ring, avail - first);
+  if (dst != nullptr) {
+    std::memcpy(dst, ring + pos, first);
+    std::memcpy(dst + first, ring, avail - first);
+  }
   if (avail > 0) box.read.store(r + avail, std::memory_order_release);
   return avail;
 }
 
+void P2PEngine::Detach(P2POp& op) {
+  if (op.send) return;
+  for (Incoming& in : incoming_) {
+    if (in.target == &op) {
+      in.target = nullptr;
+      in.discard = true;
+    }
+  }
+  for (Stashed& s : stash_) {
+    if (s.claimed == &op) s.claimed = nullptr;
+  }
+}
+
 void P2PEngine::Fail(P2POp& op, absl::Status status, bool abort_group) {
+  Detach(op);
   op.finished = true;
   op.status = status;
   if (abort_group) segment_->Abort(std::string(status.message()));
 }
 
-bool P2PEngine::Step(P2POp& op) {
-  if (segment_->locally_aborted()) {
-    absl::Status local = segment_->local_abort_status();
+bool P2PEngine::Matches(const P2POp& op, int from, uint64_t tag) const {
+  return !op.send && !op.finished && !op.matched && op.tag == tag &&
+         (op.peer == from || op.peer == P2POp::kAnySource);
+}
+
+void P2PEngine::Deliver(Stashed& s, P2POp& op) {
+  op.source = s.peer;
+  if (op.bytes != s.data.size()) {
     Fail(op,
-         absl::Status(local.code(), absl::StrCat(op.send ? "send to" : "recv from", " rank ",
-                                                 global_ranks_[op.peer], " on group '", group_name_,
-                                                 "': ", local.message())),
+         absl::InvalidArgumentError(absl::StrCat(
+             "recv from rank ", global_ranks_[s.peer], " on group '", group_name_, "' with tag ",
+             s.tag, ": buffer has ", op.bytes, " bytes, message has ", s.data.size())),
          false);
+  } else {
+    if (op.bytes > 0) std::memcpy(op.data, s.data.data(), op.bytes);
+    op.done = op.bytes;
+    op.finished = true;
+    op.status = absl::OkStatus();
+  }
+  stashed_bytes_ -= s.data.size();
+  for (auto it = stash_.begin(); it != stash_.end(); ++it) {
+    if (&*it == &s) {
+      stash_.erase(it);
+      break;
+    }
+  }
+}
+
+bool P2PEngine::Place(int from, Incoming& in, std::vector<P2POp*>& ops) {
+  for (P2POp* op : ops) {
+    if (!Matches(*op, from, in.tag)) continue;
+    op->matched = true;
+    op->source = from;
+    if (op->bytes != in.bytes) {
+      Fail(*op,
+           absl::InvalidArgumentError(absl::StrCat(
+               "recv from rank ", global_ranks_[from], " on group '", group_name_, "' with tag ",
+               in.tag, ": buffer has ", op->bytes, " bytes, message has ", in.bytes)),
+           false);
+      in.discard = true;  // dropped: the stream stays in step
+    } else {
+      in.target = op;
+    }
     return true;
   }
-  if (segment_->aborted()) {
-    Fail(op,
-         segment_->AbortStatus(absl::StrCat(op.send ? "send to" : "recv from", " rank ",
-                                            global_ranks_[op.peer], " on group '", group_name_,
-                                            "' aborted")),
-         false);
-    return true;
+  if (stashed_bytes_ + in.bytes > kMaxStashBytes) return false;
+  stash_.push_back(Stashed{from, in.tag, std::string(in.bytes, '\0')});
+  stashed_bytes_ += in.bytes;
+  in.stash = &stash_.back();
+  return true;
+}
+
+bool P2PEngine::StepIncoming(int from, std::vector<P2POp*>& ops) {
+  Incoming& in = incoming_[from];
+  MailboxHeader& box = segment_->mailbox(from, rank_);
+  char* ring = segment_->mailbox_data(from, rank_);
+  bool moved = false;
+  while (true) {
+    if (!in.in_message) {
+      uint64_t n = Read(box, ring, in.frame + in.frame_done, sizeof(in.frame) - in.frame_done);
+      in.frame_done += n;
+      moved |= n > 0;
+      if (in.frame_done < sizeof(in.frame)) return moved;
+      std::memcpy(&in.tag, in.frame, 8);
+      std::memcpy(&in.bytes, in.frame + 8, 8);
+      in.done = 0;
+      in.in_message = true;
+      in.target = nullptr;
+      in.stash = nullptr;
+      in.discard = false;
+    }
+    if (in.target == nullptr && in.stash == nullptr && !in.discard) {
+      if (!Place(from, in, ops)) return moved;  // waits in the ring for its receive
+      moved = true;
+    }
+    char* dst = in.target != nullptr  ? in.target->data
+                : in.stash != nullptr ? in.stash->data.data()
+                                      : nullptr;  // discarded
+    uint64_t n = Read(box, ring, dst == nullptr ? nullptr : dst + in.done, in.bytes - in.done);
+    in.done += n;
+    moved |= n > 0;
+    if (in.target != nullptr) in.target->done = in.done;
+    if (in.done < in.bytes) return moved;
+    if (in.target != nullptr) {
+      in.target->finished = true;
+      in.target->status = absl::OkStatus();
+    } else if (in.stash != nullptr) {
+      in.stash->complete = true;
+      if (in.stash->claimed != nullptr) Deliver(*in.stash, *in.stash->claimed);
+    }
+    in = Incoming();
+    moved = true;
   }
-  int from = op.send ? rank_ : op.peer;
-  int to = op.send ? op.peer : rank_;
-  MailboxHeader& box = segment_->mailbox(from, to);
-  char* ring = segment_->mailbox_data(from, to);
+}
+
+bool P2PEngine::StepSend(P2POp& op) {
+  MailboxHeader& box = segment_->mailbox(rank_, op.peer);
+  char* ring = segment_->mailbox_data(rank_, op.peer);
   uint64_t moved = 0;
   if (op.frame_done < sizeof(op.frame)) {
-    if (op.send && op.frame_done == 0) {
+    if (op.frame_done == 0) {
       std::memcpy(op.frame, &op.tag, 8);
       std::memcpy(op.frame + 8, &op.bytes, 8);
     }
-    uint64_t n = op.send ? Write(box, ring, op.frame + op.frame_done, 16 - op.frame_done)
-                         : Read(box, ring, op.frame + op.frame_done, 16 - op.frame_done);
+    uint64_t n = Write(box, ring, op.frame + op.frame_done, sizeof(op.frame) - op.frame_done);
     op.frame_done += n;
     moved += n;
-    if (op.frame_done < 16) return moved > 0;
-    if (!op.send) {
-      uint64_t tag, bytes;
-      std::memcpy(&tag, op.frame, 8);
-      std::memcpy(&bytes, op.frame + 8, 8);
-      if (tag != op.tag) {
-        Fail(op,
-             absl::FailedPreconditionError(
-                 absl::StrCat("recv from rank ", global_ranks_[op.peer], " on group '", group_name_,
-                              "' expected tag ", op.tag, " but the next message has tag ", tag,
-                              " (messages between two ranks arrive in order)")),
-             true);
-        return true;
-      }
-      if (bytes != op.bytes) {
-        Fail(op,
-             absl::InvalidArgumentError(absl::StrCat(
-                 "recv from rank ", global_ranks_[op.peer], " on group '", group_name_,
-                 "' with tag ", op.tag, ": buffer has ", op.bytes, " bytes, message has ", bytes)),
-             true);
-        return true;
-      }
-    }
+    if (op.frame_done < sizeof(op.frame)) return moved > 0;
   }
-  uint64_t n = op.send ? Write(box, ring, op.data + op.done, op.bytes - op.done)
-                       : Read(box, ring, op.data + op.done, op.bytes - op.done);
+  uint64_t n = Write(box, ring, op.data + op.done, op.bytes - op.done);
   op.done += n;
   moved += n;
   if (op.done == op.bytes) {
@@ -136,22 +213,53 @@ bool P2PEngine::Step(P2POp& op) {
 
 bool P2PEngine::Progress(std::vector<P2POp*>& ops) {
   bool any = false;
-  // Only the oldest unfinished op per (direction, peer) may move bytes.
-  std::map<std::pair<bool, int>, bool> busy;
-  for (P2POp* op : ops) {
-    if (op->finished) continue;
-    auto key = std::make_pair(op->send, op->peer);
-    if (busy[key]) continue;
-    busy[key] = true;
-    if (Step(*op)) any = true;
-    if (!op->finished && absl::Now() > op->deadline) {
+  if (segment_->locally_aborted() || segment_->aborted()) {
+    absl::Status local = segment_->local_abort_status();
+    for (P2POp* op : ops) {
+      if (op->finished) continue;
+      std::string where = absl::StrCat(Describe(*op), " on group '", group_name_, "'");
       Fail(*op,
-           absl::DeadlineExceededError(absl::StrCat(
-               op->send ? "send to" : "recv from", " rank ", global_ranks_[op->peer], " on group '",
-               group_name_, "' timed out (", op->done, " of ", op->bytes, " bytes moved)")),
-           true);
+           segment_->locally_aborted()
+               ? absl::Status(local.code(), absl::StrCat(where, ": ", local.message()))
+               : segment_->AbortStatus(absl::StrCat(where, " aborted")),
+           false);
       any = true;
     }
+    return any;
+  }
+  // Receives posted since the last call take stashed messages first (the
+  // oldest that matches: per sender and tag, in arrival order).
+  for (P2POp* op : ops) {
+    if (op->send || op->finished || op->matched) continue;
+    for (Stashed& s : stash_) {
+      if (s.claimed != nullptr || !Matches(*op, s.peer, s.tag)) continue;
+      op->matched = true;
+      op->source = s.peer;
+      s.claimed = op;
+      if (s.complete) Deliver(s, *op);
+      any = true;
+      break;
+    }
+  }
+  for (int from = 0; from < segment_->nranks(); ++from) {
+    if (from != rank_ && StepIncoming(from, ops)) any = true;
+  }
+  // Only the oldest unfinished send per peer may move bytes.
+  std::vector<bool> busy(segment_->nranks(), false);
+  for (P2POp* op : ops) {
+    if (!op->send || op->finished || busy[op->peer]) continue;
+    busy[op->peer] = true;
+    if (StepSend(*op)) any = true;
+  }
+  absl::Time now = absl::Now();
+  for (P2POp* op : ops) {
+    if (op->finished || now <= op->deadline) continue;
+    Fail(*op,
+         absl::DeadlineExceededError(absl::StrCat(Describe(*op), " on group '", group_name_,
+                                                  "' with tag ", op->tag, " timed out (", op->done,
+                                                  " of ", op->bytes, " bytes moved)")),
+         true);
+    any = true;
   }
   if (any) segment_->Wake();
   return any;

@@ -22,7 +22,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 2;
+constexpr uint32_t kVersion = 3;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   h->aborted.store(0);
   h->epoch.store(0);
   h->sleepers.store(0);
+  h->outcome.store(0);
   std::memset(h->abort_reason, 0, sizeof(h->abort_reason));
   auto* controls = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
   for (int i = 0; i < nranks; ++i) {

@@ -10,7 +10,9 @@
 // round counters (release/acquire). The header also carries the abort flag
 // and reason, which musterd sets when the group breaks (a member died, the
 // operator aborted it) or when it shuts down, and a rank sets when a
-// collective times out; a futex word wakes sleeping waiters.
+// collective times out; the outcome of the last round decided (so that a
+// collective fails on every member or on none); a futex word wakes sleeping
+// waiters.
 //
 // A GroupSegment object (one process's mapping) also has a process-local
 // abort: this process stops waiting on the segment while the other members
@@ -74,6 +76,11 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> aborted;   // 0, or the AbortKind
   std::atomic<uint32_t> epoch;     // futex word: bumped on every progress
   std::atomic<uint32_t> sleepers;  // waiters in futex_wait
+  // The outcome of the last round decided: round << 1 | 1 if it failed.
+  // A round is decided once, by the first member that saw every member
+  // arrive (completed) or gave up on it (failed: timeout, abort), so no
+  // member completes a round another failed (see collectives.h).
+  std::atomic<uint64_t> outcome;
   char abort_reason[512];
 };
 

@@ -301,6 +301,11 @@ class Work:
         """The collective's sequence number in its group (from 1)."""
         return int(lib().muster_work_sequence(self._handle))
 
+    @property
+    def source_rank(self):
+        """A completed receive: the sender's global rank (else -1)."""
+        return int(lib().muster_work_source_rank(self._handle))
+
     def is_completed(self):
         return bool(lib().muster_work_is_completed(self._handle))
 
@@ -658,18 +663,28 @@ class Group(_Handle):
         code = lib().muster_send(self._handle, ctypes.byref(b.tensor), dst, tag, ctypes.byref(w))
         return _finish(code, w, b, True)
 
-    def irecv(self, buf, src, tag=0):
+    def irecv(self, buf, src=None, tag=0):
+        """src None: the first message with `tag` from any member (the
+        Work's source_rank names the sender)."""
         _prune_orphans()
         b = _Buffer(buf, "recv")
         w = ctypes.c_void_p()
-        code = lib().muster_recv(self._handle, ctypes.byref(b.tensor), src, tag, ctypes.byref(w))
+        if src is None:
+            code = lib().muster_recv_anysource(self._handle, ctypes.byref(b.tensor), tag,
+                                               ctypes.byref(w))
+        else:
+            code = lib().muster_recv(self._handle, ctypes.byref(b.tensor), src, tag,
+                                     ctypes.byref(w))
         return _finish(code, w, b, True)
 
     def send(self, buf, dst, tag=0):
         self.isend(buf, dst, tag).wait()
 
-    def recv(self, buf, src, tag=0):
-        self.irecv(buf, src, tag).wait()
+    def recv(self, buf, src=None, tag=0):
+        """Returns the sender's global rank (c10d's recv)."""
+        w = self.irecv(buf, src, tag)
+        w.wait()
+        return w.source_rank
 
     def batch_isend_irecv(self, ops):
         """ops: (kind, buf, peer[, tag]) with kind "send" or "recv"; returns

@@ -113,6 +113,20 @@ for w in ws:
     w.wait()
 report("batch", value=got2.tolist())
 
+# Receives from any source (src=None) name their sender; tags match in any
+# order.
+if r == 0:
+    senders = []
+    for _ in range(n - 1):
+        v = np.zeros(1, dtype=np.int64)
+        senders.append(g.recv(v, None, tag=6))
+        assert int(v[0]) == 100 + senders[-1], (v, senders)
+    report("any_source", senders=sorted(senders))
+else:
+    a = g.isend(np.array([100 + r], dtype=np.int64), 0, tag=6)
+    a.wait(timeout=30)
+    report("any_source", senders=[])
+
 # Async work handles.
 x = np.ones(4, dtype=np.float32)
 w = g.all_reduce(x, async_op=True)

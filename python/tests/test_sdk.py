@@ -109,6 +109,8 @@ def test_point_to_point_and_async(job):
     assert all(v["value"] == (r - 1) % n for r, v in got.items())
     _, got = results(job, "batch")
     assert all(v["value"] == [(r - 1) % n] * 2 for r, v in got.items())
+    _, got = results(job, "any_source")
+    assert got[0]["senders"] == list(range(1, n)), got
     _, got = results(job, "async")
     for v in got.values():
         assert v["completed"] and v["sequence"] >= 1 and v["exception"] is None

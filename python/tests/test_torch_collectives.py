@@ -251,6 +251,11 @@ def test_point_to_point(job):
         check_value(r, [(rank - 1) % n + 0.5] * 4)
     for rank, r in by_rank(job, "batch_isend_irecv").items():
         check_value(r, [[100.0 + (rank - 1) % n] * 3, [200.0 + (rank + 1) % n] * 2])
+    for rank, r in by_rank(job, "tag_order").items():
+        prv = (rank - 1) % n
+        check_value(r, [[prv * 10 + 1.0], [prv * 10 + 2.0]])
+    for rank, r in by_rank(job, "recv_any_source").items():
+        check_value(r, [[s, 100 + s] for s in range(1, n)] if rank == 0 else None)
 
 
 def test_object_collectives(job):

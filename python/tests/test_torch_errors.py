@@ -122,6 +122,23 @@ def test_group_formation_timeout_names_missing_ranks(errors):
     assert all(works(x["value"]) for x in by_rank(errors, "after_formation_timeout").values())
 
 
+def test_a_timed_out_collective_fails_everywhere_through_wait_and_future(errors):
+    got = by_rank(errors, "future_error")
+    assert sorted(got) == list(range(WORLD))
+    for rank, r in got.items():
+        # No member gets a result: the early ones time out, the late one
+        # fails at once with their reason.
+        for how in ("future", "wait", "chained"):
+            assert not r[how]["ok"], (how, r)
+            assert re.search(r"(DEADLINE_EXCEEDED|ABORTED).*timed out waiting for ranks 2 to arrive",
+                             r[how]["error"]), (how, r)
+        if rank == WORLD - 1:
+            assert r["future"]["seconds"] < 1.0, r  # at once, not after its own timeout
+        assert r["callback_ran"], r
+        assert r["completed"] is True and r["success"] is False, r
+    assert all(works(x["value"]) for x in by_rank(errors, "after_future_error").values())
+
+
 def test_desync_names_both_ranks_and_signatures(errors):
     got = by_rank(errors, "desync")
     assert sorted(got) == list(range(WORLD))

@@ -282,6 +282,32 @@ def check_p2p(groups):
         return [as_list(recv_prev), as_list(recv_next)]
     both("batch_isend_irecv", lambda: None, run_batch, groups)
 
+    def run_tag_order(_, g):
+        # Tags 1 and 2 to the next rank, received in the other order: c10d
+        # matches messages by (peer, tag).
+        a, b = torch.tensor([RANK * 10 + 1.0]), torch.tensor([RANK * 10 + 2.0])
+        ra, rb = torch.zeros(1), torch.zeros(1)
+        sends = [dist.isend(a, dst=nxt, group=g, tag=1), dist.isend(b, dst=nxt, group=g, tag=2)]
+        dist.recv(rb, src=prv, group=g, tag=2)
+        dist.recv(ra, src=prv, group=g, tag=1)
+        for r in sends:
+            r.wait()
+        return [as_list(ra), as_list(rb)]
+    both("tag_order", lambda: None, run_tag_order, groups)
+
+    def run_any_source(_, g):
+        # recv(src=None) returns the sender's rank.
+        if RANK == 0:
+            got = []
+            for _ in range(WORLD - 1):
+                t = torch.zeros(1, dtype=torch.int64)
+                src = dist.recv(t, group=g, tag=4)
+                got.append([src, int(t.item())])
+            return sorted(got)
+        dist.send(torch.tensor([100 + RANK]), dst=0, group=g, tag=4)
+        return None
+    both("recv_any_source", lambda: None, run_any_source, groups)
+
 
 def check_objects(groups):
     def run_bcast(_, g):
@@ -648,6 +674,29 @@ def mode_errors(musterctl):
         report("monitored_barrier", late=False, **r)
     dist.barrier()
     report("after_monitored_barrier", value=works())
+
+    # A collective that times out on one member fails on every member, the
+    # late one too; the error reaches wait(), is_success() and the Work's
+    # future (whose callbacks run with it).
+    late = dist.new_group(list(range(WORLD)), timeout=datetime.timedelta(seconds=1))
+    dist.barrier()
+    if RANK == WORLD - 1:
+        time.sleep(2.5)
+    t = torch.full((2,), float(RANK))
+    w = dist.all_reduce(t, group=late, async_op=True)
+    fut = w.get_future()
+    seen = []
+
+    def callback(f):
+        seen.append(f"{type(f).__name__}")
+        return f.value()  # raises the collective's error
+    chained = fut.then(callback)
+    future = timed(fut.wait)
+    report("future_error", future=future, wait=timed(w.wait), chained=timed(chained.wait),
+           callback_ran=seen, completed=w.is_completed(), success=w.is_success(),
+           exception=attempt(lambda: str(w.exception())))
+    dist.barrier()
+    report("after_future_error", value=works())
 
     # Group formation timeout: the last rank never creates the group.
     if RANK != WORLD - 1:

@@ -268,6 +268,12 @@ int muster_send(muster_group* group, const muster_tensor* tensor, int dst, uint6
                 muster_work** work);
 int muster_recv(muster_group* group, const muster_tensor* tensor, int src, uint64_t tag,
                 muster_work** work);
+/* c10d's recv(src=None): the first message with `tag` from any member;
+ * muster_work_source_rank names the sender once the work completed.
+ * Messages match by (peer, tag): different tags in any order, one tag in
+ * the order sent. */
+int muster_recv_anysource(muster_group* group, const muster_tensor* tensor, uint64_t tag,
+                          muster_work** work);
 typedef struct muster_p2p_op {
   int32_t send; /* 1: send, 0: receive */
   int32_t peer; /* global rank */
@@ -293,6 +299,8 @@ int muster_work_status(muster_work* work);
 int muster_work_synchronize(muster_work* work, double timeout_s);
 /* Its sequence number in its group (from 1; 0 if it never started). */
 uint64_t muster_work_sequence(const muster_work* work);
+/* A completed receive: the sender's global rank; -1 otherwise. */
+int muster_work_source_rank(const muster_work* work);
 /* Calls `callback(arg, code, message)` once the work completed: at once
  * on this thread if it already has, else on the thread that completes it
  * (a group's executor or a waiter; possibly just after another thread's

@@ -139,10 +139,14 @@ class Work {
   // Keeps `data` alive as long as this Work (for bindings whose buffers
   // must outlive a collective their caller may stop waiting for).
   void Retain(std::shared_ptr<const void> data);
+  // A completed receive: the global rank of the sender (what c10d's
+  // recv(src=None) returns); -1 for other works and before completion.
+  int source_rank() const;
 
  private:
   friend class ProcessGroup;
-  void Complete(absl::Status status);
+  // `source`: a receive's sender (global rank).
+  void Complete(absl::Status status, int source = -1);
   uint64_t sequence_ = 0;
   // CUDA collectives: blocks until the GPU passed the collective.
   std::function<absl::Status(absl::Time deadline)> synchronize_;
@@ -151,6 +155,7 @@ class Work {
   mutable absl::Mutex mu_;
   bool done_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int source_ ABSL_GUARDED_BY(mu_) = -1;
   std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
 };
@@ -235,15 +240,22 @@ class ProcessGroup {
   // `blobs` (size() of them) matter at the root only.
   std::shared_ptr<Work> ScatterBytes(std::vector<std::string> blobs, std::string* out, int root);
 
-  // Point to point (peers are global ranks, as in c10d). Messages between
-  // two ranks arrive in order; a receive names the tag and size of the next
-  // message from that peer. Sends and receives progress concurrently on the
-  // group's p2p thread, so exchanging large messages never deadlocks.
-  // Groups spanning nodes send over their Gloo mesh (GlooP2P) with c10d's
-  // gloo semantics: messages are matched by (peer, tag), in order per tag;
-  // a send completes once the peer received it.
+  // Point to point (peers are global ranks, as in c10d). A receive matches
+  // a message by (peer, tag): messages from one rank with the same tag are
+  // received in the order they were sent, messages with different tags in
+  // any order; a receive must have the size of the message it matches
+  // (else INVALID_ARGUMENT naming both). Sends and receives progress
+  // concurrently on the group's p2p thread, so exchanging large messages
+  // never deadlocks. Node-local groups go through the segment's mailboxes
+  // (a send completes once its bytes are in the receiver's ring or memory,
+  // see backends/shm/p2p.h); groups spanning nodes over their Gloo mesh
+  // (GlooP2P: a send completes once the peer received it).
   std::shared_ptr<Work> ISend(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> IRecv(Tensor tensor, int src, uint64_t tag = 0);
+  // c10d's recv(src=None) / irecv_anysource: receives the first message
+  // with `tag` from any member; Work::source_rank() names the sender. CPU
+  // tensors only (UNIMPLEMENTED for CUDA: NCCL matches by peer).
+  std::shared_ptr<Work> IRecvAnySource(Tensor tensor, uint64_t tag = 0);
   absl::Status Send(Tensor tensor, int dst, uint64_t tag = 0) {
     return ISend(tensor, dst, tag)->Wait();
   }
@@ -330,6 +342,7 @@ class ProcessGroup {
 
   // Point to point: queued ops, progressed together by p2p_thread_.
   void RunP2P();
+  // `peer`: a global rank, or -1 for a receive from any source.
   std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
   absl::Mutex p2p_mu_;
   std::deque<std::pair<std::unique_ptr<P2POp>, std::shared_ptr<Work>>> p2p_new_

@@ -499,6 +499,15 @@ void MusterWork::synchronize() {
 
 std::vector<at::Tensor> MusterWork::result() { return outputs_; }
 
+int MusterWork::sourceRank() const {
+  int global = handles_.size() == 1 ? muster_work_source_rank(handles_[0]) : -1;
+  for (size_t i = 0; global >= 0 && i < group_ranks_.size(); ++i) {
+    if (group_ranks_[i] == global) return static_cast<int>(i);
+  }
+  TORCH_CHECK(false, "muster ", what_,
+              ": sourceRank() is known only once a receive from any source completed");
+}
+
 c10::intrusive_ptr<c10::ivalue::Future> MusterWork::getFuture() {
   std::call_once(callbacks_once_, [this] { RegisterCallbacks(); });
   return future_;
@@ -1145,9 +1154,20 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::recv(std::vector<at::Tensor>& tens
       tensors, ts.TakeKeep(), ts.stream());
 }
 
-c10::intrusive_ptr<c10d::Work> MusterBackend::recvAnysource(std::vector<at::Tensor>&, int) {
-  TORCH_CHECK(false, "muster ", What("recv"),
-              ": receiving from any source is not supported; pass src");
+c10::intrusive_ptr<c10d::Work> MusterBackend::recvAnysource(std::vector<at::Tensor>& tensors,
+                                                            int tag) {
+  const char* what = "recv";
+  CheckSingle(tensors, what);
+  TensorSet ts(What(what));
+  muster_tensor t = ts.Output(tensors[0]);
+  auto work = Launch(
+      c10d::OpType::RECVANYSOURCE, what,
+      [&](muster_group* g, muster_work** w) {
+        return muster_recv_anysource(g, &t, static_cast<uint64_t>(tag), w);
+      },
+      tensors, ts.TakeKeep(), ts.stream());
+  work->SetGroupRanks(global_ranks_);
+  return work;
 }
 
 c10::intrusive_ptr<c10d::Work> MusterBackend::barrier(const c10d::BarrierOptions&) {

@@ -108,6 +108,11 @@ class MusterWork : public c10d::Work {
   void synchronize() override;
   std::vector<at::Tensor> result() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  // A completed receive from any source: the sender's group rank.
+  int sourceRank() const override;
+  // Receives: `global_ranks` (the group's members in group-rank order)
+  // map the sender muster reports to sourceRank's group rank.
+  void SetGroupRanks(std::vector<int32_t> global_ranks) { group_ranks_ = std::move(global_ranks); }
 
   // Called for handle `index` once it completed (any thread).
   void HandleDone(size_t index, int code, const std::string& message);
@@ -126,6 +131,7 @@ class MusterWork : public c10d::Work {
   const std::vector<at::Tensor> keep_alive_;
   const std::optional<c10::Stream> stream_;
   const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<int32_t> group_ranks_;  // set before the Work is shared
 
   std::once_flag callbacks_once_;
   std::mutex state_mu_;
