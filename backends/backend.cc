@@ -25,15 +25,6 @@ bool ValidName(absl::string_view name) {
   return true;
 }
 
-// The built-in backends have no in-process implementation in the rank: the
-// daemon runs them. Creating one in-process says so.
-BackendFactory DaemonOwned(const std::string& name) {
-  return [name](const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-    return absl::FailedPreconditionError(
-        absl::StrCat("backend '", name, "' runs inside musterd, not in the rank process"));
-  };
-}
-
 }  // namespace
 
 std::string FormatBackendConfig(const BackendConfig& config) {
@@ -49,11 +40,7 @@ BackendRegistry& BackendRegistry::Global() {
   return *registry;
 }
 
-BackendRegistry::BackendRegistry() {
-  entries_["gloo"] = Entry{DaemonOwned("gloo"), {"cpu"}};
-  entries_["shm"] = Entry{DaemonOwned("shm"), {"cpu"}};
-  entries_["nccl"] = Entry{DaemonOwned("nccl"), {"cuda"}};
-}
+BackendRegistry::BackendRegistry() = default;
 
 absl::Status BackendRegistry::Register(const std::string& name, BackendFactory factory,
                                        const std::vector<std::string>& devices) {

@@ -1,8 +1,11 @@
 // Backend: one communication library serving one process group on one kind
-// of device ("cpu" or "cuda"). Backends are created by name through the
-// BackendRegistry, so a third party can add one without touching muster.
-// Collective operations are added to this interface by the collectives
-// work; today a backend knows its identity and the group it serves.
+// of device ("cpu" or "cuda") of this rank. Every group's backends are
+// created by name through the BackendRegistry when the group is created —
+// muster's own ("gloo": shared memory within a node, Gloo across nodes,
+// hierarchical for groups spanning nodes; "shm": node-local only; "nccl":
+// CUDA tensors through musterd's communicators) exactly like a third
+// party's — and each call of the group dispatches once, to the backend of
+// its tensors' device: its Communicator (collectives) or PointToPoint.
 //
 // Implementations document their own thread-safety; the registry is
 // thread-safe.
@@ -19,16 +22,31 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "backends/communicator.h"
+#include "muster/store.h"
 
 namespace muster {
 
-// What a backend is created for.
+// What a backend is created for: one group, on one device of this rank.
 struct BackendOptions {
   std::string group_name;
   int group_rank = 0;
   int group_size = 1;
-  std::string device;  // "cpu" or "cuda"
+  std::vector<int> global_ranks;  // group rank -> global rank
+  std::string device;             // "cpu" or "cuda"
   absl::Duration timeout = absl::Minutes(30);
+  // A store for this group's rendezvous (c10d's store argument), namespaced
+  // to the job attempt, the group and the backend; connects on first use.
+  std::function<absl::StatusOr<std::shared_ptr<Store>>()> connect_store;
+  // This rank's address toward the job's store (where a TCP transport can
+  // listen for its peers).
+  std::string local_address;
+  // From musterd: the node (daemon) of each member, in group-rank order;
+  // this node's shared-memory segment for the group ("" if musterd made
+  // none) and the group ranks it holds.
+  std::vector<std::string> member_nodes;
+  std::string shm_name;
+  std::vector<int> shm_group_ranks;
 };
 
 class Backend {
@@ -38,6 +56,15 @@ class Backend {
   virtual const BackendOptions& options() const = 0;
   int rank() const { return options().group_rank; }
   int size() const { return options().group_size; }
+  // The group's collectives on this rank; null if the backend has none
+  // (they fail UNIMPLEMENTED naming it).
+  virtual Communicator* communicator() { return nullptr; }
+  // Its sends and receives; null if it has none.
+  virtual PointToPoint* point_to_point() { return nullptr; }
+  // Any thread: whatever waits in the backend stops and fails with
+  // `reason`, as does everything later (this rank lost what the group
+  // needs, e.g. its musterd).
+  virtual void Abort(const absl::Status& reason) {}
 };
 
 using BackendFactory =
@@ -51,8 +78,9 @@ using BackendConfig = std::map<std::string, std::string>;
 // "cpu:gloo,cuda:nccl" (canonical order) for a parsed config.
 std::string FormatBackendConfig(const BackendConfig& config);
 
-// The registry of backends by name. The built-in "gloo" (cpu), "nccl"
-// (cuda) and "shm" (cpu) are registered from the start.
+// The registry of backends by name. The SDK registers the built-in "gloo"
+// and "shm" (cpu) and "nccl" (cuda) before its first group
+// (RegisterBuiltinBackends in backends/builtin and the SDK's GPU path).
 class BackendRegistry {
  public:
   static BackendRegistry& Global();

@@ -1,17 +1,24 @@
 // Communicator: what one rank uses to run collectives in one process group,
 // whatever moves the data: shared memory for node-local groups
-// (ShmCommunicator) or Gloo over TCP for groups spanning nodes
-// (GlooCommunicator). Buffers are CPU memory; counts are elements of
-// `dtype`. Every method blocks until the collective completed on this rank
-// or failed (INVALID_ARGUMENT, FAILED_PRECONDITION for desync, ABORTED,
-// DEADLINE_EXCEEDED naming what it waited for).
+// (ShmCommunicator), Gloo over TCP (GlooCommunicator), both for groups
+// spanning nodes (HierarchicalCommunicator), or a third party's. Buffers are
+// memory of the backend's device (CPU for the built-in ones); counts are
+// elements of `dtype`. Every method blocks until the collective completed on
+// this rank or failed (INVALID_ARGUMENT, FAILED_PRECONDITION for desync,
+// ABORTED, DEADLINE_EXCEEDED naming what it waited for).
+//
+// PointToPoint: the same group's sends and receives (c10d semantics:
+// matched by (peer, tag), in order per (peer, tag); a receive may take a
+// message from any source).
 //
 // Thread-compatible: one thread drives a communicator at a time; Abort may
-// be called from any thread meanwhile.
+// be called from any thread meanwhile. PointToPoint is thread-safe.
 #ifndef MUSTER_BACKENDS_COMMUNICATOR_H_
 #define MUSTER_BACKENDS_COMMUNICATOR_H_
 
 #include <cstddef>
+#include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -55,6 +62,26 @@ class Communicator {
   virtual absl::Status AllToAll(const void* in, const std::vector<size_t>& send_counts, void* out,
                                 const std::vector<size_t>& recv_counts, DType dtype,
                                 absl::Time deadline) = 0;
+};
+
+class PointToPoint {
+ public:
+  // A receive's peer that matches a message from any member.
+  static constexpr int kAnySource = -1;
+  // The result, and for receives the sender's group rank (-1 for sends).
+  using Done = std::function<void(absl::Status status, int source)>;
+
+  virtual ~PointToPoint() = default;
+  // Checks an operation before it is posted (peer range, not self, tag).
+  virtual absl::Status Validate(bool send, int peer, uint64_t tag) const = 0;
+  // Posts a send of `bytes` at `data` to group rank `peer` (or a receive
+  // into it from `peer` or kAnySource); `done` runs once, on any thread,
+  // when it completed or failed (DEADLINE_EXCEEDED at `deadline`). The
+  // buffer stays the caller's until then.
+  virtual void Post(bool send, int peer, uint64_t tag, void* data, size_t bytes,
+                    absl::Time deadline, Done done) = 0;
+  // Any thread: pending and later operations fail with `reason`.
+  virtual void Abort(const absl::Status& reason) = 0;
 };
 
 }  // namespace muster

@@ -1,16 +1,14 @@
 // ProcessGroup's collectives and Work: validation, the per-group executor,
-// and the list/bytes variants built on ShmCommunicator's contiguous ones.
-#include "backends/shm/collectives.h"
+// and the list/bytes variants built on the contiguous Communicator ones.
+#include "muster/world.h"
 
 #include <algorithm>
 #include <cstring>
 #include <list>
 
 #include "absl/strings/str_cat.h"
+#include "backends/backend.h"
 #include "backends/communicator.h"
-#include "backends/gloo/gloo_p2p.h"
-#include "backends/shm/p2p.h"
-#include "backends/shm/segment.h"
 #include "client/gpu_path.h"
 #include "muster/world.h"
 
@@ -45,7 +43,7 @@ absl::Status CheckList(const std::vector<Tensor>& list, size_t expected, size_t 
   return absl::OkStatus();
 }
 
-// The tensors of one call, for RouteTensors.
+// The tensors of one call, for TensorsDevice.
 std::vector<const Tensor*> TensorPointers(std::initializer_list<const Tensor*> singles,
                                           const std::vector<Tensor>& list = {},
                                           const std::vector<Tensor>& more = {}) {
@@ -57,13 +55,21 @@ std::vector<const Tensor*> TensorPointers(std::initializer_list<const Tensor*> s
 
 }  // namespace
 
-std::shared_ptr<Work> ProcessGroup::RouteToGpu(const char* what,
-                                               const std::vector<const Tensor*>& tensors,
-                                               const std::function<GpuCall()>& make_call) {
-  absl::StatusOr<Device> device = RouteTensors(backend_, tensors, what);
-  if (!device.ok()) return Failed(device.status());
-  if (*device == Device::kCpu) return nullptr;
-  return SubmitGpu(make_call());
+absl::Status ProcessGroup::DeviceStatus(Device device, const char* what) const {
+  const absl::Status& status = device == Device::kCpu ? cpu_status_ : cuda_status_;
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+std::shared_ptr<Work> ProcessGroup::Route(Device* device, const char* what,
+                                          const std::vector<const Tensor*>& tensors,
+                                          const std::function<GpuCall()>& make_call) {
+  absl::StatusOr<Device> on = TensorsDevice(tensors, what);
+  if (!on.ok()) return Failed(on.status());
+  if (absl::Status s = DeviceStatus(*on, what); !s.ok()) return Failed(s);
+  *device = *on;
+  if (*on == Device::kCuda && daemon_gpu_) return SubmitGpu(make_call());
+  return nullptr;
 }
 
 bool Work::IsCompleted() const {
@@ -155,15 +161,10 @@ ProcessGroup::~ProcessGroup() {
     stopping_ = true;
   }
   if (executor_.joinable()) executor_.join();
-  {
-    absl::MutexLock lock(&p2p_mu_);
-    p2p_stopping_ = true;
-  }
-  if (p2p_ != nullptr) p2p_->segment()->Wake();
-  if (p2p_thread_.joinable()) p2p_thread_.join();
-  for (auto& [op, work] : p2p_new_) {
-    work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
-  }
+  // Pending point to point fails CANCELLED (through Works that use this
+  // group's session and ranks: before those go).
+  cpu_backend_.reset();
+  cuda_backend_.reset();
   for (Queued& q : queue_) {
     q.work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
   }
@@ -175,7 +176,7 @@ std::shared_ptr<Work> ProcessGroup::Failed(absl::Status status) {
   return work;
 }
 
-std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
+std::shared_ptr<Work> ProcessGroup::Submit(Device device, Op op) {
   auto work = std::make_shared<Work>();
   absl::Status gone = SessionStatus();
   absl::MutexLock lock(&exec_mu_);
@@ -189,7 +190,7 @@ std::shared_ptr<Work> ProcessGroup::Submit(Op op) {
     return work;
   }
   work->group_ = this;
-  queue_.push_back(Queued{std::move(op), work, absl::Now()});
+  queue_.push_back(Queued{device, std::move(op), work, absl::Now()});
   if (executor_sleeping_) kick_ = true;
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
@@ -201,9 +202,15 @@ bool ProcessGroup::RunHead() {
   Queued item = std::move(queue_.front());
   queue_.pop_front();
   exec_mu_.Unlock();
-  absl::Status status = comm_status_;
+  absl::Status status = DeviceStatus(item.device, "collective");
+  Backend* backend = backend_for(item.device);
+  Communicator* comm = backend != nullptr ? backend->communicator() : nullptr;
+  if (status.ok() && comm == nullptr) {
+    status = absl::UnimplementedError(
+        absl::StrCat("backend '", backend->name(), "' of group '", name_, "' runs no collectives"));
+  }
   if (status.ok()) status = SessionStatus();
-  if (status.ok()) status = item.op(*comm_, absl::Now() + timeout_);
+  if (status.ok()) status = item.op(*comm, absl::Now() + timeout_);
   if (!status.ok()) status = Explain(std::move(status));
   item.work->Complete(std::move(status));
   exec_mu_.Lock();
@@ -272,7 +279,8 @@ void ProcessGroup::RunUntil(Work* work, absl::Time deadline) {
 
 std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
   if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
-  if (auto gpu = RouteToGpu("all_reduce", {&t}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "all_reduce", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_REDUCE;
         g.dtype = t.dtype;
@@ -284,7 +292,7 @@ std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scal
       })) {
     return gpu;
   }
-  return Submit([t, op, scale](Communicator& c, absl::Time d) {
+  return Submit(on, [t, op, scale](Communicator& c, absl::Time d) {
     return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
   });
 }
@@ -294,9 +302,10 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
     if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
   }
   absl::StatusOr<Device> device =
-      RouteTensors(backend_, TensorPointers({}, tensors), "all_reduce_coalesced");
+      TensorsDevice(TensorPointers({}, tensors), "all_reduce_coalesced");
   if (!device.ok()) return Failed(device.status());
-  if (*device == Device::kCuda) {
+  if (absl::Status s = DeviceStatus(*device, "all_reduce_coalesced"); !s.ok()) return Failed(s);
+  if (*device == Device::kCuda && daemon_gpu_) {
     // One enqueue per tensor, in order, on their stream.
     std::shared_ptr<Work> last;
     for (const Tensor& t : tensors) {
@@ -311,7 +320,7 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
     }
     return last;
   }
-  return Submit([tensors, op](Communicator& c, absl::Time d) {
+  return Submit(*device, [tensors, op](Communicator& c, absl::Time d) {
     for (const Tensor& t : tensors) {
       if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
     }
@@ -321,7 +330,8 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
   if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
-  if (auto gpu = RouteToGpu("broadcast", {&t}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "broadcast", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_BROADCAST;
         g.dtype = t.dtype;
@@ -332,14 +342,15 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
       })) {
     return gpu;
   }
-  return Submit([t, root](Communicator& c, absl::Time d) {
+  return Submit(on, [t, root](Communicator& c, absl::Time d) {
     return c.Broadcast(t.data, t.count, t.dtype, root, d);
   });
 }
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
   if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
-  if (auto gpu = RouteToGpu("reduce", {&t}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "reduce", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE;
         g.dtype = t.dtype;
@@ -351,7 +362,7 @@ std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
       })) {
     return gpu;
   }
-  return Submit([t, root, op](Communicator& c, absl::Time d) {
+  return Submit(on, [t, root, op](Communicator& c, absl::Time d) {
     return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
   });
 }
@@ -364,7 +375,8 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
         "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
-  if (auto gpu = RouteToGpu("all_gather_into_tensor", {&in, &out}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "all_gather_into_tensor", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_GATHER;
         g.dtype = in.dtype;
@@ -375,7 +387,7 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
       })) {
     return gpu;
   }
-  return Submit([in, out](Communicator& c, absl::Time d) {
+  return Submit(on, [in, out](Communicator& c, absl::Time d) {
     return c.AllGather(in.data, out.data, in.count, in.dtype, d);
   });
 }
@@ -385,7 +397,8 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
     return Failed(s);
   }
-  if (auto gpu = RouteToGpu("all_gather", TensorPointers({&in}, outs), [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "all_gather", TensorPointers({&in}, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_GATHER;
         g.dtype = in.dtype;
@@ -396,7 +409,7 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
       })) {
     return gpu;
   }
-  return Submit([in, outs](Communicator& c, absl::Time d) {
+  return Submit(on, [in, outs](Communicator& c, absl::Time d) {
     std::string flat(in.bytes() * outs.size(), '\0');
     absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
     if (!s.ok()) return s;
@@ -422,6 +435,16 @@ std::shared_ptr<Work> ProcessGroup::AllGatherCoalesced(std::vector<std::vector<T
       return Failed(absl::InvalidArgumentError(absl::StrCat("output list ", i, ": ", s.message())));
     }
     total += ins[i].bytes();
+  }
+  std::vector<const Tensor*> all = TensorPointers({}, ins);
+  for (const auto& list : outs) {
+    for (const Tensor& t : list) all.push_back(&t);
+  }
+  absl::StatusOr<Device> device = TensorsDevice(all, "all_gather_coalesced");
+  if (!device.ok()) return Failed(device.status());
+  if (absl::Status s = DeviceStatus(*device, "all_gather_coalesced"); !s.ok()) return Failed(s);
+  if (*device == Device::kCuda) {
+    return Failed(absl::UnimplementedError("all_gather_coalesced: CPU tensors only"));
   }
   // One all_gather of every input packed as bytes; the signature's count
   // (total bytes) catches ranks that pass different inputs.
@@ -451,7 +474,8 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
     }
   }
   bool is_root = rank_ == root;
-  if (auto gpu = RouteToGpu("gather", TensorPointers({&in}, outs), [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "gather", TensorPointers({&in}, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_GATHER;
         g.dtype = in.dtype;
@@ -463,7 +487,7 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
       })) {
     return gpu;
   }
-  return Submit([in, outs, root, is_root](Communicator& c, absl::Time d) {
+  return Submit(on, [in, outs, root, is_root](Communicator& c, absl::Time d) {
     std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
     absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
     if (!s.ok() || !is_root) return s;
@@ -482,7 +506,8 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       return Failed(s);
     }
   }
-  if (auto gpu = RouteToGpu("scatter", TensorPointers({&out}, ins), [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "scatter", TensorPointers({&out}, ins), [&] {
         GpuCall g;
         g.op = v1::GPU_SCATTER;
         g.dtype = out.dtype;
@@ -494,7 +519,7 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       })) {
     return gpu;
   }
-  return Submit([out, ins, root, is_root](Communicator& c, absl::Time d) {
+  return Submit(on, [out, ins, root, is_root](Communicator& c, absl::Time d) {
     std::string flat;
     if (is_root) {
       flat.resize(out.bytes() * ins.size());
@@ -514,7 +539,8 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
         absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
-  if (auto gpu = RouteToGpu("reduce_scatter_tensor", {&in, &out}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "reduce_scatter_tensor", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE_SCATTER;
         g.dtype = out.dtype;
@@ -526,7 +552,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
       })) {
     return gpu;
   }
-  return Submit([in, out, op](Communicator& c, absl::Time d) {
+  return Submit(on, [in, out, op](Communicator& c, absl::Time d) {
     return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
   });
 }
@@ -537,7 +563,8 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
   if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
     return Failed(s);
   }
-  if (auto gpu = RouteToGpu("reduce_scatter", TensorPointers({&out}, ins), [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "reduce_scatter", TensorPointers({&out}, ins), [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE_SCATTER;
         g.dtype = out.dtype;
@@ -549,7 +576,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
       })) {
     return gpu;
   }
-  return Submit([out, ins, op](Communicator& c, absl::Time d) {
+  return Submit(on, [out, ins, op](Communicator& c, absl::Time d) {
     std::string flat(out.bytes() * ins.size(), '\0');
     for (size_t i = 0; i < ins.size(); ++i) {
       std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
@@ -586,7 +613,8 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
   };
   if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
   if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
-  if (auto gpu = RouteToGpu("all_to_all_single", {&in, &out}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "all_to_all_single", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_TO_ALL;
         g.dtype = in.dtype;
@@ -598,7 +626,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
       })) {
     return gpu;
   }
-  return Submit([in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
+  return Submit(on, [in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
     return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
   });
 }
@@ -619,7 +647,8 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
     send[i] = ins[i].count;
     recv[i] = outs[i].count;
   }
-  if (auto gpu = RouteToGpu("all_to_all", TensorPointers({}, ins, outs), [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, "all_to_all", TensorPointers({}, ins, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_TO_ALL;
         g.dtype = ins[0].dtype;
@@ -631,7 +660,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
       })) {
     return gpu;
   }
-  return Submit([outs, ins, send, recv](Communicator& c, absl::Time d) {
+  return Submit(on, [outs, ins, send, recv](Communicator& c, absl::Time d) {
     size_t es = DTypeSize(ins[0].dtype);
     std::string in_flat, out_flat;
     for (const Tensor& t : ins) in_flat.append(static_cast<const char*>(t.data), t.bytes());
@@ -765,13 +794,14 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
   if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
   const bool any_source = !send && peer == -1;
   absl::StatusOr<int> group_rank =
-      any_source ? absl::StatusOr<int>(P2POp::kAnySource) : GroupRank(peer);
+      any_source ? absl::StatusOr<int>(PointToPoint::kAnySource) : GroupRank(peer);
   if (!group_rank.ok()) return Failed(group_rank.status());
   if (any_source && t.device != Device::kCpu) {
     return Failed(absl::UnimplementedError(
         "recv from any source: only CPU tensors (NCCL matches messages by peer)"));
   }
-  if (auto gpu = RouteToGpu(what, {&t}, [&] {
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, what, {&t}, [&] {
         // NCCL has no tags: messages between two ranks match in order.
         GpuCall g;
         g.op = v1::GPU_SEND_RECV;
@@ -781,52 +811,21 @@ std::shared_ptr<Work> ProcessGroup::SubmitP2P(bool send, Tensor t, int peer, uin
       })) {
     return gpu;
   }
-  if (!comm_status_.ok()) return Failed(comm_status_);
   if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
-  if (remote_p2p_ != nullptr && any_source) {
-    // A group spanning nodes: over its Gloo mesh.
-    auto work = std::make_shared<Work>();
-    remote_p2p_->PostRecvAnySource(
-        tag, t.data, t.bytes(), absl::Now() + timeout_, [work, this](absl::Status s, int source) {
-          if (!s.ok()) s = Explain(std::move(s));
-          work->Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
-        });
-    return work;
+  Backend* backend = backend_for(on);
+  PointToPoint* p2p = backend != nullptr ? backend->point_to_point() : nullptr;
+  if (p2p == nullptr) {
+    return Failed(absl::UnimplementedError(absl::StrCat("point-to-point: backend '",
+                                                        backend != nullptr ? backend->name() : "",
+                                                        "' of group '", name_, "' has none")));
   }
-  if (remote_p2p_ != nullptr) {
-    // A group spanning nodes: over its Gloo mesh.
-    if (absl::Status s = remote_p2p_->Validate(*group_rank, tag); !s.ok()) return Failed(s);
-    auto work = std::make_shared<Work>();
-    remote_p2p_->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
-                      [work, this, source = send ? -1 : peer](absl::Status s) {
-                        if (!s.ok()) s = Explain(std::move(s));
-                        work->Complete(std::move(s), source);
-                      });
-    return work;
-  }
-  if (p2p_ == nullptr) {
-    return Failed(absl::UnimplementedError(
-        absl::StrCat("point-to-point on group '", name_, "' needs all its members on one node")));
-  }
-  auto op = std::make_unique<P2POp>();
-  op->send = send;
-  op->peer = *group_rank;
-  op->tag = tag;
-  op->data = static_cast<char*>(t.data);
-  op->bytes = t.bytes();
-  op->deadline = absl::Now() + timeout_;
-  if (absl::Status s = p2p_->Validate(*op); !s.ok()) return Failed(s);
+  if (absl::Status s = p2p->Validate(send, *group_rank, tag); !s.ok()) return Failed(s);
   auto work = std::make_shared<Work>();
-  {
-    absl::MutexLock lock(&p2p_mu_);
-    if (p2p_stopping_) {
-      work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
-      return work;
-    }
-    p2p_new_.emplace_back(std::move(op), work);
-    if (!p2p_thread_.joinable()) p2p_thread_ = std::thread([this] { RunP2P(); });
-  }
-  p2p_->segment()->Wake();
+  p2p->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
+            [work, this](absl::Status s, int source) {
+              if (!s.ok()) s = Explain(std::move(s));
+              work->Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
+            });
   return work;
 }
 
@@ -849,8 +848,11 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
   std::vector<std::shared_ptr<Work>> works;
   std::vector<const Tensor*> all;
   for (const P2PRequest& r : requests) all.push_back(&r.tensor);
-  absl::StatusOr<Device> device = RouteTensors(backend_, all, "batch_isend_irecv");
-  if (device.ok() && *device == Device::kCuda && !requests.empty()) {
+  absl::StatusOr<Device> device = TensorsDevice(all, "batch_isend_irecv");
+  if (device.ok()) {
+    if (absl::Status s = DeviceStatus(*device, "batch_isend_irecv"); !s.ok()) device = s;
+  }
+  if (device.ok() && *device == Device::kCuda && daemon_gpu_ && !requests.empty()) {
     // One grouped launch, like ncclGroupStart/End around the batch.
     GpuCall g;
     g.op = v1::GPU_SEND_RECV;
@@ -877,47 +879,6 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
                                : SubmitP2P(r.send, r.tensor, r.peer, r.tag));
   }
   return works;
-}
-
-void ProcessGroup::RunP2P() {
-  std::list<std::pair<std::unique_ptr<P2POp>, std::shared_ptr<Work>>> active;
-  while (true) {
-    uint32_t epoch = p2p_->segment()->header().epoch.load(std::memory_order_acquire);
-    {
-      absl::MutexLock lock(&p2p_mu_);
-      if (active.empty()) {
-        auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(p2p_mu_) {
-          return p2p_stopping_ || !p2p_new_.empty();
-        };
-        p2p_mu_.Await(absl::Condition(&ready));
-      }
-      if (p2p_stopping_) {
-        for (auto& [op, work] : active) {
-          work->Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
-        }
-        return;
-      }
-      while (!p2p_new_.empty()) {
-        active.push_back(std::move(p2p_new_.front()));
-        p2p_new_.pop_front();
-      }
-    }
-    std::vector<P2POp*> ops;
-    for (auto& [op, work] : active) ops.push_back(op.get());
-    bool moved = p2p_->Progress(ops);
-    for (auto it = active.begin(); it != active.end();) {
-      if (it->first->finished) {
-        absl::Status status = it->first->status;
-        if (!status.ok()) status = Explain(std::move(status));
-        int source = it->first->send || it->first->source < 0 ? -1 : ranks_[it->first->source];
-        it->second->Complete(std::move(status), source);
-        it = active.erase(it);
-      } else {
-        ++it;
-      }
-    }
-    if (!moved && !active.empty()) p2p_->segment()->Sleep(epoch, 1000);
-  }
 }
 
 }  // namespace muster

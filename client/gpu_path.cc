@@ -48,8 +48,7 @@ std::vector<std::string> DeviceBufferExporter::TakeReleased() {
   return out;
 }
 
-absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
-                                    const std::vector<const Tensor*>& tensors, const char* what) {
+absl::StatusOr<Device> TensorsDevice(const std::vector<const Tensor*>& tensors, const char* what) {
   int cpu = 0, cuda = 0;
   for (const Tensor* t : tensors) {
     if (t == nullptr) continue;
@@ -59,11 +58,7 @@ absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": mixes CPU and CUDA tensors (", cpu, " CPU, ", cuda, " CUDA)"));
   }
-  if (cuda == 0) return Device::kCpu;
-  if (absl::StrContains(absl::StrCat(",", backend_config), ",cuda:")) return Device::kCuda;
-  return absl::InvalidArgumentError(
-      absl::StrCat(what, ": CUDA tensors on a group without a CUDA backend (backend '",
-                   backend_config, "'; create it with e.g. \"cpu:gloo,cuda:nccl\")"));
+  return cuda > 0 ? Device::kCuda : Device::kCpu;
 }
 
 GpuPath::GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,

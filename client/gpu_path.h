@@ -5,9 +5,8 @@
 //  - DeviceBufferExporter turns a device pointer into (IPC handle of its
 //    allocation, offset), remembering allocations so that one freed and
 //    replaced at the same address is reported to the daemon as released.
-//  - RouteTensors decides which backend serves a call: CPU tensors the
-//    group's CPU backend, CUDA tensors its "cuda:" backend; mixing is an
-//    error.
+//  - TensorsDevice says which device a call's tensors are on (mixing is
+//    an error); ProcessGroup::Route sends it to that device's backend.
 //  - GpuPath, one per group: records an interprocess "ready" event on the
 //    tensors' stream, sends the request, and makes the stream wait on the
 //    "done" event the daemon recorded after the NCCL launch. The CPU does
@@ -30,8 +29,8 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "common/gpu_channel.h"
 #include "client/cuda_driver.h"
+#include "common/gpu_channel.h"
 #include "muster/world.h"
 #include "proto/gpu.pb.h"
 
@@ -61,11 +60,9 @@ class DeviceBufferExporter {
   std::vector<std::string> released_;
 };
 
-// Which device's backend serves a collective over `tensors` (null entries
-// are skipped). InvalidArgument for mixed devices, or CUDA tensors on a
-// group whose backend config has no "cuda:" entry (naming the config).
-absl::StatusOr<Device> RouteTensors(const std::string& backend_config,
-                                    const std::vector<const Tensor*>& tensors, const char* what);
+// The device of a call's `tensors` (null entries are skipped; none: CPU).
+// InvalidArgument for mixed devices.
+absl::StatusOr<Device> TensorsDevice(const std::vector<const Tensor*>& tensors, const char* what);
 
 // One GPU collective as the SDK describes it.
 struct GpuCall {

@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -18,12 +19,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
+#include "backends/builtin/cpu_backends.h"
 #include "backends/gloo/gloo_communicator.h"
-#include "backends/gloo/gloo_p2p.h"
-#include "backends/hier/hierarchical_communicator.h"
-#include "backends/shm/collectives.h"
-#include "backends/shm/p2p.h"
-#include "backends/shm/segment.h"
 #include "client/cuda_driver.h"
 #include "client/gpu_path.h"
 #include "common/paths.h"
@@ -356,97 +353,100 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
   return world;
 }
 
-absl::StatusOr<std::unique_ptr<GlooCommunicator>> World::ConnectGloo(ProcessGroup& group,
-                                                                     const std::string& mesh,
-                                                                     int rank, int size,
-                                                                     absl::Duration timeout,
-                                                                     bool check_signatures) {
-  auto address = LocalAddressToward(options_.master_addr, options_.master_port);
-  if (!address.ok()) return Annotate(address.status(), "finding this rank's address");
-  TcpStoreOptions o;
-  o.host = options_.master_addr;
-  o.port = options_.master_port;
-  o.token = options_.store_token;
-  o.timeout = timeout;
-  auto tcp = TcpStore::Connect(o);
-  if (!tcp.ok()) return tcp.status();
-  std::shared_ptr<Store> base(std::move(*tcp));
-  std::string group_key =
-      absl::StrCat("muster-gloo/", options_.job_id, "/", options_.generation, "/", group.name_);
-  if (mesh == "/flat" || mesh == "/hier") {
-    // The mesh of all members: first every member says how it runs the
-    // group's collectives. A node whose musterd could not create the
-    // group's segment runs them flat, as does a rank with
-    // MUSTER_HIERARCHICAL=0; mixed with hierarchical members they would
-    // wait for meshes the others never join (the mode is also in the key).
-    PrefixStore modes(absl::StrCat(group_key, "/mode"), base);
-    const char* mine = mesh == "/flat" ? "flat" : "hierarchical";
-    if (absl::Status s = modes.Set(std::to_string(rank), mine); !s.ok()) {
-      return Annotate(s, absl::StrCat("group '", group.name_, "': publishing its mode"));
-    }
-    std::vector<std::string> keys;
-    for (int i = 0; i < size; ++i) keys.push_back(std::to_string(i));
-    auto all = modes.MultiGet(keys, timeout);
-    if (!all.ok()) {
-      return Annotate(all.status(),
-                      absl::StrCat("group '", group.name_, "': waiting for every member's mode"));
-    }
-    for (int i = 1; i < size; ++i) {
-      if ((*all)[i] != (*all)[0]) {
-        return absl::FailedPreconditionError(absl::StrCat(
-            "group '", group.name_, "': group rank 0 (rank ", group.ranks_[0], ") runs ", (*all)[0],
-            " collectives but group rank ", i, " (rank ", group.ranks_[i], ") runs ", (*all)[i],
-            " ones; all members must run the same (MUSTER_HIERARCHICAL differs "
-            "between ranks, or a node's musterd could not create the group's shared memory)"));
-      }
-    }
-  }
-  auto store = std::make_shared<PrefixStore>(absl::StrCat(group_key, mesh), base);
-  auto comm = GlooCommunicator::Connect(store, rank, size, *address, timeout, check_signatures);
-  if (!comm.ok()) {
-    return Annotate(comm.status(), absl::StrCat("group '", group.name_, "'", mesh));
-  }
-  return std::move(*comm);
+namespace {
+
+// musterd's NCCL communicators as the group's "nccl" (cuda) backend: its
+// calls go through the group's GpuPath (stream-ordered requests to
+// musterd), not through a Communicator in this process.
+class DaemonGpuBackend final : public Backend {
+ public:
+  explicit DaemonGpuBackend(BackendOptions options) : options_(std::move(options)) {}
+  const std::string& name() const override { return name_; }
+  const BackendOptions& options() const override { return options_; }
+
+ private:
+  const std::string name_ = "nccl";
+  const BackendOptions options_;
+};
+
+// The SDK's built-in backends, registered once like a third party's.
+void RegisterSdkBackends() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RegisterBuiltinCpuBackends();
+    (void)RegisterBackend("nccl",
+                          [](const BackendOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+                            return std::make_unique<DaemonGpuBackend>(o);
+                          },
+                          {"cuda"});
+  });
 }
 
-absl::Status World::ConnectSpanning(ProcessGroup& group, const std::vector<std::string>& node_ids,
-                                    const std::string& shm_name, const std::vector<int>& shm_ranks,
-                                    absl::Duration timeout) {
-  if (node_ids.size() != group.ranks_.size()) {
-    return absl::InternalError(absl::StrCat("musterd described ", node_ids.size(),
-                                            " members of group '", group.name_, "', not ",
-                                            group.ranks_.size()));
+const char* DeviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+}  // namespace
+
+void World::CreateBackends(ProcessGroup& group, const std::map<std::string, std::string>& config,
+                           const v1::GroupInfo& info) {
+  for (Device device : {Device::kCpu, Device::kCuda}) {
+    absl::Status& status = device == Device::kCpu ? group.cpu_status_ : group.cuda_status_;
+    auto it = config.find(DeviceName(device));
+    if (it == config.end()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat(device == Device::kCpu ? "CPU" : "CUDA", " tensors on a group without a ",
+                       DeviceName(device), " backend (group '", group.name_, "', backend '",
+                       group.backend_, "'; create it with e.g. \"cpu:gloo,cuda:nccl\")"));
+      continue;
+    }
+    if (!group.is_member()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("rank ", options_.rank, " is not a member of group '", group.name_, "'"));
+      continue;
+    }
+    const std::string& backend = it->second;
+    BackendOptions o;
+    o.group_name = group.name_;
+    o.group_rank = group.rank_;
+    o.group_size = group.size();
+    o.global_ranks = group.ranks_;
+    o.device = DeviceName(device);
+    o.timeout = group.timeout_;
+    for (const auto& m : info.members()) o.member_nodes.push_back(m.daemon());
+    o.shm_name = info.shm_name();
+    o.shm_group_ranks.assign(info.shm_group_ranks().begin(), info.shm_group_ranks().end());
+    if (auto address = LocalAddressToward(options_.master_addr, options_.master_port);
+        address.ok()) {
+      o.local_address = *address;
+    }
+    // Gloo's keys keep their historical prefix; other backends get their own.
+    std::string prefix =
+        absl::StrCat(backend == "gloo" || backend == "shm" ? "muster-gloo" : "muster-" + backend,
+                     "/", options_.job_id, "/", options_.generation, "/", group.name_);
+    InitOptions w = options_;
+    absl::Duration timeout = group.timeout_;
+    o.connect_store = [w, timeout, prefix]() -> absl::StatusOr<std::shared_ptr<Store>> {
+      TcpStoreOptions t;
+      t.host = w.master_addr;
+      t.port = w.master_port;
+      t.token = w.store_token;
+      t.timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> tcp, TcpStore::Connect(t));
+      return std::shared_ptr<Store>(
+          std::make_shared<PrefixStore>(prefix, std::shared_ptr<Store>(std::move(tcp))));
+    };
+    absl::StatusOr<std::unique_ptr<Backend>> created = BackendRegistry::Global().Create(backend, o);
+    if (!created.ok()) {
+      status = Annotate(created.status(),
+                        absl::StrCat("group '", group.name_, "': backend '", backend, "'"));
+      continue;
+    }
+    if (device == Device::kCpu) {
+      group.cpu_backend_ = std::move(*created);
+    } else {
+      group.daemon_gpu_ = dynamic_cast<DaemonGpuBackend*>(created->get()) != nullptr;
+      group.cuda_backend_ = std::move(*created);
+    }
   }
-  NodeTopology topology = NodeTopology::FromNodeIds(node_ids);
-  int node = topology.node_of[group.rank_];
-  const std::vector<int>& mine = topology.members[node];
-  if (mine != shm_ranks) {
-    return absl::InternalError(absl::StrCat(
-        "group '", group.name_, "': musterd's segment holds group ranks ",
-        absl::StrJoin(shm_ranks, ","), " but this node's members are ", absl::StrJoin(mine, ",")));
-  }
-  ASSIGN_OR_RETURN(auto segment, GroupSegment::Open(shm_name, static_cast<int>(mine.size())));
-  // Every member joins the flat mesh (point to point, gather/scatter/
-  // all_to_all); then the leaders connect theirs. A failure aborts this
-  // node's segment, so its other members do not wait for this rank.
-  std::unique_ptr<GlooCommunicator> flat, leaders;
-  RETURN_IF_ERROR(ConnectSpanningMeshes(
-      *segment, topology.local_index[group.rank_] == 0,
-      absl::StrCat("rank ", options_.rank, " could not connect group '", group.name_,
-                   "' across nodes"),
-      [&] { return ConnectGloo(group, "/hier", group.rank_, group.size(), timeout, false); },
-      [&] { return ConnectGloo(group, "/hier/leaders", node, topology.nodes(), timeout, false); },
-      &flat, &leaders));
-  std::vector<int> local_globals;
-  for (int m : mine) local_globals.push_back(group.ranks_[m]);
-  auto local = std::make_unique<ShmCommunicator>(segment.get(), topology.local_index[group.rank_],
-                                                 group.name_, local_globals);
-  group.remote_p2p_ = std::make_unique<GlooP2P>(flat->context(), group.name_, group.ranks_);
-  group.segment_ = std::move(segment);
-  group.comm_ = std::make_unique<HierarchicalCommunicator>(
-      group.rank_, std::move(topology), std::move(local), group.segment_.get(), std::move(leaders),
-      std::move(flat), group.name_, group.ranks_);
-  return absl::OkStatus();
 }
 
 std::string World::NextGroupName() {
@@ -457,6 +457,7 @@ std::string World::NextGroupName() {
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vector<int>& ranks,
                                                                  const GroupOptions& options,
                                                                  const std::string& name) {
+  RegisterSdkBackends();
   auto config =
       BackendRegistry::Global().Parse(options.backend.empty() ? options_.backend : options.backend);
   if (!config.ok()) return config.status();
@@ -489,47 +490,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::CreateGroup(const std::vect
   if (resp.group().timeout_millis() > 0) {
     group->timeout_ = absl::Milliseconds(resp.group().timeout_millis());
   }
-  if (!group->is_member()) {
-    group->comm_status_ = absl::InvalidArgumentError(
-        absl::StrCat("rank ", options_.rank, " is not a member of group '", name, "'"));
-  } else if (!resp.group().shm_name().empty() && resp.group().shm_group_ranks_size() > 0 &&
-             resp.group().shm_group_ranks_size() < group->size() &&
-             EnvString("MUSTER_HIERARCHICAL") != "0") {
-    // The group spans nodes: hierarchical collectives (shared memory within
-    // this node, Gloo among the nodes' leaders), rendezvous through the
-    // job's store under this group's name and generation.
-    std::vector<std::string> node_ids;
-    for (const auto& m : resp.group().members()) node_ids.push_back(m.daemon());
-    group->comm_status_ = ConnectSpanning(
-        *group, node_ids, resp.group().shm_name(),
-        {resp.group().shm_group_ranks().begin(), resp.group().shm_group_ranks().end()},
-        absl::Milliseconds(resp.group().timeout_millis()));
-  } else if (resp.group().shm_name().empty() ||
-             (resp.group().shm_group_ranks_size() > 0 &&
-              resp.group().shm_group_ranks_size() < group->size())) {
-    // No shared memory (musterd could not create it), or a spanning group
-    // with MUSTER_HIERARCHICAL=0 (for comparisons): Gloo over TCP for
-    // everything, among all members.
-    auto comm = ConnectGloo(*group, "/flat", group->rank_, group->size(),
-                            absl::Milliseconds(resp.group().timeout_millis()), true);
-    group->comm_status_ = comm.status();
-    if (comm.ok()) {
-      group->remote_p2p_ =
-          std::make_unique<GlooP2P>((*comm)->context(), group->name_, group->ranks_);
-      group->comm_ = std::move(*comm);
-    }
-  } else {
-    auto segment = GroupSegment::Open(resp.group().shm_name(), group->size());
-    if (!segment.ok()) {
-      group->comm_status_ = segment.status();
-    } else {
-      group->segment_ = std::move(*segment);
-      group->comm_ = std::make_unique<ShmCommunicator>(group->segment_.get(), group->rank_, name,
-                                                       group->ranks_);
-      group->p2p_ =
-          std::make_unique<P2PEngine>(group->segment_.get(), group->rank_, name, group->ranks_);
-    }
-  }
+  CreateBackends(*group, *config, resp.group());
   // From now on the daemon's end breaks the group; if it already ended,
   // the group is of no use.
   {
@@ -568,13 +529,11 @@ absl::Status ProcessGroup::Explain(absl::Status status) const {
 }
 
 void ProcessGroup::BreakForDaemon(const absl::Status& gone) {
-  // Wakes a collective waiting in shared memory and fails later ones (a
-  // Gloo collective in flight finishes with its peers, then the meshes
-  // close); the segment's local abort also ends point-to-point waits, and
-  // GlooP2P cancels its own.
-  if (comm_ != nullptr) comm_->Abort(gone);
-  if (segment_ != nullptr) segment_->AbortLocally(gone);
-  if (remote_p2p_ != nullptr) remote_p2p_->Abort();
+  // The built-in CPU backends wake a collective waiting in shared memory
+  // and fail later ones (a Gloo collective in flight finishes with its
+  // peers, then the meshes close), and end point-to-point waits.
+  if (cpu_backend_ != nullptr) cpu_backend_->Abort(gone);
+  if (cuda_backend_ != nullptr) cuda_backend_->Abort(gone);
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::NewGroup(std::vector<int> ranks,

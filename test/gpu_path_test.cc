@@ -110,18 +110,16 @@ Tensor Cuda(void* data, size_t count, DType dtype, uintptr_t stream = 7) {
   return t;
 }
 
-TEST_CASE("routing: CPU tensors stay on the CPU backend, CUDA tensors need a cuda: backend") {
+TEST_CASE("a call's tensors are on one device") {
   std::vector<float> a(4), b(4);
   Tensor cpu{a.data(), 4, DType::kFloat32};
   Tensor gpu = Cuda(b.data(), 4, DType::kFloat32);
-  CHECK(*RouteTensors("cpu:gloo", {&cpu}, "all_reduce") == Device::kCpu);
-  CHECK(*RouteTensors("cpu:gloo,cuda:nccl", {&gpu, nullptr}, "all_reduce") == Device::kCuda);
-  auto mixed = RouteTensors("cpu:gloo,cuda:nccl", {&cpu, &gpu}, "all_gather");
+  CHECK(*TensorsDevice({&cpu}, "all_reduce") == Device::kCpu);
+  CHECK(*TensorsDevice({&gpu, nullptr}, "all_reduce") == Device::kCuda);
+  CHECK(*TensorsDevice({}, "barrier") == Device::kCpu);
+  auto mixed = TensorsDevice({&cpu, &gpu}, "all_gather");
   CHECK(absl::IsInvalidArgument(mixed.status()));
   CHECK(mixed.status().message() == "all_gather: mixes CPU and CUDA tensors (1 CPU, 1 CUDA)");
-  auto no_backend = RouteTensors("cpu:gloo", {&gpu}, "broadcast");
-  CHECK(absl::IsInvalidArgument(no_backend.status()));
-  CHECK(no_backend.status().message().find("backend 'cpu:gloo'") != std::string::npos);
 }
 
 TEST_CASE("the exporter sends (allocation handle, offset) and reports replaced allocations") {

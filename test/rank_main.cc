@@ -42,6 +42,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -64,15 +65,99 @@
 
 namespace {
 
+// A third-party backend, as a user would write one: its collectives go
+// through the group's store (each rank publishes its buffer, then reads all
+// of them). Only barrier and int32/float32 SUM all_reduce; it counts its
+// calls so the tests can see that it, not a built-in, ran.
+std::atomic<int> echo_calls{0};
+
+class EchoCommunicator : public muster::Communicator {
+ public:
+  explicit EchoCommunicator(const muster::BackendOptions& o) : o_(o) {}
+  int rank() const override { return o_.group_rank; }
+  int size() const override { return o_.group_size; }
+  absl::Status Barrier(absl::Time deadline) override {
+    int32_t none = 0;
+    return AllReduce(&none, 1, muster::DType::kInt32, muster::ReduceOp::kSum, 1.0, deadline);
+  }
+  absl::Status AllReduce(void* data, size_t count, muster::DType dtype, muster::ReduceOp op, double,
+                         absl::Time deadline) override {
+    ++echo_calls;
+    if (op != muster::ReduceOp::kSum ||
+        (dtype != muster::DType::kInt32 && dtype != muster::DType::kFloat32)) {
+      return absl::UnimplementedError("echo: SUM of int32/float32 only");
+    }
+    if (store_ == nullptr) {
+      auto store = o_.connect_store();
+      if (!store.ok()) return store.status();
+      store_ = *store;
+    }
+    const size_t bytes = count * 4;
+    std::string seq = std::to_string(++sequence_);
+    absl::Status s = store_->Set(seq + "/" + std::to_string(rank()),
+                                 std::string(static_cast<const char*>(data), bytes));
+    if (!s.ok()) return s;
+    std::vector<std::string> keys;
+    for (int r = 0; r < size(); ++r) keys.push_back(seq + "/" + std::to_string(r));
+    auto all = store_->MultiGet(keys, std::max(absl::Milliseconds(1), deadline - absl::Now()));
+    if (!all.ok()) return all.status();
+    for (size_t i = 0; i < count; ++i) {
+      if (dtype == muster::DType::kInt32) {
+        int32_t sum = 0;
+        for (const std::string& v : *all) sum += reinterpret_cast<const int32_t*>(v.data())[i];
+        static_cast<int32_t*>(data)[i] = sum;
+      } else {
+        float sum = 0;
+        for (const std::string& v : *all) sum += reinterpret_cast<const float*>(v.data())[i];
+        static_cast<float*>(data)[i] = sum;
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Broadcast(void*, size_t, muster::DType, int, absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status Reduce(void*, size_t, muster::DType, muster::ReduceOp, double, int,
+                      absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status AllGather(const void*, void*, size_t, muster::DType, absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status Gather(const void*, void*, size_t, muster::DType, int, absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status Scatter(const void*, void*, size_t, muster::DType, int, absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status ReduceScatter(const void*, void*, size_t, muster::DType, muster::ReduceOp, double,
+                             absl::Time) override {
+    return Unsupported();
+  }
+  absl::Status AllToAll(const void*, const std::vector<size_t>&, void*, const std::vector<size_t>&,
+                        muster::DType, absl::Time) override {
+    return Unsupported();
+  }
+
+ private:
+  static absl::Status Unsupported() { return absl::UnimplementedError("echo: not supported"); }
+  muster::BackendOptions o_;
+  std::shared_ptr<muster::Store> store_;
+  uint64_t sequence_ = 0;
+};
+
 class EchoBackend : public muster::Backend {
  public:
-  EchoBackend(std::string name, muster::BackendOptions o) : name_(std::move(name)), o_(o) {}
+  EchoBackend(std::string name, muster::BackendOptions o)
+      : name_(std::move(name)), o_(o), comm_(o_) {}
   const std::string& name() const override { return name_; }
   const muster::BackendOptions& options() const override { return o_; }
+  muster::Communicator* communicator() override { return &comm_; }
 
  private:
   std::string name_;
   muster::BackendOptions o_;
+  EchoCommunicator comm_;
 };
 
 std::vector<int> Ranks(const std::string& text, bool* local) {
@@ -772,6 +857,8 @@ int main(int argc, char** argv) {
              ::access(words[1].c_str(), F_OK) == 0 ? absl::OkStatus()
                                                    : absl::DeadlineExceededError("no such file"),
              "");
+    } else if (cmd == "echocalls") {
+      report(step, absl::OkStatus(), absl::StrCat("calls=", echo_calls.load()));
     } else if (cmd == "failures") {
       // The report comes on the session stream, which may lag the reply
       // of a call that failed because of it: give it up to 2 s.

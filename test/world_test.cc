@@ -315,10 +315,25 @@ TEST_CASE("a third-party backend registered by name is usable for groups") {
   Job job(*daemon, "custom", 2);
   for (int r = 0; r < 2; ++r) {
     job.Start(r,
-              "backend echo;init;groupb e 0,1 echo;groupb mixed 0,1 cpu:echo,cuda:nccl;barrier e");
+              "backend echo;init;groupb e 0,1 echo;groupb mixed 0,1 cpu:echo,cuda:nccl;barrier e;"
+              "echocalls;allreduce e 5;echocalls;allreduce mixed 3;echocalls;groupb n 0,1 nccl;"
+              "allreduce n 2");
   }
   std::string out = job.WaitAll();
   INFO(out);
+  // The registered backend's own communicator ran the collectives.
+  for (int r = 0; r < 2; ++r) {
+    std::string p = absl::StrCat("rank ", r, ": ");
+    CHECK(absl::StrContains(out, p + "echocalls ok calls=0"));
+    CHECK(absl::StrContains(out, p + "allreduce e 5 ok"));
+    CHECK(absl::StrContains(out, p + "echocalls ok calls=1"));
+    CHECK(absl::StrContains(out, p + "allreduce mixed 3 ok"));
+    CHECK(absl::StrContains(out, p + "echocalls ok calls=2"));
+    // A CUDA-only group has no backend for CPU tensors.
+    CHECK(absl::StrContains(out, p + "allreduce n 2 error INVALID_ARGUMENT: all_reduce: CPU "
+                                     "tensors on a group without a cpu backend (group 'n', "
+                                     "backend 'cuda:nccl'"));
+  }
   CHECK(absl::StrContains(
       out, "rank 0: groupb e 0,1 echo ok name=e rank=0 size=2 ranks=0,1 backend=cpu:echo"));
   CHECK(absl::StrContains(out,

@@ -275,4 +275,103 @@ void P2PEngine::Run(std::vector<P2POp*> ops) {
   }
 }
 
+ShmPointToPoint::ShmPointToPoint(GroupSegment* segment, int rank, std::string group_name,
+                                 std::vector<int> global_ranks)
+    : group_name_(group_name),
+      segment_(segment),
+      engine_(segment, rank, std::move(group_name), std::move(global_ranks)) {}
+
+ShmPointToPoint::~ShmPointToPoint() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+  }
+  segment_->Wake();
+  if (thread_.joinable()) thread_.join();
+  std::deque<std::unique_ptr<Pending>> left;
+  {
+    absl::MutexLock lock(&mu_);
+    left.swap(new_);
+  }
+  for (auto& p : left) {
+    p->done(absl::CancelledError(absl::StrCat("group '", group_name_, "' was destroyed")), -1);
+  }
+}
+
+absl::Status ShmPointToPoint::Validate(bool send, int peer, uint64_t tag) const {
+  P2POp op;
+  op.send = send;
+  op.peer = peer;
+  op.tag = tag;
+  return engine_.Validate(op);
+}
+
+void ShmPointToPoint::Post(bool send, int peer, uint64_t tag, void* data, size_t bytes,
+                           absl::Time deadline, Done done) {
+  auto p = std::make_unique<Pending>();
+  p->op.send = send;
+  p->op.peer = peer;
+  p->op.tag = tag;
+  p->op.data = static_cast<char*>(data);
+  p->op.bytes = bytes;
+  p->op.deadline = deadline;
+  p->done = std::move(done);
+  if (absl::Status s = engine_.Validate(p->op); !s.ok()) {
+    p->done(s, -1);
+    return;
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      p->done(absl::CancelledError(absl::StrCat("group '", group_name_, "' was destroyed")), -1);
+      return;
+    }
+    new_.push_back(std::move(p));
+    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  }
+  segment_->Wake();
+}
+
+void ShmPointToPoint::Abort(const absl::Status& reason) { segment_->AbortLocally(reason); }
+
+void ShmPointToPoint::Run() {
+  std::list<std::unique_ptr<Pending>> active;
+  while (true) {
+    uint32_t epoch = segment_->header().epoch.load(std::memory_order_acquire);
+    bool stopping = false;
+    {
+      absl::MutexLock lock(&mu_);
+      if (active.empty()) {
+        auto ready = [this]()
+                         ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stopping_ || !new_.empty(); };
+        mu_.Await(absl::Condition(&ready));
+      }
+      stopping = stopping_;
+      while (!stopping && !new_.empty()) {
+        active.push_back(std::move(new_.front()));
+        new_.pop_front();
+      }
+    }
+    if (stopping) {
+      for (auto& p : active) {
+        p->done(absl::CancelledError(absl::StrCat("group '", group_name_, "' was destroyed")), -1);
+      }
+      return;
+    }
+    std::vector<P2POp*> ops;
+    for (auto& p : active) ops.push_back(&p->op);
+    bool moved = engine_.Progress(ops);
+    for (auto it = active.begin(); it != active.end();) {
+      P2POp& op = (*it)->op;
+      if (op.finished) {
+        (*it)->done(op.status, op.send ? -1 : op.source);
+        it = active.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!moved && !active.empty()) segment_->Sleep(epoch, 1000);
+  }
+}
+
 }  // namespace muster

@@ -25,24 +25,31 @@
 // many operations at once: a rank that sends a large message to a peer
 // while receiving one from it never deadlocks.
 //
-// Thread-compatible: one thread drives an engine (the SDK's p2p thread).
+// Thread-compatible: one thread drives an engine (ShmPointToPoint's).
+// ShmPointToPoint, the group's PointToPoint over an engine, is thread-safe:
+// its own thread progresses every posted operation together.
 #ifndef MUSTER_BACKENDS_SHM_P2P_H_
 #define MUSTER_BACKENDS_SHM_P2P_H_
 
 #include <cstdint>
+#include <deque>
 #include <list>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "backends/communicator.h"
 #include "backends/shm/segment.h"
 
 namespace muster {
 
 struct P2POp {
   // A receive's peer that matches a message from any member.
-  static constexpr int kAnySource = -1;
+  static constexpr int kAnySource = PointToPoint::kAnySource;
 
   bool send = true;
   int peer = -1;  // group rank; receives: or kAnySource
@@ -125,6 +132,35 @@ class P2PEngine {
   std::vector<Incoming> incoming_;  // by sender's group rank
   std::list<Stashed> stash_;        // in arrival order
   uint64_t stashed_bytes_ = 0;
+};
+
+class ShmPointToPoint final : public PointToPoint {
+ public:
+  // `segment` outlives this object.
+  ShmPointToPoint(GroupSegment* segment, int rank, std::string group_name,
+                  std::vector<int> global_ranks);
+  // Pending operations fail CANCELLED.
+  ~ShmPointToPoint() override;
+
+  absl::Status Validate(bool send, int peer, uint64_t tag) const override;
+  void Post(bool send, int peer, uint64_t tag, void* data, size_t bytes, absl::Time deadline,
+            Done done) override;
+  void Abort(const absl::Status& reason) override;
+
+ private:
+  struct Pending {
+    P2POp op;
+    Done done;
+  };
+  void Run();
+
+  const std::string group_name_;
+  GroupSegment* segment_;
+  P2PEngine engine_;  // driven by thread_ only
+  absl::Mutex mu_;
+  std::deque<std::unique_ptr<Pending>> new_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread thread_;  // started by the first Post
 };
 
 }  // namespace muster

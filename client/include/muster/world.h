@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -76,18 +77,17 @@ struct GroupOptions {
   std::string tag;
 };
 
+namespace v1 {
+class GroupInfo;
+}
 class World;
-// The rank's session with its musterd (client/world.cc).
+// Implementation types (client/ and backends/), opaque here.
 class WorldSession;
 class ProcessGroup;
+class Backend;
 class Communicator;
-class GroupSegment;
-class P2PEngine;
 class GpuPath;
 struct GpuCall;
-class GlooP2P;
-class GlooCommunicator;
-struct P2POp;
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
 // Where a tensor's memory is.
@@ -245,11 +245,12 @@ class ProcessGroup {
   // received in the order they were sent, messages with different tags in
   // any order; a receive must have the size of the message it matches
   // (else INVALID_ARGUMENT naming both). Sends and receives progress
-  // concurrently on the group's p2p thread, so exchanging large messages
-  // never deadlocks. Node-local groups go through the segment's mailboxes
-  // (a send completes once its bytes are in the receiver's ring or memory,
-  // see backends/shm/p2p.h); groups spanning nodes over their Gloo mesh
-  // (GlooP2P: a send completes once the peer received it).
+  // concurrently in the group's backend, so exchanging large messages never
+  // deadlocks. With the built-in "gloo": node-local groups go through the
+  // segment's mailboxes (a send completes once its bytes are in the
+  // receiver's ring or memory, see backends/shm/p2p.h); groups spanning
+  // nodes over their Gloo mesh (GlooP2P: a send completes once the peer
+  // received it).
   std::shared_ptr<Work> ISend(Tensor tensor, int dst, uint64_t tag = 0);
   std::shared_ptr<Work> IRecv(Tensor tensor, int src, uint64_t tag = 0);
   // c10d's recv(src=None) / irecv_anysource: receives the first message
@@ -274,7 +275,9 @@ class ProcessGroup {
   friend class World;
   friend class Work;
   using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
-  std::shared_ptr<Work> Submit(Op op);
+  // Queues `op` for the communicator of the backend serving `device`.
+  std::shared_ptr<Work> Submit(Device device, Op op);
+  std::shared_ptr<Work> Submit(Op op) { return Submit(Device::kCpu, std::move(op)); }
   std::shared_ptr<Work> Failed(absl::Status status);
   // The rank's musterd is gone (any thread): wakes whatever waits in this
   // group's communicator or segment and makes it fail with `gone`.
@@ -287,11 +290,20 @@ class ProcessGroup {
   absl::Status Explain(absl::Status status) const;
   // Collectives on CUDA tensors: through musterd's NCCL communicators.
   std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
-  // Where a call's tensors go: nullptr for the CPU backend (the caller goes
-  // on), a failed Work for mixed or unsupported devices, else the Work of
-  // SubmitGpu(make_call()).
-  std::shared_ptr<Work> RouteToGpu(const char* what, const std::vector<const Tensor*>& tensors,
-                                   const std::function<GpuCall()>& make_call);
+  // The one dispatch decision of a call: the device of its tensors, and
+  // whether the group has a backend for it (INVALID_ARGUMENT naming the
+  // device and the group's config if not, or for mixed devices). Returns a
+  // Work when the call is done with here (failed, or musterd's NCCL took
+  // it: SubmitGpu(make_call())); else nullptr with *device set, and the
+  // caller submits to that device's communicator.
+  std::shared_ptr<Work> Route(Device* device, const char* what,
+                              const std::vector<const Tensor*>& tensors,
+                              const std::function<GpuCall()>& make_call);
+  // OK if the group has a backend for `device`, else why not.
+  absl::Status DeviceStatus(Device device, const char* what) const;
+  Backend* backend_for(Device device) const {
+    return device == Device::kCpu ? cpu_backend_.get() : cuda_backend_.get();
+  }
   void RunExecutor();
   // Makes the executor run queued collectives at once (see expedite_).
   void Expedite();
@@ -310,18 +322,21 @@ class ProcessGroup {
   int rank_ = -1;
   int64_t barrier_sequence_ = 0;  // guarded by world_->mu_
   absl::Duration timeout_ = absl::Minutes(30);
-  std::unique_ptr<GroupSegment> segment_;
-  // Shared memory for node-local groups, Gloo for groups spanning nodes.
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<P2PEngine> p2p_;
+  // The group's backends, one per device its config names, created at
+  // formation through the BackendRegistry (see backends/backend.h). A
+  // device's status says why it has none (not named, not a member, its
+  // creation failed). The built-in "nccl" runs in musterd: its CUDA calls
+  // go through gpu_.
+  std::unique_ptr<Backend> cpu_backend_, cuda_backend_;
+  absl::Status cpu_status_, cuda_status_;
+  bool daemon_gpu_ = false;
   absl::Mutex gpu_mu_;
   std::shared_ptr<GpuPath> gpu_ ABSL_GUARDED_BY(gpu_mu_);  // created on first use
-  std::unique_ptr<GlooP2P> remote_p2p_;                    // point to point, groups spanning nodes
-  absl::Status comm_status_;                               // why collectives are unavailable
 
   // The executor: one thread running this group's collectives in order.
   absl::Mutex exec_mu_;
   struct Queued {
+    Device device;
     Op op;
     std::shared_ptr<Work> work;
     absl::Time submitted;
@@ -340,15 +355,9 @@ class ProcessGroup {
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
 
-  // Point to point: queued ops, progressed together by p2p_thread_.
-  void RunP2P();
-  // `peer`: a global rank, or -1 for a receive from any source.
+  // Point to point through the backend's PointToPoint. `peer`: a global
+  // rank, or -1 for a receive from any source.
   std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
-  absl::Mutex p2p_mu_;
-  std::deque<std::pair<std::unique_ptr<P2POp>, std::shared_ptr<Work>>> p2p_new_
-      ABSL_GUARDED_BY(p2p_mu_);
-  bool p2p_stopping_ ABSL_GUARDED_BY(p2p_mu_) = false;
-  std::thread p2p_thread_;
 };
 
 class World {
@@ -406,19 +415,10 @@ class World {
                                                             const GroupOptions& options,
                                                             const std::string& name);
   std::string NextGroupName();
-  // Connects a Gloo mesh for `group` (blocks until every member connected):
-  // rank/size within the mesh, `mesh` names it among the group's meshes.
-  absl::StatusOr<std::unique_ptr<GlooCommunicator>> ConnectGloo(ProcessGroup& group,
-                                                                const std::string& mesh, int rank,
-                                                                int size, absl::Duration timeout,
-                                                                bool check_signatures);
-  // Gives a group spanning nodes its hierarchical communicator (this
-  // node's members over the segment musterd made, `shm_name` holding
-  // `shm_ranks`; leaders over Gloo) and point to point over Gloo.
-  // `node_ids[i]` identifies group rank i's node.
-  absl::Status ConnectSpanning(ProcessGroup& group, const std::vector<std::string>& node_ids,
-                               const std::string& shm_name, const std::vector<int>& shm_ranks,
-                               absl::Duration timeout);
+  // Creates the group's backend for each device of `config` (the daemon's
+  // description of the formed group in `info`).
+  void CreateBackends(ProcessGroup& group, const std::map<std::string, std::string>& config,
+                      const v1::GroupInfo& info);
 
   InitOptions options_;
   // Shared with the groups (they may outlive the World); the World's
