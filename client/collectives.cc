@@ -202,7 +202,7 @@ bool ProcessGroup::RunHead() {
   Queued item = std::move(queue_.front());
   queue_.pop_front();
   exec_mu_.Unlock();
-  absl::Status status = DeviceStatus(item.device, "collective");
+  absl::Status status = item.device == Device::kCpu ? cpu_status_ : cuda_status_;
   Backend* backend = backend_for(item.device);
   Communicator* comm = backend != nullptr ? backend->communicator() : nullptr;
   if (status.ok() && comm == nullptr) {

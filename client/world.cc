@@ -436,8 +436,7 @@ void World::CreateBackends(ProcessGroup& group, const std::map<std::string, std:
     };
     absl::StatusOr<std::unique_ptr<Backend>> created = BackendRegistry::Global().Create(backend, o);
     if (!created.ok()) {
-      status = Annotate(created.status(),
-                        absl::StrCat("group '", group.name_, "': backend '", backend, "'"));
+      status = Annotate(created.status(), absl::StrCat("backend '", backend, "'"));
       continue;
     }
     if (device == Device::kCpu) {

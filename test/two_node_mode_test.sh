@@ -31,7 +31,7 @@ for r in 0 1 2 3; do wait "$(eval echo \$rank_pid_$r)"; done
 ms=$(( ($(date +%s%N) - start) / 1000000 ))
 for r in 0 1 2 3; do
   line=$(grep "rank $r: cbarrier world" "$WORK/rank$r.out")
-  [[ $line == *"error FAILED_PRECONDITION: group 'world': group rank 0 (rank 0) runs flat"*"group rank 2 (rank 2) runs hierarchical"*"MUSTER_HIERARCHICAL differs"* ]] \
+  [[ $line == *"error FAILED_PRECONDITION: backend 'gloo': group 'world': group rank 0 (rank 0) runs flat"*"group rank 2 (rank 2) runs hierarchical"*"MUSTER_HIERARCHICAL differs"* ]] \
     || fail "rank $r did not fail naming the mode mismatch: $line"
 done
 (( ms < 10000 )) || fail "the ranks took $ms ms to fail (group timeout 30 s)"
