@@ -20,6 +20,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_auth.h"
@@ -40,20 +41,28 @@ constexpr absl::Duration kLogProbeInterval = absl::Seconds(1);
 // nodes, std::string headers); its key bytes are held three times (the
 // connection's list, the registration's, the per-key index).
 constexpr uint64_t kWaitKeyOverhead = 128;
-// Waits on more keys than this register in slices, at most this many keys
-// per loop iteration across all connections, so a 131,072-key WAIT does not
-// stall other clients while it registers.
-constexpr size_t kWaitRegisterSlice = 2048;
+// Waits on more keys than this register in slices (see kWorkSlice), so a
+// 131,072-key WAIT does not stall other clients while it registers.
+constexpr size_t kWaitInlineKeys = 256;
+// Deferred work (registering long waits, unlinking cancelled ones, freeing
+// long key lists) runs in chunks of this many keys, for at most kWorkSlice
+// of each loop iteration (at least one chunk, so it always progresses).
+constexpr size_t kWorkChunk = 128;
+constexpr absl::Duration kWorkSlice = absl::Milliseconds(1);
+// Key lists longer than this are freed in chunks, not at once.
+constexpr size_t kFreeInlineKeys = 1024;
 constexpr int kAcceptsPerIteration = 64;
 // Charges up to this size may use the memory budget's last eighth.
 constexpr uint64_t kSmallCharge = 64 << 10;
 // Keys of long key lists parsed per loop iteration across all connections
 // (RequestParser's key budget); a connection that runs out yields and
 // continues in the next iteration.
-constexpr size_t kParseKeysPerIteration = 4096;
+constexpr size_t kParseKeysPerIteration = 2048;
 // Bytes read per loop iteration across all connections; past it each
-// readable connection still gets one chunk, so small clients keep moving.
-constexpr size_t kReadPerIteration = 4 << 20;
+// readable connection still gets one small read (kSmallRead), so small
+// clients keep moving while big senders wait for the next iteration.
+constexpr size_t kReadPerIteration = 512 << 10;
+constexpr size_t kSmallRead = 4096;
 // A loop iteration that uses more CPU than this stalled every client; it is
 // logged (rate-limited) so a regression or an overload is visible.
 constexpr absl::Duration kSlowIteration = absl::Milliseconds(10);
@@ -64,10 +73,13 @@ absl::Duration ThreadCpuTime() {
   return absl::DurationFromTimespec(ts);
 }
 
-uint64_t WaitCharge(const std::vector<std::string>& keys) {
-  uint64_t bytes = 0;
-  for (const std::string& k : keys) bytes += 3 * k.size() + kWaitKeyOverhead;
-  return bytes;
+// `key_bytes`: the keys' total size if the parser counted it (long lists,
+// which then need no second pass), else 0.
+uint64_t WaitCharge(const std::vector<std::string>& keys, uint64_t key_bytes) {
+  if (key_bytes == 0) {
+    for (const std::string& k : keys) key_bytes += k.size();
+  }
+  return 3 * key_bytes + kWaitKeyOverhead * keys.size();
 }
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
@@ -314,7 +326,9 @@ class StoreServer::Impl : public StoreServer::Loop {
                 : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
-      if (!registering_.empty() || !yielded_.empty()) timeout_ms = 0;  // more work queued
+      if (!registering_.empty() || !yielded_.empty() || DeferredPending()) {
+        timeout_ms = 0;  // more work queued
+      }
       int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
         MLOG(ERROR) << "store: epoll_wait: " << std::strerror(errno);
@@ -324,6 +338,7 @@ class StoreServer::Impl : public StoreServer::Loop {
       parse_keys_left_ = kParseKeysPerIteration;
       read_bytes_left_ = kReadPerIteration;
       ContinueYielded();
+      absl::Duration t_yielded = ThreadCpuTime();
       for (int i = 0; i < n; ++i) {
         uint64_t id = events[i].data.u64;
         if (id == kListenerId) {
@@ -344,13 +359,26 @@ class StoreServer::Impl : public StoreServer::Loop {
         listener_paused_ = false;
         Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_MOD);
       }
+      absl::Duration t_events = ThreadCpuTime();
       RunDueTimers(absl::Now());
+      absl::Duration t_timers = ThreadCpuTime();
+      work_deadline_ = absl::Now() + kWorkSlice;
       RegisterWaitSlices();
+      absl::Duration t_register = ThreadCpuTime();
+      DeferredWork();
+      absl::Duration t_deferred = ThreadCpuTime();
       EndIteration();
-      absl::Duration cpu = ThreadCpuTime() - cpu_start;
+      absl::Duration t_end = ThreadCpuTime();
+      absl::Duration cpu = t_end - cpu_start;
       if (cpu > kSlowIteration) {
-        Warn(absl::StrCat("slow loop iteration: ", absl::ToInt64Milliseconds(cpu), " ms of CPU (",
-                          n, " events); every client waited"));
+        auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+        Warn(absl::StrFormat(
+            "slow loop iteration: %d ms of CPU (%d events; ms in: long key lists %.1f, events "
+            "%.1f, timers %.1f, wait registration %.1f, deferred frees %.1f, flush and send "
+            "%.1f); every client waited",
+            absl::ToInt64Milliseconds(cpu), n, ms(t_yielded - cpu_start), ms(t_events - t_yielded),
+            ms(t_timers - t_events), ms(t_register - t_timers), ms(t_deferred - t_register),
+            ms(t_end - t_deferred)));
       }
     }
     // Shutdown: fire every timer early so posted waits can finish.
@@ -728,14 +756,15 @@ class StoreServer::Impl : public StoreServer::Loop {
     // means the socket is drained (epoll is level-triggered and reports any
     // later data), which saves the read that would return EAGAIN.
     size_t total = 0;
-    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, sizeof(read_buffer_)));
+    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, kSmallRead));
     while (total < limit) {
-      ssize_t n = ::read(c.fd, read_buffer_, sizeof(read_buffer_));
+      size_t want = std::min(sizeof(read_buffer_), limit - total);
+      ssize_t n = ::read(c.fd, read_buffer_, want);
       if (n > 0) {
         c.in.append(read_buffer_, n);
         total += n;
         read_bytes_left_ -= std::min<size_t>(read_bytes_left_, n);
-        if (static_cast<size_t>(n) < sizeof(read_buffer_)) break;
+        if (static_cast<size_t>(n) < want) break;
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -901,6 +930,9 @@ class StoreServer::Impl : public StoreServer::Loop {
     Connection& c = *it->second;
     CancelConnectionWait(c);
     DropPendingAuth(c);
+    deferred_bytes_ += c.parser.held_bytes();  // stays charged until freed
+    budget_used_ += c.parser.held_bytes();
+    FreeLater(c.parser.TakeHeldKeys());
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
     budget_used_ -= c.charged;
@@ -914,27 +946,28 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
+    FreeLater(std::move(c.wait_keys));
     c.wait_keys.clear();
-    c.wait_charge = 0;
+    RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
   }
 
-  // Registers up to kWaitRegisterSlice keys of the waits in registering_,
-  // round robin; a wait whose last slice is in and is already satisfied
-  // finishes now.
+  // Registers the waits in registering_ in chunks, round robin, within
+  // this iteration's work slice; a wait whose last chunk is in and is
+  // already satisfied finishes now.
   void RegisterWaitSlices() {
-    size_t budget = kWaitRegisterSlice;
-    while (budget > 0 && !registering_.empty()) {
+    bool first = true;
+    while (!registering_.empty() && (first || absl::Now() < work_deadline_)) {
+      first = false;
       uint64_t id = registering_.front();
       registering_.pop_front();
       auto it = conns_.find(id);
       if (it == conns_.end() || !it->second->wait_registering) continue;
       Connection& c = *it->second;
-      size_t n = std::min(budget, c.wait_keys.size() - c.wait_registered);
+      size_t n = std::min(kWorkChunk, c.wait_keys.size() - c.wait_registered);
       kv_.AddWaitKeys(c.wait_id, c.wait_keys.data() + c.wait_registered, n);
       c.wait_registered += n;
-      budget -= n;
       if (c.wait_registered < c.wait_keys.size()) {
         registering_.push_back(id);
         continue;
@@ -947,25 +980,63 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
   }
 
+  // Long key lists are not freed at once (131,072 strings take milliseconds
+  // to destroy): they wait here and DeferredWork frees them in chunks.
+  void FreeLater(std::vector<std::string> keys) {
+    if (keys.size() <= kFreeInlineKeys) return;
+    graveyard_.push_back(std::move(keys));
+  }
+
+  bool DeferredPending() const { return !graveyard_.empty() || kv_.pending_reap_keys() > 0; }
+
+  // Unlinks cancelled waits from the store's index and frees long key lists,
+  // in chunks, for what is left of this iteration's work slice. Memory they
+  // held stays charged (deferred_bytes_) until all of it is done.
+  void DeferredWork() {
+    bool first = true;
+    while (DeferredPending() && (first || absl::Now() < work_deadline_)) {
+      first = false;
+      if (kv_.ReapCancelled(kWorkChunk) > 0) continue;
+      std::vector<std::string>& keys = graveyard_.front();
+      for (size_t i = 0; i < kWorkChunk && !keys.empty(); ++i) keys.pop_back();
+      if (keys.empty()) graveyard_.pop_front();
+    }
+    if (!DeferredPending() && deferred_bytes_ > 0) {
+      budget_used_ -= deferred_bytes_;
+      deferred_bytes_ = 0;
+    }
+  }
+
+  // A parked wait ends: its charge stays with the server until the deferred
+  // work of freeing (and, cancelled, unlinking) its key lists is done.
+  void RetireWaitCharge(Connection& c) {
+    deferred_bytes_ += c.wait_charge;
+    budget_used_ += c.wait_charge;
+    c.wait_charge = 0;
+  }
+
   // Parks `c` until `keys` exist (or the native timeout passes).
-  void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, int64_t timeout_ms) {
+  void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                 int64_t timeout_ms) {
     uint64_t id = c.id;
-    uint64_t charge = WaitCharge(keys);
+    uint64_t charge = WaitCharge(keys, key_bytes);
     if (InputCharge(c) + charge > options_.max_connection_bytes) {
-      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
-                                             " bytes, exceeding --store-max-connection-bytes=",
-                                             options_.max_connection_bytes));
+      RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                      " bytes, exceeding --store-max-connection-bytes=",
+                                      options_.max_connection_bytes));
+      return FreeLater(std::move(keys));
     }
     if (budget_used_ + charge > BudgetFor(charge)) {
-      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
-                                             " bytes, exceeding ", BudgetText()));
+      RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                      " bytes, exceeding ", BudgetText()));
+      return FreeLater(std::move(keys));
     }
     c.wait_charge = charge;
     Recharge(c);
     c.wait_kind = kind;
     c.wait_keys = std::move(keys);
-    if (c.wait_keys.size() > kWaitRegisterSlice) {
-      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); });
+    if (c.wait_keys.size() > kWaitInlineKeys) {
+      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); }, c.wait_keys.size());
       c.wait_registering = true;
       c.wait_registered = 0;
       registering_.push_back(id);
@@ -995,9 +1066,15 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
-    c.wait_charge = 0;
+    RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
+    // Whatever happens below, the key list is freed in chunks afterwards.
+    struct FreeKeys {
+      Impl* impl;
+      std::vector<std::string>* keys;
+      ~FreeKeys() { impl->FreeLater(std::move(*keys)); }
+    } free_keys{this, &keys};
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
       return;
@@ -1152,13 +1229,13 @@ class StoreServer::Impl : public StoreServer::Loop {
         wire::PutU8(&Reply(c), kv_.Check(req.keys) ? wire::kCheckReady : wire::kCheckNotReady);
         return;
       case Op::kWait:
-        StartWait(c, WaitKind::kTorchWait, std::move(req.keys), 0);
+        StartWait(c, WaitKind::kTorchWait, std::move(req.keys), req.key_bytes, 0);
         return;
       case Op::kWaitFor:
-        StartWait(c, WaitKind::kWaitFor, std::move(req.keys), req.number);
+        StartWait(c, WaitKind::kWaitFor, std::move(req.keys), req.key_bytes, req.number);
         return;
       case Op::kGetWaitFor:
-        StartWait(c, WaitKind::kGetWaitFor, std::move(req.keys), req.number);
+        StartWait(c, WaitKind::kGetWaitFor, std::move(req.keys), req.key_bytes, req.number);
         return;
       case Op::kCancelWait:
         CancelConnectionWait(c);
@@ -1234,6 +1311,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::vector<uint64_t> resumed_;                    // connections whose wait was satisfied
   std::deque<uint64_t> registering_;                 // connections whose wait registers in slices
   std::deque<uint64_t> yielded_;                     // connections with a long key list to parse on
+  absl::Time work_deadline_;                         // end of this iteration's work slice
+  std::deque<std::vector<std::string>> graveyard_;   // long key lists to free (FreeLater)
+  uint64_t deferred_bytes_ = 0;                      // charged for deferred work (in budget_used_)
   size_t parse_keys_left_ = kParseKeysPerIteration;  // this iteration's parse budget
   size_t read_bytes_left_ = kReadPerIteration;       // and its read budget
   std::map<std::pair<absl::Time, TimerId>, std::function<void()>> timers_;
