@@ -25,6 +25,7 @@
 #include "common/status_macros.h"
 #include "common/store_auth.h"
 #include "daemon/store/request_parser.h"
+#include "daemon/store/store_dispatcher.h"
 #include "daemon/store/store_log.h"
 
 namespace muster {
@@ -146,7 +147,10 @@ absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port
 
 class StoreServer::Impl : public StoreServer::Loop {
  public:
-  explicit Impl(StoreServerOptions options) : options_(std::move(options)), kv_(UINT64_MAX) {}
+  explicit Impl(StoreServerOptions options)
+      : options_(std::move(options)),
+        kv_(UINT64_MAX),
+        dispatcher_(&kv_, options_.max_reply_bytes) {}
 
   ~Impl() override {
     Stop();
@@ -234,7 +238,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   bool stopping() const override { return stopping_; }
 
  private:
-  enum class WaitKind { kNone, kTorchWait, kWaitFor, kGetWaitFor };
+  using WaitKind = StoreWaitKind;
 
   struct Connection {
     uint64_t id = 0;
@@ -509,16 +513,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     return true;
   }
 
-  // Before a reply of `bytes` (its body) is built: it must fit the per-reply
-  // limit and the budget; then `out` is reserved for it. False if refused.
-  bool AdmitReply(Connection& c, uint64_t bytes, wire::Op op) {
-    bytes += 1;  // the native status byte
-    if (bytes > options_.max_reply_bytes) {
-      RefuseForMemory(c,
-                      absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
-                                   " exceeds --store-max-reply-bytes=", options_.max_reply_bytes));
-      return false;
-    }
+  // Before a reply of `bytes` (status byte included; the dispatcher
+  // checked max_reply_bytes) is built: it must fit the budget; then `out` is
+  // reserved for it. False if refused.
+  bool ReserveReply(Connection& c, uint64_t bytes, wire::Op op) {
     if (budget_used_ + bytes > BudgetFor(bytes)) {
       RefuseForMemory(c, absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
                                       " would exceed ", BudgetText()));
@@ -526,16 +524,6 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     c.out.reserve(c.out.size() + bytes);
     return true;
-  }
-
-  // The reply size of a list of values (MULTI_GET, GET_WAIT_FOR).
-  uint64_t ValuesReplyBytes(const std::vector<std::string>& keys) const {
-    uint64_t bytes = 0;
-    for (const std::string& k : keys) {
-      const std::string* v = kv_.Find(k);
-      bytes += 8 + (v ? v->size() : 0);
-    }
-    return bytes;
   }
 
   // This iteration's log write failed: nothing of it may look acknowledged.
@@ -601,22 +589,6 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     MLOG(WARNING) << "store: the durability log " << log_->path()
                   << " can be written again; accepting writes";
-  }
-
-  static bool IsWrite(wire::Op op) {
-    switch (op) {
-      case wire::Op::kSet:
-      case wire::Op::kAppend:
-      case wire::Op::kMultiSet:
-      case wire::Op::kQueuePush:
-      case wire::Op::kCompareSet:
-      case wire::Op::kAdd:
-      case wire::Op::kDeleteKey:
-      case wire::Op::kQueuePop:
-        return true;
-      default:
-        return false;
-    }
   }
 
   uint64_t authenticated_connections() const { return conns_.size() - pending_auth_.size(); }
@@ -1069,44 +1041,13 @@ class StoreServer::Impl : public StoreServer::Loop {
     RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
-    // Whatever happens below, the key list is freed in chunks afterwards.
-    struct FreeKeys {
-      Impl* impl;
-      std::vector<std::string>* keys;
-      ~FreeKeys() { impl->FreeLater(std::move(*keys)); }
-    } free_keys{this, &keys};
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
-      return;
-    }
-    std::vector<std::string> missing;
-    uint64_t reply_bytes = 1;
-    if (kind != WaitKind::kTorchWait && timed_out) {
-      missing = kv_.MissingKeys(keys);
-      reply_bytes += 8;
-      for (const std::string& k : missing) reply_bytes += 8 + k.size();
-    } else if (kind == WaitKind::kGetWaitFor) {
-      reply_bytes += ValuesReplyBytes(keys);
-    }
-    if (!AdmitReply(c, reply_bytes,
-                    kind == WaitKind::kGetWaitFor ? wire::Op::kGetWaitFor : wire::Op::kWaitFor)) {
-      return;
-    }
-    std::string& out = Reply(c);
-    if (kind == WaitKind::kTorchWait) {
-      wire::PutU8(&out, wire::kStopWaiting);
-    } else if (timed_out) {
-      wire::PutU8(&out, wire::kWaitTimedOut);
-      wire::PutKeyList(&out, missing);
     } else {
-      wire::PutU8(&out, wire::kWaitDone);
-      if (kind == WaitKind::kGetWaitFor) {
-        for (const std::string& k : keys) {
-          const std::string* v = kv_.Find(k);
-          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
-        }
-      }
+      ConnContext ctx(this, c);
+      dispatcher_.CompleteWait(kind, keys, timed_out, ctx);
     }
+    FreeLater(std::move(keys));  // a long list is freed in chunks
     Recharge(c);
     if (!c.closing) ProcessInput(c);
   }
@@ -1171,124 +1112,44 @@ class StoreServer::Impl : public StoreServer::Loop {
     return true;
   }
 
+  // The dispatcher's view of one connection, for one request or wait.
+  class ConnContext : public StoreDispatcher::Context {
+   public:
+    ConnContext(Impl* impl, Connection& c) : impl_(impl), c_(c) {}
+    wire::Dialect dialect() const override { return c_.parser.dialect(); }
+    bool ReserveReply(uint64_t bytes, wire::Op op) override {
+      return impl_->ReserveReply(c_, bytes, op);
+    }
+    void RefuseForMemory(std::string why) override { impl_->RefuseForMemory(c_, std::move(why)); }
+    std::string& Reply() override { return impl_->Reply(c_); }
+    void Fail(const absl::Status& why) override { impl_->Reject(c_, why); }
+    void StartWait(StoreWaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                   int64_t timeout_ms) override {
+      impl_->StartWait(c_, kind, std::move(keys), key_bytes, timeout_ms);
+    }
+    void CancelWait() override { impl_->CancelConnectionWait(c_); }
+
+   private:
+    Impl* impl_;
+    Connection& c_;
+  };
+
   void Handle(Connection& c, StoreRequest& req) {
-    using wire::Op;
     if (!c.authenticated && !Authenticate(c, req)) return;
-    if (IsWrite(req.op) && log_ != nullptr) {
+    if (StoreDispatcher::IsWrite(req.op) && log_ != nullptr) {
       if (log_failing_) return Reject(c, LogRefusal());
       if (c.write_epoch != epoch_) {
         c.write_epoch = epoch_;
         wrote_.push_back(c.id);
       }
     }
-    switch (req.op) {
-      case Op::kAuth:
-      case Op::kAuthProof:
-      case Op::kValidate:
-        return;
-      case Op::kPing:
-        wire::PutU32(&Reply(c), req.nonce);
-        return;
-      case Op::kSet:
-        if (absl::Status s = kv_.Set(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kAppend:
-        if (absl::Status s = kv_.Append(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kMultiSet:
-        if (absl::Status s = kv_.MultiSet(req.keys, req.values); !s.ok()) Reject(c, s);
-        return;
-      case Op::kQueuePush:
-        if (absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kCompareSet: {
-        const std::string* current = kv_.Find(req.keys[0]);
-        uint64_t longest = std::max<uint64_t>(current ? current->size() : 0,
-                                              std::max(req.values[0].size(), req.values[1].size()));
-        if (!AdmitReply(c, 8 + longest, req.op)) return;
-        auto r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
-        if (!r.ok()) return Reject(c, r.status());
-        wire::PutBytes(&Reply(c), *r);
-        return;
-      }
-      case Op::kGet: {
-        // A missing key answers an empty value (like PyTorch's libuv
-        // server) rather than dropping the connection.
-        const std::string* v = kv_.Find(req.keys[0]);
-        if (!AdmitReply(c, 8 + (v ? v->size() : 0), req.op)) return;
-        wire::PutBytes(&Reply(c), v ? absl::string_view(*v) : absl::string_view());
-        return;
-      }
-      case Op::kAdd: {
-        auto r = kv_.Add(req.keys[0], req.number);
-        if (!r.ok()) return Reject(c, r.status());
-        wire::PutI64(&Reply(c), *r);
-        return;
-      }
-      case Op::kCheck:
-        wire::PutU8(&Reply(c), kv_.Check(req.keys) ? wire::kCheckReady : wire::kCheckNotReady);
-        return;
-      case Op::kWait:
-        StartWait(c, WaitKind::kTorchWait, std::move(req.keys), req.key_bytes, 0);
-        return;
-      case Op::kWaitFor:
-        StartWait(c, WaitKind::kWaitFor, std::move(req.keys), req.key_bytes, req.number);
-        return;
-      case Op::kGetWaitFor:
-        StartWait(c, WaitKind::kGetWaitFor, std::move(req.keys), req.key_bytes, req.number);
-        return;
-      case Op::kCancelWait:
-        CancelConnectionWait(c);
-        wire::PutU8(&Reply(c), wire::kWaitCanceled);
-        return;
-      case Op::kNumKeys:
-        wire::PutI64(&Reply(c), kv_.NumKeys());
-        return;
-      case Op::kDeleteKey:
-        wire::PutI64(&Reply(c), kv_.Delete(req.keys[0]) ? 1 : 0);
-        return;
-      case Op::kWatchKey:
-        // Registered, but no change events are ever pushed (allowed: the
-        // 1.13 Python API cannot watch keys).
-        wire::PutU8(&Reply(c), wire::kWatchRegistered);
-        return;
-      case Op::kMultiGet: {
-        if (!AdmitReply(c, ValuesReplyBytes(req.keys), req.op)) return;
-        std::string& out = Reply(c);
-        for (const std::string& k : req.keys) {
-          const std::string* v = kv_.Find(k);
-          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
-        }
-        return;
-      }
-      case Op::kListKeys: {
-        uint64_t count = 0, bytes = 0;
-        kv_.MeasureKeys("", &count, &bytes);
-        if (!AdmitReply(c, 8 + 8 * count + bytes, req.op)) return;
-        std::vector<std::string> keys = kv_.ListKeys();
-        std::string& out = Reply(c);
-        wire::PutI64(&out, static_cast<int64_t>(keys.size()));
-        for (const std::string& k : keys) wire::PutBytes(&out, k);
-        return;
-      }
-      case Op::kQueuePop: {
-        const std::string* front = kv_.QueueFront(req.keys[0]);
-        if (!AdmitReply(c, 16 + (front ? front->size() : 0), req.op)) return;
-        std::string value;
-        int64_t before = kv_.QueuePop(req.keys[0], &value);
-        std::string& out = Reply(c);
-        wire::PutI64(&out, before);
-        if (before > 0) wire::PutBytes(&out, value);
-        return;
-      }
-      case Op::kQueueLen:
-        wire::PutI64(&Reply(c), kv_.QueueLen(req.keys[0]));
-        return;
-    }
+    ConnContext ctx(this, c);
+    dispatcher_.Execute(req, ctx);
   }
 
   const StoreServerOptions options_;
   KvStore kv_;
+  StoreDispatcher dispatcher_;
   std::unique_ptr<StoreLog> log_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
