@@ -50,6 +50,9 @@ constexpr size_t kWaitInlineKeys = 256;
 // of each loop iteration (at least one chunk, so it always progresses).
 constexpr size_t kWorkChunk = 128;
 constexpr absl::Duration kWorkSlice = absl::Milliseconds(1);
+// While only bulk work is pending, the loop waits this long for events
+// between work slices.
+constexpr int kBulkPauseMs = 1;
 // Key lists longer than this are freed in chunks, not at once.
 constexpr size_t kFreeInlineKeys = 1024;
 constexpr int kAcceptsPerIteration = 64;
@@ -331,7 +334,11 @@ class StoreServer::Impl : public StoreServer::Loop {
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
       if (!registering_.empty() || !yielded_.empty() || DeferredPending()) {
-        timeout_ms = 0;  // more work queued
+        // More bulk work queued: continue at once if a client is waiting,
+        // else after a short pause, so bulk work takes at most about half
+        // of a core and the loop thread stays quick to wake (the scheduler
+        // favours threads that sleep) when a client sends a request.
+        timeout_ms = timeout_ms < 0 ? kBulkPauseMs : std::min(timeout_ms, kBulkPauseMs);
       }
       int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
@@ -731,6 +738,16 @@ class StoreServer::Impl : public StoreServer::Loop {
     size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, kSmallRead));
     while (total < limit) {
       size_t want = std::min(sizeof(read_buffer_), limit - total);
+      if (c.in.size() + want > c.in.capacity() && c.in.size() > kSmallRead) {
+        // Growing a large buffer copies all of it. That counts against the
+        // read budget (past it, the first such growth of an iteration still
+        // goes ahead, so every connection progresses), or 100 clients whose
+        // long requests cross the same size would all copy in one iteration.
+        size_t copy = c.in.size();
+        if (copy > read_bytes_left_ && read_bytes_left_ < kReadPerIteration) break;
+        read_bytes_left_ -= std::min(read_bytes_left_, copy);
+        c.in.reserve(std::max(2 * c.in.capacity(), c.in.size() + want));
+      }
       ssize_t n = ::read(c.fd, read_buffer_, want);
       if (n > 0) {
         c.in.append(read_buffer_, n);
