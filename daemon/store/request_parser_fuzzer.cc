@@ -1,6 +1,7 @@
 // libFuzzer target for the store's wire protocol: RequestParser fed in
-// several splittings of the same bytes, and every parsed request applied to
-// a KvStore the way StoreServer::Handle does.
+// several splittings of the same bytes, and every parsed request run through
+// StoreDispatcher (the server's own dispatch code, not a copy) against a
+// KvStore, with a small reply limit and memory budget.
 //
 // Invariants checked (a violation aborts, which libFuzzer reports as a
 // crash and the replay test as a failure):
@@ -18,7 +19,13 @@
 //    mutations, replayed into a second store, rebuild the same contents; a
 //    simple model (std::map + deques) agrees with the store;
 //  - wait callbacks never run inside Wait(), run at most once, never after
-//    CancelWait(), and num_waits() counts the live registrations.
+//    CancelWait(), and num_waits() counts the live registrations;
+//  - every reply (including those of finished and timed-out waits) equals
+//    what the model answers; no reply outgrows what it reserved (or
+//    StoreDispatcher::kSmallReplyBytes); a request refused for memory (reply
+//    over the limit, or over the budget with earlier replies unsent) is over
+//    it by the model's measure, builds no reply and changes nothing; the
+//    parser's key byte count matches the keys.
 //
 // Build: bazel build --config=fuzz //daemon/store:request_parser_fuzzer
 // Run:   tools/fuzz.sh [SECONDS]
