@@ -274,6 +274,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     uint64_t out_epoch = 0;
     size_t out_mark = 0;
     uint64_t write_epoch = 0;  // epoch_ of its last write request
+    // epoch_ of its last reply that read a write not yet in the log.
+    uint64_t depend_epoch = 0;
     // Memory accounting: what this connection holds of the budget now (its
     // share of budget_used_) and, of that, its parked wait's key lists.
     uint64_t charged = 0;
@@ -535,9 +537,10 @@ class StoreServer::Impl : public StoreServer::Loop {
 
   // This iteration's log write failed: nothing of it may look acknowledged.
   // Its mutations are rolled back to what the file holds, and every
-  // connection with a reply from this iteration gets an error instead (a
-  // read may have seen a rolled-back value); writes are refused until
-  // ProbeLog() finds the log writable again.
+  // connection that wrote, or whose reply of this iteration read a key the
+  // failed batch touched (see ReadsUnloggedWrite), gets an error instead;
+  // replies that read only durable state still go out. Writes are refused
+  // until ProbeLog() finds the log writable again.
   void LogFailed() {
     std::string cause(log_->error().message());
     if (!log_failing_) {
@@ -563,8 +566,8 @@ class StoreServer::Impl : public StoreServer::Loop {
       auto it = conns_.find(id);
       if (it == conns_.end()) continue;
       Connection& c = *it->second;
-      bool replied = c.out_epoch == epoch_ && c.out.size() > c.out_mark;
-      if (c.closing || (!replied && c.write_epoch != epoch_)) {
+      bool depends = c.write_epoch == epoch_ || c.depend_epoch == epoch_;
+      if (c.closing || !depends) {
         dirty_.push_back(id);
         continue;
       }
@@ -1058,6 +1061,9 @@ class StoreServer::Impl : public StoreServer::Loop {
     RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
+    // A wait released (or measured) while writes are unlogged may have
+    // been released by one of them.
+    if (log_ != nullptr && log_->has_pending()) c.depend_epoch = epoch_;
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
     } else {
@@ -1160,8 +1166,34 @@ class StoreServer::Impl : public StoreServer::Loop {
         wrote_.push_back(c.id);
       }
     }
+    if (ReadsUnloggedWrite(req)) c.depend_epoch = epoch_;
     ConnContext ctx(this, c);
     dispatcher_.Execute(req, ctx);
+  }
+
+  // Whether the reply to read request `req` may depend on a write of this
+  // iteration that is not in the log yet (so must fail if that write is
+  // rolled back). A read of keys untouched since the last flush answered
+  // from durable state, and keeps its reply when the flush fails.
+  bool ReadsUnloggedWrite(const StoreRequest& req) const {
+    if (log_ == nullptr || !log_->has_pending()) return false;
+    switch (req.op) {
+      case wire::Op::kGet:
+      case wire::Op::kMultiGet:
+      case wire::Op::kCheck:
+      case wire::Op::kQueueLen:
+        for (const std::string& k : req.keys) {
+          if (log_->Touched(k)) return true;
+        }
+        return false;
+      case wire::Op::kNumKeys:
+      case wire::Op::kListKeys:
+        return true;  // every key counts
+      default:
+        // Writes are tracked as writes; waits when they finish (FinishWait);
+        // PING, WATCH_KEY, CANCEL_WAIT read nothing.
+        return false;
+    }
   }
 
   const StoreServerOptions options_;
