@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -1039,6 +1040,8 @@ class Prober {
         if (!ok || !got.ok() || *got != v) failures_.fetch_add(1);
         int64_t worst = absl::ToInt64Microseconds(std::max(set, get));
         if (worst > max_us_.load()) max_us_.store(worst);
+        latencies_us_.push_back(absl::ToInt64Microseconds(set));
+        latencies_us_.push_back(absl::ToInt64Microseconds(get));
         ops_.fetch_add(1);
         absl::SleepFor(absl::Milliseconds(1));
       }
@@ -1050,6 +1053,20 @@ class Prober {
     if (thread_.joinable()) thread_.join();
   }
   absl::Duration max_latency() const { return absl::Microseconds(max_us_.load()); }
+  // After Stop(): the latency that fraction `q` of the operations stayed under.
+  absl::Duration Quantile(double q) {
+    if (latencies_us_.empty()) return absl::ZeroDuration();
+    std::vector<int64_t> sorted = latencies_us_;
+    std::sort(sorted.begin(), sorted.end());
+    size_t i = std::min(sorted.size() - 1, static_cast<size_t>(q * sorted.size()));
+    return absl::Microseconds(sorted[i]);
+  }
+  // After Stop(): operations that took longer than `d`.
+  int64_t SlowerThan(absl::Duration d) const {
+    int64_t n = 0;
+    for (int64_t us : latencies_us_) n += absl::Microseconds(us) > d ? 1 : 0;
+    return n;
+  }
   int64_t ops() const { return ops_.load(); }
   int64_t failures() const { return failures_.load(); }
 
@@ -1060,6 +1077,7 @@ class Prober {
   std::atomic<int64_t> max_us_{0};
   std::atomic<int64_t> ops_{0};
   std::atomic<int64_t> failures_{0};
+  std::vector<int64_t> latencies_us_;  // written by thread_ only, read after Stop()
 };
 
 // The brief's bound is 10 ms; the loop's own CPU per iteration is held to
@@ -1194,12 +1212,15 @@ TEST_CASE("1000 partial requests declaring 16 MiB each are held to the memory bu
   CHECK(*after->Get("after") == "ok");
 }
 
-// Known shortfall, hence [!mayfail] (failures are reported, not fatal): in
-// the default -O0 build, registering 100 x 131072 keys takes tens of seconds
-// of loop CPU and some iterations still exceed 10 ms (hash-map growth of the
-// waiter index, reading 100 busy sockets); see the printed numbers.
+// The loop's work per iteration is what musterd controls: no iteration may
+// use more than 10 ms of CPU ("slow loop iteration" is logged past that),
+// while the flood registers (in slices, through a B-tree waiter index that
+// never rehashes) and while the parked connections close (cancelled waits
+// are unlinked and their key lists freed in slices). What the prober sees
+// also includes scheduling on a shared 2-core machine, so its bound is
+// looser; its 99th percentile and maximum are printed.
 TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall the loop",
-          "[budget][!mayfail]") {
+          "[budget]") {
   RaiseFileLimit(4096);
   auto daemon = StartDaemon();
   int port = daemon->store_port();
@@ -1208,6 +1229,14 @@ TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall t
   std::string wait;
   wire::PutU8(&wait, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kWait));
   wire::PutKeyList(&wait, keys);
+  auto memory_in_use = [&]() -> int64_t {
+    auto status = Run({RunfilePath("tools/musterctl"), daemon->SocketFlag(), "status", "--json"});
+    if (!status.ok()) return -1;
+    auto fields = ParseFlatJsonObject(status->out);
+    int64_t bytes = -1;
+    if (!fields.ok() || !absl::SimpleAtoi((*fields)["store_memory_bytes"], &bytes)) return -1;
+    return bytes;
+  };
   Prober prober(port);
   absl::Time start = absl::Now();
   std::vector<std::unique_ptr<RawClient>> clients;
@@ -1235,20 +1264,44 @@ TEST_CASE("100 parked 131072-key WAITs are held to the budget and do not stall t
     }
     absl::SleepFor(absl::Milliseconds(50));
   }
-  prober.Stop();
   REQUIRE(daemon->process().Running());
   int64_t rss = RssBytes(daemon->pid());
+  int64_t parked_memory = memory_in_use();
+  absl::Duration registered = absl::Now() - start;
+  // Now every parked connection hangs up at once: their waits are cancelled
+  // while the prober goes on. Wait until the budget is released.
+  absl::Time close_start = absl::Now();
+  clients.clear();
+  int64_t memory_after = memory_in_use();
+  while (memory_after > (1 << 20) && absl::Now() - close_start < absl::Seconds(60)) {
+    absl::SleepFor(absl::Milliseconds(100));
+    memory_after = memory_in_use();
+  }
+  absl::Duration released = absl::Now() - close_start;
+  absl::SleepFor(absl::Milliseconds(200));
+  prober.Stop();
   std::printf(
-      "100 waits of 131072 keys: sent in %s, %d refused, VmRSS %lld MiB, prober max %s "
-      "over %lld ops\n",
-      absl::FormatDuration(sent).c_str(), closed_count, static_cast<long long>(rss >> 20),
-      absl::FormatDuration(prober.max_latency()).c_str(), static_cast<long long>(prober.ops()));
+      "100 waits of 131072 keys: sent in %s, %d refused, %s until refusals stopped, %lld MiB "
+      "charged, VmRSS %lld MiB; closed: budget back to %lld bytes in %s; prober over %lld ops: "
+      "p50 %s, p99 %s, max %s, %lld ops over 10 ms\n",
+      absl::FormatDuration(sent).c_str(), closed_count, absl::FormatDuration(registered).c_str(),
+      static_cast<long long>(parked_memory >> 20), static_cast<long long>(rss >> 20),
+      static_cast<long long>(memory_after), absl::FormatDuration(released).c_str(),
+      static_cast<long long>(prober.ops()), absl::FormatDuration(prober.Quantile(0.5)).c_str(),
+      absl::FormatDuration(prober.Quantile(0.99)).c_str(),
+      absl::FormatDuration(prober.max_latency()).c_str(),
+      static_cast<long long>(prober.SlowerThan(absl::Milliseconds(10))));
   PrintLogLines(*daemon, "closing connection");
   CHECK(closed_count > 0);  // 100 x ~21 MB of key lists exceed 1 GiB
   CHECK(closed_count < 100);
   CHECK(WaitForLog(*daemon, "keys needs"));
   CHECK(rss < (int64_t{1} << 30) + (256 << 20));
+  CHECK(parked_memory > (256 << 20));  // the admitted waits are charged
+  CHECK(memory_after >= 0);
+  CHECK(memory_after < (1 << 20));  // and released once they are gone
+  REQUIRE(daemon->process().Running());
   CHECK(prober.failures() == 0);
+  CHECK(prober.ops() > 0);
   CHECK(prober.max_latency() < kMaxProbeLatency);
   PrintLogLines(*daemon, "slow loop iteration");
   CHECK(CountLogLines(*daemon, "slow loop iteration") == 0);

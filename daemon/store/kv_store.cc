@@ -215,11 +215,12 @@ KvStore::WaitId KvStore::Wait(const std::vector<std::string>& keys,
   return EndWait(id) ? id : 0;
 }
 
-KvStore::WaitId KvStore::BeginWait(std::function<void()> on_ready) {
+KvStore::WaitId KvStore::BeginWait(std::function<void()> on_ready, size_t expected_keys) {
   WaitId id = next_wait_id_++;
   WaitState& state = waits_[id];
   state.on_ready = std::move(on_ready);
   state.registering = true;
+  state.keys.reserve(expected_keys);
   return id;
 }
 
@@ -246,22 +247,53 @@ bool KvStore::EndWait(WaitId id) {
   if (w == waits_.end()) return false;
   w->second.registering = false;
   if (w->second.missing > 0) return true;
-  waits_.erase(w);  // its keys are all written and gone from waiters_
+  // Its keys are all written and gone from waiters_.
+  Retire(id, w->second, /*unlink=*/false);
+  waits_.erase(w);
   return false;
+}
+
+void KvStore::Unlink(WaitId id, const std::string& key) {
+  auto list = waiters_.find(key);
+  if (list == waiters_.end()) return;  // that key was already written
+  auto& ids = list->second;
+  auto pos = std::lower_bound(ids.begin(), ids.end(), id);
+  if (pos != ids.end() && *pos == id) ids.erase(pos);
+  if (ids.empty()) waiters_.erase(list);
+}
+
+void KvStore::Retire(WaitId id, WaitState& state, bool unlink) {
+  if (state.keys.size() <= kCancelInlineKeys) {
+    if (unlink) {
+      for (const std::string& k : state.keys) Unlink(id, k);
+    }
+    return;  // the list is freed with the state
+  }
+  pending_reap_keys_ += state.keys.size();
+  reaping_.push_back(Reaping{id, std::move(state.keys), unlink});
 }
 
 void KvStore::CancelWait(WaitId id) {
   auto it = waits_.find(id);
   if (it == waits_.end()) return;
-  for (const std::string& k : it->second.keys) {
-    auto list = waiters_.find(k);
-    if (list == waiters_.end()) continue;  // that key was already written
-    auto& ids = list->second;
-    auto pos = std::lower_bound(ids.begin(), ids.end(), id);
-    if (pos != ids.end() && *pos == id) ids.erase(pos);
-    if (ids.empty()) waiters_.erase(list);
-  }
+  Retire(id, it->second, /*unlink=*/true);
   waits_.erase(it);
+}
+
+size_t KvStore::ReapCancelled(size_t max_keys) {
+  size_t done = 0;
+  while (done < max_keys && !reaping_.empty()) {
+    Reaping& r = reaping_.front();
+    size_t n = std::min(max_keys - done, r.keys.size());
+    for (size_t i = 0; i < n; ++i) {
+      if (r.unlink) Unlink(r.id, r.keys.back());
+      r.keys.pop_back();
+    }
+    done += n;
+    pending_reap_keys_ -= n;
+    if (r.keys.empty()) reaping_.pop_front();
+  }
+  return done;
 }
 
 void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
@@ -269,10 +301,16 @@ void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
   if (it == waiters_.end()) return;
   absl::InlinedVector<WaitId, 2> ids;
   if (wake_one) {
-    // Hand the item to the longest-waiting registration only.
+    // Hand the item to the longest-waiting live registration only (stale
+    // ids of cancelled ones are dropped on the way).
     auto& list = it->second;
-    ids.push_back(list.front());
-    list.erase(list.begin());
+    size_t stale = 0;
+    while (stale < list.size() && !waits_.contains(list[stale])) ++stale;
+    if (stale < list.size()) {
+      ids.push_back(list[stale]);
+      ++stale;
+    }
+    list.erase(list.begin(), list.begin() + stale);
     if (list.empty()) waiters_.erase(it);
   } else {
     ids = std::move(it->second);
@@ -284,6 +322,7 @@ void KvStore::KeyWritten(absl::string_view key, bool wake_one) {
     if (w == waits_.end()) continue;  // cancelled
     if (--w->second.missing == 0 && !w->second.registering) {
       released.push_back(std::move(w->second.on_ready));
+      Retire(id, w->second, /*unlink=*/false);
       waits_.erase(w);
     }
   }

@@ -24,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/inlined_vector.h"
 #include "absl/status/status.h"
@@ -89,16 +90,31 @@ class KvStore {
   // The same registration in steps, for key lists too long to register in
   // one go without stalling the caller: BeginWait, AddWaitKeys for slices of
   // the list (later slices see keys written meanwhile as present), EndWait.
-  // The callback cannot run before EndWait. Each key costs O(1) expected
-  // (a hash lookup and an append), and CancelWait O(log waiters) per key.
-  WaitId BeginWait(std::function<void()> on_ready);
+  // The callback cannot run before EndWait. `expected_keys` reserves room for
+  // that many keys up front, so the registration's list never regrows. Each
+  // key costs O(log keys waited on) (the waiter index is a B-tree: it never
+  // rehashes, so no single key registers slowly).
+  WaitId BeginWait(std::function<void()> on_ready, size_t expected_keys = 0);
   void AddWaitKeys(WaitId id, const std::string* keys, size_t count);
   // False if no key was missing: the registration is gone, its callback
   // never runs. Else the id stays live as with Wait().
   bool EndWait(WaitId id);
-  // Forgets a registration; harmless for ids that already fired.
+  // Forgets a registration at once (its callback never runs, num_waits()
+  // drops); harmless for ids that already fired. A registration on more than
+  // kCancelInlineKeys keys is unlinked from the per-key index later, in
+  // slices, by ReapCancelled(); until then its id may still sit in those
+  // keys' lists, where it matches no live registration.
   void CancelWait(WaitId id);
+  // Does up to about `max_keys` keys of deferred work: unlinking cancelled
+  // registrations from the index and freeing the key lists of finished ones.
+  // Returns the keys done (0: nothing is pending).
+  size_t ReapCancelled(size_t max_keys);
+  // Keys whose deferred work (see ReapCancelled) is still pending.
+  uint64_t pending_reap_keys() const { return pending_reap_keys_; }
   size_t num_waits() const { return waits_.size(); }
+
+  // Registrations on at most this many keys are cancelled in one go.
+  static constexpr size_t kCancelInlineKeys = 256;
 
   uint64_t total_bytes() const { return total_bytes_; }
 
@@ -110,7 +126,19 @@ class KvStore {
     bool registering = false;  // between BeginWait and EndWait
   };
 
+  // A finished registration whose keys are still to be unlinked from
+  // waiters_ (`unlink`: it was cancelled) and freed, last key first.
+  struct Reaping {
+    WaitId id;
+    std::vector<std::string> keys;
+    bool unlink;
+  };
+
   absl::Status Reserve(uint64_t added, uint64_t removed, absl::string_view key);
+  // Removes `id` from the waiter list of `key`, if it is there.
+  void Unlink(WaitId id, const std::string& key);
+  // `state` ended: its key list is freed now if short, else later.
+  void Retire(WaitId id, WaitState& state, bool unlink);
   // `key` now exists: count it off for its waiters (all, or the first one
   // only for a queue push), then run the released callbacks.
   void KeyWritten(absl::string_view key, bool wake_one = false);
@@ -122,11 +150,17 @@ class KvStore {
   absl::flat_hash_map<std::string, std::string> map_;
   absl::flat_hash_map<std::string, std::deque<std::string>> queues_;
   // Invariant: a live WaitId is in waiters_[k] exactly for each still-missing
-  // key k of its registration, and waits_[id].missing is their number;
-  // cancelled ids are removed from waiters_ at once (no unbounded growth).
-  // Each list is sorted (oldest registration first) and duplicate-free.
-  absl::flat_hash_map<std::string, absl::InlinedVector<WaitId, 2>> waiters_;
+  // key k of its registration, and waits_[id].missing is their number. A
+  // cancelled id is in waiters_ only for keys of its entry in reaping_ (so
+  // stale ids are bounded by the pending deferred work); ids are never
+  // reused, so a stale id matches nothing. Each list is sorted (oldest
+  // registration first) and duplicate-free. A B-tree, not a hash map: a hash
+  // map rehashes every entry at once when it grows, which with millions of
+  // waited keys stalls the store's loop for tens of milliseconds.
+  absl::btree_map<std::string, absl::InlinedVector<WaitId, 2>, std::less<>> waiters_;
   absl::flat_hash_map<WaitId, WaitState> waits_;
+  std::deque<Reaping> reaping_;
+  uint64_t pending_reap_keys_ = 0;  // keys in reaping_
   WaitId next_wait_id_ = 1;
   MutationListener listener_;
 };

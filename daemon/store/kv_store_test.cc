@@ -173,3 +173,76 @@ TEST_CASE("cancelling one of many waits on the same keys is cheap and exact") {
 
 }  // namespace
 }  // namespace muster
+
+namespace muster {
+namespace {
+
+std::vector<std::string> ManyKeys(const std::string& prefix, int n) {
+  std::vector<std::string> keys;
+  for (int i = 0; i < n; ++i) keys.push_back(prefix + std::to_string(i));
+  return keys;
+}
+
+TEST_CASE("a long cancelled wait is unlinked in slices and never fires meanwhile") {
+  KvStore kv;
+  std::vector<std::string> keys = ManyKeys("k", 1000);
+  KvStore::WaitId id = kv.Wait(keys, [] { FAIL("cancelled waits never fire"); });
+  REQUIRE(id != 0);
+  kv.CancelWait(id);
+  CHECK(kv.num_waits() == 0);  // gone at once
+  CHECK(kv.pending_reap_keys() == 1000);
+  // Keys written before the unlinking reached them release nothing.
+  REQUIRE(kv.Set("k999", "x").ok());
+  REQUIRE(kv.Set("k0", "x").ok());
+  int slices = 0;
+  while (kv.ReapCancelled(128) > 0) ++slices;
+  CHECK(slices == 8);
+  CHECK(kv.pending_reap_keys() == 0);
+  CHECK(kv.ReapCancelled(128) == 0);
+  // A later wait on the same keys works normally.
+  int fired = 0;
+  KvStore::WaitId again = kv.Wait({"k5"}, [&] { ++fired; });
+  REQUIRE(again != 0);
+  REQUIRE(kv.Set("k5", "y").ok());
+  CHECK(fired == 1);
+  CHECK(kv.num_waits() == 0);
+}
+
+TEST_CASE("a queue item goes to the oldest live waiter, past stale cancelled ones") {
+  KvStore kv;
+  std::vector<std::string> keys = ManyKeys("q", 400);  // long: unlinked later
+  KvStore::WaitId stale = kv.Wait(keys, [] { FAIL("cancelled waits never fire"); });
+  REQUIRE(stale != 0);
+  int fired = 0;
+  KvStore::WaitId live = kv.Wait({"q7"}, [&] { ++fired; });
+  REQUIRE(live != 0);
+  kv.CancelWait(stale);
+  REQUIRE(kv.pending_reap_keys() == 400);
+  REQUIRE(kv.QueuePush("q7", "item").ok());
+  CHECK(fired == 1);
+  CHECK(kv.num_waits() == 0);
+  while (kv.ReapCancelled(64) > 0) {
+  }
+  CHECK(kv.QueueLen("q7") == 1);
+}
+
+TEST_CASE("a long wait registered in slices fires once, after EndWait") {
+  KvStore kv;
+  std::vector<std::string> keys = ManyKeys("s", 600);
+  int fired = 0;
+  KvStore::WaitId id = kv.BeginWait([&] { ++fired; }, keys.size());
+  kv.AddWaitKeys(id, keys.data(), 300);
+  for (const std::string& k : keys) REQUIRE(kv.Set(k, "v").ok());
+  kv.AddWaitKeys(id, keys.data() + 300, 300);  // all present by now
+  CHECK(fired == 0);                           // not before EndWait
+  CHECK_FALSE(kv.EndWait(id));                 // nothing missing: gone
+  CHECK(fired == 0);
+  CHECK(kv.num_waits() == 0);
+  // Its key list is freed later, in slices.
+  while (kv.ReapCancelled(100) > 0) {
+  }
+  CHECK(kv.pending_reap_keys() == 0);
+}
+
+}  // namespace
+}  // namespace muster

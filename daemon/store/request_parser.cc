@@ -264,6 +264,7 @@ RequestParser::Result RequestParser::ContinueKeyList(absl::string_view input, St
     resume_pos_ += tail.position();
   }
   *request = std::move(partial_);
+  request->key_bytes = resume_total_;
   partial_ = StoreRequest();
   *consumed = 1 + resume_pos_;
   resuming_ = false;

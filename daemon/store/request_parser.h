@@ -32,6 +32,9 @@ struct StoreRequest {
   // AUTH_PROOF: the client proof (empty or kAuthProofBytes).
   std::vector<std::string> values;
   int64_t number = 0;  // ADD delta; WAIT_FOR/GET_WAIT_FOR timeout in ms
+  // Sum of the keys' sizes, for key lists parsed incrementally (more than
+  // resumable_keys keys, counted as they are parsed); else 0.
+  uint64_t key_bytes = 0;
   uint32_t nonce = 0;  // PING
 };
 
@@ -61,6 +64,15 @@ class RequestParser {
 
   // Bytes held for a request still being parsed (its keys parsed so far).
   uint64_t held_bytes() const { return resume_held_; }
+
+  // Gives up the request still being parsed and hands over its keys parsed
+  // so far (so a caller can free a long list in slices); the parser must not
+  // be used afterwards.
+  std::vector<std::string> TakeHeldKeys() {
+    resuming_ = false;
+    resume_held_ = 0;
+    return std::move(partial_.keys);
+  }
 
   // Known once a request parsed; native also after a malformed first AUTH.
   wire::Dialect dialect() const { return dialect_; }

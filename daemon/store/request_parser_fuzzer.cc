@@ -1,6 +1,7 @@
 // libFuzzer target for the store's wire protocol: RequestParser fed in
-// several splittings of the same bytes, and every parsed request applied to
-// a KvStore the way StoreServer::Handle does.
+// several splittings of the same bytes, and every parsed request run through
+// StoreDispatcher (the server's own dispatch code, not a copy) against a
+// KvStore, with a small reply limit and memory budget.
 //
 // Invariants checked (a violation aborts, which libFuzzer reports as a
 // crash and the replay test as a failure):
@@ -18,7 +19,13 @@
 //    mutations, replayed into a second store, rebuild the same contents; a
 //    simple model (std::map + deques) agrees with the store;
 //  - wait callbacks never run inside Wait(), run at most once, never after
-//    CancelWait(), and num_waits() counts the live registrations.
+//    CancelWait(), and num_waits() counts the live registrations;
+//  - every reply (including those of finished and timed-out waits) equals
+//    what the model answers; no reply outgrows what it reserved (or
+//    StoreDispatcher::kSmallReplyBytes); a request refused for memory (reply
+//    over the limit, or over the budget with earlier replies unsent) is over
+//    it by the model's measure, builds no reply and changes nothing; the
+//    parser's key byte count matches the keys.
 //
 // Build: bazel build --config=fuzz //daemon/store:request_parser_fuzzer
 // Run:   tools/fuzz.sh [SECONDS]
@@ -41,6 +48,7 @@
 #include "common/store_wire.h"
 #include "daemon/store/kv_store.h"
 #include "daemon/store/request_parser.h"
+#include "daemon/store/store_dispatcher.h"
 
 namespace muster {
 namespace {
@@ -48,20 +56,20 @@ namespace {
 using wire::Dialect;
 using wire::Op;
 
-[[noreturn]] void Fail(const char* what, int line, const std::string& detail = "") {
+[[noreturn]] void InvariantFailed(const char* what, int line, const std::string& detail = "") {
   std::fprintf(stderr, "request_parser_fuzzer.cc:%d: invariant violated: %s%s%s\n", line, what,
                detail.empty() ? "" : ": ", detail.c_str());
   std::fflush(stderr);
   std::abort();
 }
 
-#define FUZZ_CHECK(cond)                \
-  do {                                  \
-    if (!(cond)) Fail(#cond, __LINE__); \
+#define FUZZ_CHECK(cond)                           \
+  do {                                             \
+    if (!(cond)) InvariantFailed(#cond, __LINE__); \
   } while (0)
-#define FUZZ_CHECK_MSG(cond, msg)              \
-  do {                                         \
-    if (!(cond)) Fail(#cond, __LINE__, (msg)); \
+#define FUZZ_CHECK_MSG(cond, msg)                         \
+  do {                                                    \
+    if (!(cond)) InvariantFailed(#cond, __LINE__, (msg)); \
   } while (0)
 
 // Small enough that a 4 KiB input reaches every limit.
@@ -328,183 +336,227 @@ struct RecordedMutation {
   std::string value;
 };
 
-// Applies requests to a KvStore as StoreServer::Handle does, with several
-// emulated connections parked in waits, and checks the store after each.
+// The reply-size limit and memory budget of the emulated server: small, so
+// a MULTI_GET of a few big values (the amplification the server must
+// refuse before building) and a backlog of unsent replies reach them.
+constexpr uint64_t kFuzzMaxReplyBytes = 1024;
+constexpr uint64_t kFuzzBudgetBytes = 2048;
+// Unsent replies are "sent" (their budget released) after every this many
+// requests, so replies pile up in between.
+constexpr size_t kDrainEvery = 4;
+
+// MUSTER_FUZZ_VERBOSE=1: what each request did (for triage).
+bool Verbose() {
+  static const bool verbose = std::getenv("MUSTER_FUZZ_VERBOSE") != nullptr;
+  return verbose;
+}
+
+// Runs requests through StoreDispatcher (the server's own dispatch) against
+// a KvStore, with several emulated connections parked in waits, and checks
+// each reply against a simple model (std::map + deques) and the store after
+// each request.
 class Emulator {
  public:
-  Emulator() : kv_(kMaxTotalBytes) {
+  explicit Emulator(Dialect dialect)
+      : kv_(kMaxTotalBytes), dispatcher_(&kv_, kFuzzMaxReplyBytes), dialect_(dialect) {
     kv_.SetMutationListener([this](const Mutation& m) {
       mutations_.push_back(RecordedMutation{m.type, std::string(m.key), std::string(m.value)});
     });
   }
 
-  void Apply(const StoreRequest& req) {
+  void Apply(const StoreRequest& parsed) {
+    StoreRequest req = parsed;  // Execute may move the keys away
     mutations_.clear();
+    ExpireWaits();
     const uint64_t bytes_before = kv_.total_bytes();
     const int64_t keys_before = kv_.NumKeys();
-    ExpireWaits();
+    // The model's answer, from the state before the request.
+    std::string want;  // reply body, if the request succeeds
+    std::optional<std::string> to_store;
+    bool had = false;
     switch (req.op) {
-      case Op::kAuth:
-      case Op::kAuthProof:
-      case Op::kValidate:
       case Op::kPing:
+        wire::PutU32(&want, req.nonce);
+        break;
       case Op::kWatchKey:
+        wire::PutU8(&want, wire::kWatchRegistered);
         break;
-      case Op::kSet: {
-        absl::Status s = kv_.Set(req.keys[0], req.values[0]);
-        if (s.ok()) {
-          ExpectMutations(1);
-          ModelSet(req.keys[0], req.values[0]);
-        } else {
-          Rejected(s, bytes_before, keys_before);
-        }
-        break;
-      }
-      case Op::kAppend: {
-        absl::Status s = kv_.Append(req.keys[0], req.values[0]);
-        if (s.ok()) {
-          ExpectMutations(1);
-          ModelSet(req.keys[0], model_map_[req.keys[0]] + req.values[0]);
-        } else {
-          Rejected(s, bytes_before, keys_before);
-        }
-        break;
-      }
-      case Op::kMultiSet: {
-        absl::Status s = kv_.MultiSet(req.keys, req.values);
-        if (s.ok()) {
-          ExpectMutations(req.keys.size());
-          for (size_t i = 0; i < req.keys.size(); ++i) ModelSet(req.keys[i], req.values[i]);
-        } else {
-          Rejected(s, bytes_before, keys_before);
-        }
-        break;
-      }
-      case Op::kQueuePush: {
-        absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]);
-        if (s.ok()) {
-          ExpectMutations(1);
-          model_queues_[req.keys[0]].push_back(req.values[0]);
-        } else {
-          Rejected(s, bytes_before, keys_before);
-        }
-        break;
-      }
       case Op::kCompareSet: {
-        std::optional<std::string> current = ModelGet(req.keys[0]);
-        std::string want_reply;
-        std::optional<std::string> to_store =
-            wire::CompareSetResult(current, req.values[0], req.values[1], &want_reply);
-        absl::StatusOr<std::string> r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
-        if (r.ok()) {
-          FUZZ_CHECK(*r == want_reply);
-          ExpectMutations(to_store.has_value() ? 1 : 0);
-          if (to_store.has_value()) ModelSet(req.keys[0], *to_store);
-        } else {
-          FUZZ_CHECK(to_store.has_value());  // only a store can fail
-          Rejected(r.status(), bytes_before, keys_before);
-        }
-        break;
-      }
-      case Op::kAdd: {
-        std::optional<std::string> current = ModelGet(req.keys[0]);
-        std::optional<int64_t> counter;
-        if (current.has_value()) counter = wire::ParseCounter(*current);
-        absl::StatusOr<int64_t> r = kv_.Add(req.keys[0], req.number);
-        if (r.ok()) {
-          FUZZ_CHECK(!current.has_value() || counter.has_value());
-          int64_t want = current.has_value()
-                             ? static_cast<int64_t>(static_cast<uint64_t>(*counter) +
-                                                    static_cast<uint64_t>(req.number))
-                             : req.number;
-          FUZZ_CHECK(*r == want);
-          ExpectMutations(1);
-          ModelSet(req.keys[0], absl::StrCat(want));
-        } else {
-          if (r.status().code() == absl::StatusCode::kFailedPrecondition) {
-            FUZZ_CHECK(current.has_value() && !counter.has_value());
-          }
-          Rejected(r.status(), bytes_before, keys_before);
-        }
+        std::string reply;
+        to_store =
+            wire::CompareSetResult(ModelGet(req.keys[0]), req.values[0], req.values[1], &reply);
+        wire::PutBytes(&want, reply);
         break;
       }
       case Op::kGet: {
-        const std::string* v = kv_.Find(req.keys[0]);
-        std::optional<std::string> want = ModelGet(req.keys[0]);
-        FUZZ_CHECK((v != nullptr) == want.has_value());
-        if (v != nullptr) FUZZ_CHECK(*v == *want);
+        std::optional<std::string> v = ModelGet(req.keys[0]);
+        wire::PutBytes(&want, v.value_or(""));
         break;
       }
       case Op::kMultiGet:
-        for (const std::string& k : req.keys) {
-          const std::string* v = kv_.Find(k);
-          std::optional<std::string> want = ModelGet(k);
-          FUZZ_CHECK((v != nullptr) == want.has_value());
-          if (v != nullptr) FUZZ_CHECK(*v == *want);
-        }
+        for (const std::string& k : req.keys) wire::PutBytes(&want, ModelGet(k).value_or(""));
         break;
-      case Op::kCheck: {
-        bool ready = kv_.Check(req.keys);
-        FUZZ_CHECK(ready == kv_.MissingKeys(req.keys).empty());
-        bool want = true;
-        for (const std::string& k : req.keys) {
-          if (model_map_.count(k) == 0 && model_queues_.count(k) == 0) want = false;
-        }
-        FUZZ_CHECK(ready == want);
-        break;
-      }
-      case Op::kWait:
-      case Op::kWaitFor:
-      case Op::kGetWaitFor:
-        StartWait(req);
+      case Op::kCheck:
+        wire::PutU8(&want, ModelHasAll(req.keys) ? wire::kCheckReady : wire::kCheckNotReady);
         break;
       case Op::kCancelWait:
-        CancelNewestWait();
+        wire::PutU8(&want, wire::kWaitCanceled);
         break;
       case Op::kNumKeys:
-        FUZZ_CHECK(kv_.NumKeys() == static_cast<int64_t>(model_map_.size()));
+        wire::PutI64(&want, static_cast<int64_t>(model_map_.size()));
         break;
-      case Op::kDeleteKey: {
-        bool had = model_map_.count(req.keys[0]) > 0;
-        FUZZ_CHECK(kv_.Delete(req.keys[0]) == had);
-        ExpectMutations(had ? 1 : 0);
-        model_map_.erase(req.keys[0]);
-        FUZZ_CHECK(kv_.Find(req.keys[0]) == nullptr);
+      case Op::kDeleteKey:
+        had = model_map_.count(req.keys[0]) > 0;
+        wire::PutI64(&want, had ? 1 : 0);
         break;
-      }
-      case Op::kListKeys: {
-        std::vector<std::string> keys = kv_.ListKeys();
-        FUZZ_CHECK(keys.size() == model_map_.size());
-        size_t i = 0;
-        for (const auto& [k, v] : model_map_) FUZZ_CHECK(keys[i++] == k);  // sorted, unique
+      case Op::kListKeys:
+        wire::PutI64(&want, static_cast<int64_t>(model_map_.size()));
+        for (const auto& [k, v] : model_map_) wire::PutBytes(&want, k);  // sorted, unique
         break;
-      }
       case Op::kQueuePop: {
-        const std::string& key = req.keys[0];
-        auto it = model_queues_.find(key);
-        int64_t want_len = it == model_queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
-        FUZZ_CHECK(kv_.QueueLen(key) == want_len);
-        std::string value;
-        int64_t before = kv_.QueuePop(key, &value);
-        FUZZ_CHECK(before == want_len);
-        ExpectMutations(before > 0 ? 1 : 0);
-        if (before > 0) {
-          FUZZ_CHECK(value == it->second.front());
-          it->second.pop_front();
-          if (it->second.empty()) model_queues_.erase(it);
-        }
+        auto it = model_queues_.find(req.keys[0]);
+        int64_t len = it == model_queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
+        wire::PutI64(&want, len);
+        if (len > 0) wire::PutBytes(&want, it->second.front());
         break;
       }
       case Op::kQueueLen: {
         auto it = model_queues_.find(req.keys[0]);
-        FUZZ_CHECK(kv_.QueueLen(req.keys[0]) ==
-                   (it == model_queues_.end() ? 0 : static_cast<int64_t>(it->second.size())));
+        wire::PutI64(&want,
+                     it == model_queues_.end() ? 0 : static_cast<int64_t>(it->second.size()));
         break;
       }
+      default:
+        break;
     }
+
+    Context ctx(this);
+    dispatcher_.Execute(req, ctx);
+    ctx.CheckBound();
+    const bool failed = !ctx.failure.ok();
+    const bool refused = ctx.refused_for_memory;
+    if (Verbose()) {
+      std::fprintf(stderr, "  %s -> %s\n", wire::OpName(req.op),
+                   failed ? std::string(ctx.failure.message()).c_str()
+                          : absl::StrCat(ctx.reply.size(), " reply bytes").c_str());
+    }
+    if (failed) {
+      // A failed request built no reply and, refused for memory, changed
+      // nothing either (the reply is measured before the store is touched).
+      FUZZ_CHECK(ctx.reply.empty());
+      if (refused) Rejected(ctx.failure, bytes_before, keys_before);
+    } else if (req.op != Op::kWait && req.op != Op::kWaitFor && req.op != Op::kGetWaitFor &&
+               req.op != Op::kAdd) {
+      // Every other successful request answers exactly what the model says
+      // (the writes' replies are empty: SET, APPEND, MULTI_SET, QUEUE_PUSH).
+      FUZZ_CHECK_MSG(ctx.reply == want,
+                     absl::StrCat(wire::OpName(req.op), ": reply of ", ctx.reply.size(),
+                                  " bytes, model says ", want.size()));
+    }
+
+    switch (req.op) {
+      case Op::kSet:
+        if (!failed) {
+          ExpectMutations(1);
+          ModelSet(req.keys[0], req.values[0]);
+        } else {
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      case Op::kAppend:
+        if (!failed) {
+          ExpectMutations(1);
+          ModelSet(req.keys[0], model_map_[req.keys[0]] + req.values[0]);
+        } else {
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      case Op::kMultiSet:
+        if (!failed) {
+          ExpectMutations(req.keys.size());
+          for (size_t i = 0; i < req.keys.size(); ++i) ModelSet(req.keys[i], req.values[i]);
+        } else {
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      case Op::kQueuePush:
+        if (!failed) {
+          ExpectMutations(1);
+          model_queues_[req.keys[0]].push_back(req.values[0]);
+        } else {
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      case Op::kCompareSet:
+        if (!failed) {
+          ExpectMutations(to_store.has_value() ? 1 : 0);
+          if (to_store.has_value()) ModelSet(req.keys[0], *to_store);
+        } else {
+          FUZZ_CHECK(refused || to_store.has_value());  // only a store can fail
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      case Op::kAdd: {
+        std::optional<std::string> current = ModelGet(req.keys[0]);
+        std::optional<int64_t> counter;
+        if (current.has_value()) counter = wire::ParseCounter(*current);
+        if (!failed) {
+          FUZZ_CHECK(!current.has_value() || counter.has_value());
+          int64_t sum = current.has_value()
+                            ? static_cast<int64_t>(static_cast<uint64_t>(*counter) +
+                                                   static_cast<uint64_t>(req.number))
+                            : req.number;
+          std::string reply;
+          wire::PutI64(&reply, sum);
+          FUZZ_CHECK(ctx.reply == reply);
+          ExpectMutations(1);
+          ModelSet(req.keys[0], absl::StrCat(sum));
+        } else {
+          if (ctx.failure.code() == absl::StatusCode::kFailedPrecondition) {
+            FUZZ_CHECK(current.has_value() && !counter.has_value());
+          }
+          Rejected(ctx.failure, bytes_before, keys_before);
+        }
+        break;
+      }
+      case Op::kCheck:
+        FUZZ_CHECK(kv_.Check(parsed.keys) == kv_.MissingKeys(parsed.keys).empty());
+        break;
+      case Op::kDeleteKey:
+        ExpectMutations(had ? 1 : 0);
+        model_map_.erase(req.keys[0]);
+        FUZZ_CHECK(kv_.Find(req.keys[0]) == nullptr);
+        break;
+      case Op::kQueuePop:
+        if (!failed) {
+          auto it = model_queues_.find(req.keys[0]);
+          bool popped = it != model_queues_.end();
+          ExpectMutations(popped ? 1 : 0);
+          if (popped) {
+            it->second.pop_front();
+            if (it->second.empty()) model_queues_.erase(it);
+          }
+        }
+        break;
+      case Op::kMultiGet:
+      case Op::kGet:
+      case Op::kListKeys:
+        // Refused only if the model's reply (plus its status byte) is over
+        // the reply limit or the budget.
+        if (refused) {
+          FUZZ_CHECK(want.size() + 2 > kFuzzMaxReplyBytes ||
+                     pending_ + want.size() + 2 > kFuzzBudgetBytes);
+        }
+        FUZZ_CHECK(mutations_.empty());
+        break;
+      default:
+        break;
+    }
+    CompleteReleased();
     for (const RecordedMutation& m : mutations_) Replay(m);
     CheckAccounting();
     CheckWaits();
+    if (++applied_ % kDrainEvery == 0) pending_ = 0;
   }
 
   // End of the stream: every connection goes away, and the store must still
@@ -512,6 +564,9 @@ class Emulator {
   void Finish() {
     while (!open_waits_.empty()) CancelNewestWait();
     FUZZ_CHECK(kv_.num_waits() == 0);
+    while (kv_.ReapCancelled(64) > 0) {
+    }
+    FUZZ_CHECK(kv_.pending_reap_keys() == 0);
     CheckAccounting();
     CheckSameContents(shadow_);
     std::vector<std::string> keys = kv_.ListKeys();
@@ -530,17 +585,88 @@ class Emulator {
   }
 
  private:
+  // The dispatcher's view of the emulated connection: records the reply
+  // (without the native status byte), the failure, and checks that a reply
+  // never outgrows what it reserved.
+  struct Context : StoreDispatcher::Context {
+    explicit Context(Emulator* e) : emulator(e) {}
+    wire::Dialect dialect() const override { return emulator->dialect_; }
+    bool ReserveReply(uint64_t bytes, wire::Op op) override {
+      FUZZ_CHECK(reserved == 0);  // one reply per request
+      FUZZ_CHECK(bytes <= kFuzzMaxReplyBytes);
+      if (emulator->pending_ + bytes > kFuzzBudgetBytes) {
+        RefuseForMemory(absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op)));
+        return false;
+      }
+      reserved = bytes;
+      emulator->pending_ += bytes;
+      return true;
+    }
+    void RefuseForMemory(std::string why) override {
+      refused_for_memory = true;
+      Fail(absl::ResourceExhaustedError(why));
+    }
+    std::string& Reply() override {
+      FUZZ_CHECK(!replied);  // one reply per request
+      FUZZ_CHECK(failure.ok());
+      replied = true;
+      if (dialect() == Dialect::kNative) status_bytes = 1;
+      return reply;
+    }
+    void Fail(const absl::Status& why) override {
+      FUZZ_CHECK(!why.ok());
+      FUZZ_CHECK(failure.ok());  // failed once, then nothing more
+      failure = why;
+    }
+    void StartWait(StoreWaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                   int64_t timeout_ms) override {
+      emulator->StartWait(kind, std::move(keys), key_bytes, timeout_ms);
+    }
+    void CancelWait() override { emulator->CancelNewestWait(); }
+
+    // The reply stayed within what was reserved (status byte included), or
+    // within kSmallReplyBytes when nothing was.
+    void CheckBound() const {
+      uint64_t bytes = reply.size() + status_bytes;
+      if (reserved > 0) {
+        FUZZ_CHECK_MSG(bytes <= reserved,
+                       absl::StrCat(bytes, " reply bytes, ", reserved, " reserved"));
+      } else {
+        FUZZ_CHECK(bytes <= StoreDispatcher::kSmallReplyBytes);
+      }
+    }
+
+    Emulator* emulator;
+    std::string reply;
+    uint64_t status_bytes = 0;
+    uint64_t reserved = 0;
+    bool replied = false;
+    bool refused_for_memory = false;
+    absl::Status failure;
+  };
+
   struct OpenWait {
     uint64_t slot;
     KvStore::WaitId id;
     int ttl;  // requests until a WAIT_FOR times out; -1: never
   };
   enum class WaitState { kRegistering, kOpen, kFired, kCancelled };
+  struct WaitInfo {
+    WaitState state;
+    StoreWaitKind kind;
+    std::vector<std::string> keys;
+  };
 
   std::optional<std::string> ModelGet(const std::string& key) const {
     auto it = model_map_.find(key);
     if (it == model_map_.end()) return std::nullopt;
     return it->second;
+  }
+  bool ModelHasAll(const std::vector<std::string>& keys) const {
+    for (const std::string& k : keys) {
+      if (model_map_.count(k) == 0 && model_queues_.count(k) == 0) return false;
+    }
+    return true;
   }
   void ModelSet(const std::string& key, const std::string& value) { model_map_[key] = value; }
 
@@ -597,6 +723,7 @@ class Emulator {
                    absl::StrCat("total_bytes()=", kv_.total_bytes(),
                                 " exceeds max_total_bytes=", kMaxTotalBytes));
     FUZZ_CHECK(kv_.NumKeys() == static_cast<int64_t>(keys.size()));
+    FUZZ_CHECK(kv_.NumKeys() == static_cast<int64_t>(model_map_.size()));
     FUZZ_CHECK(shadow_.total_bytes() == kv_.total_bytes());
     FUZZ_CHECK(shadow_.NumKeys() == kv_.NumKeys());
   }
@@ -620,42 +747,105 @@ class Emulator {
     FUZZ_CHECK(qa == qb);
   }
 
-  void StartWait(const StoreRequest& req) {
+  // Parks an emulated connection the way StoreServer::StartWait does; key
+  // lists of more than 2 keys register in slices (BeginWait, AddWaitKeys,
+  // EndWait), as the server's long lists do.
+  void StartWait(StoreWaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                 int64_t timeout_ms) {
+    if (key_bytes != 0) {  // the parser's count matches the keys
+      uint64_t sum = 0;
+      for (const std::string& k : keys) sum += k.size();
+      FUZZ_CHECK(sum == key_bytes);
+    }
     // A further parked connection beyond the cap hangs up first.
     if (open_waits_.size() >= kMaxOpenWaits) CancelOldestWait();
-    uint64_t slot = states_.size();
-    states_.push_back(WaitState::kRegistering);
+    uint64_t slot = waits_.size();
+    waits_.push_back(WaitInfo{WaitState::kRegistering, kind, keys});
     in_wait_ = true;
-    KvStore::WaitId id = kv_.Wait(req.keys, [this, slot] { Fired(slot); });
+    KvStore::WaitId id = 0;
+    if (keys.size() > 2) {
+      id = kv_.BeginWait([this, slot] { Fired(slot); }, keys.size());
+      for (size_t i = 0; i < keys.size(); i += 2) {
+        kv_.AddWaitKeys(id, keys.data() + i, std::min<size_t>(2, keys.size() - i));
+      }
+      if (!kv_.EndWait(id)) id = 0;
+    } else {
+      id = kv_.Wait(keys, [this, slot] { Fired(slot); });
+    }
     in_wait_ = false;
-    FUZZ_CHECK(states_[slot] == WaitState::kRegistering);  // never run inside Wait()
-    bool ready = kv_.Check(req.keys);
+    FUZZ_CHECK(waits_[slot].state == WaitState::kRegistering);  // never run inside Wait()
+    bool ready = kv_.Check(keys);
+    FUZZ_CHECK(ready == ModelHasAll(keys));
     if (id == 0) {
       FUZZ_CHECK(ready);
-      states_[slot] = WaitState::kFired;
+      waits_[slot].state = WaitState::kFired;
+      Complete(slot, /*timed_out=*/false);
       return;
     }
     FUZZ_CHECK(!ready);
-    FUZZ_CHECK(!req.keys.empty());
-    states_[slot] = WaitState::kOpen;
+    FUZZ_CHECK(!keys.empty());
+    waits_[slot].state = WaitState::kOpen;
     ++live_;
     int ttl = -1;
-    if (req.op != Op::kWait && req.number > 0) ttl = static_cast<int>(req.number % 5);
+    if (kind != StoreWaitKind::kTorchWait && timeout_ms > 0) ttl = static_cast<int>(timeout_ms % 5);
     open_waits_.push_back(OpenWait{slot, id, ttl});
   }
 
   void Fired(uint64_t slot) {
     FUZZ_CHECK(!in_wait_);
-    FUZZ_CHECK(slot < states_.size());
-    FUZZ_CHECK_MSG(states_[slot] == WaitState::kOpen,
-                   absl::StrCat("wait callback in state ", static_cast<int>(states_[slot])));
-    states_[slot] = WaitState::kFired;
+    FUZZ_CHECK(slot < waits_.size());
+    FUZZ_CHECK_MSG(waits_[slot].state == WaitState::kOpen,
+                   absl::StrCat("wait callback in state ", static_cast<int>(waits_[slot].state)));
+    waits_[slot].state = WaitState::kFired;
     --live_;
+    released_.push_back(slot);
+  }
+
+  // The server answers released waits after the request that released
+  // them (StoreServer::ResumeWaits).
+  void CompleteReleased() {
+    std::vector<uint64_t> slots;
+    slots.swap(released_);
+    for (uint64_t slot : slots) Complete(slot, /*timed_out=*/false);
+  }
+
+  // Builds the wait's reply through the dispatcher and checks it.
+  void Complete(uint64_t slot, bool timed_out) {
+    const WaitInfo& w = waits_[slot];
+    std::string want;
+    if (w.kind == StoreWaitKind::kTorchWait) {
+      wire::PutU8(&want, wire::kStopWaiting);
+    } else if (timed_out) {
+      wire::PutU8(&want, wire::kWaitTimedOut);
+      std::vector<std::string> missing;
+      for (const std::string& k : w.keys) {
+        if (!ModelHasAll({k})) missing.push_back(k);
+      }
+      wire::PutKeyList(&want, missing);
+    } else {
+      wire::PutU8(&want, wire::kWaitDone);
+      if (w.kind == StoreWaitKind::kGetWaitFor) {
+        for (const std::string& k : w.keys) wire::PutBytes(&want, ModelGet(k).value_or(""));
+      }
+    }
+    Context ctx(this);
+    dispatcher_.CompleteWait(w.kind, w.keys, timed_out, ctx);
+    ctx.CheckBound();
+    if (Verbose()) {
+      std::fprintf(stderr, "  wait %s -> %s\n", timed_out ? "timed out" : "done",
+                   ctx.failure.ok() ? absl::StrCat(ctx.reply.size(), " reply bytes").c_str()
+                                    : std::string(ctx.failure.message()).c_str());
+    }
+    if (ctx.failure.ok()) {
+      FUZZ_CHECK(ctx.reply == want);
+    } else {
+      FUZZ_CHECK(ctx.refused_for_memory && ctx.reply.empty());
+    }
   }
 
   void Cancel(const OpenWait& w) {
-    if (states_[w.slot] == WaitState::kOpen) {
-      states_[w.slot] = WaitState::kCancelled;
+    if (waits_[w.slot].state == WaitState::kOpen) {
+      waits_[w.slot].state = WaitState::kCancelled;
       --live_;
     }
     // Harmless for ids that already fired (FinishWait after a timeout).
@@ -676,13 +866,15 @@ class Emulator {
     Cancel(w);
   }
 
-  // Fired registrations leave; WAIT_FOR timeouts count down per request.
+  // Fired registrations leave; WAIT_FOR timeouts count down per request and
+  // are answered with the keys still missing.
   void ExpireWaits() {
     std::deque<OpenWait> keep;
     for (OpenWait& w : open_waits_) {
-      if (states_[w.slot] != WaitState::kOpen) continue;
+      if (waits_[w.slot].state != WaitState::kOpen) continue;
       if (w.ttl == 0) {
         Cancel(w);
+        Complete(w.slot, /*timed_out=*/true);
         continue;
       }
       if (w.ttl > 0) --w.ttl;
@@ -698,14 +890,19 @@ class Emulator {
   }
 
   KvStore kv_;
+  StoreDispatcher dispatcher_;
+  const Dialect dialect_;
   KvStore shadow_;  // rebuilt from the reported mutations
   std::vector<RecordedMutation> mutations_;
   std::map<std::string, std::string> model_map_;
   std::map<std::string, std::deque<std::string>> model_queues_;
   std::deque<OpenWait> open_waits_;
-  std::vector<WaitState> states_;
+  std::vector<WaitInfo> waits_;
+  std::vector<uint64_t> released_;  // fired, to be answered
   size_t live_ = 0;
   bool in_wait_ = false;
+  uint64_t pending_ = 0;  // reply bytes reserved and not yet "sent"
+  size_t applied_ = 0;
 };
 
 }  // namespace
@@ -751,8 +948,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   // MUSTER_FUZZ_VERBOSE=1: what the input parsed to (for triage).
-  static const bool verbose = std::getenv("MUSTER_FUZZ_VERBOSE") != nullptr;
-  if (verbose) {
+  if (Verbose()) {
     std::fprintf(stderr, "%zu bytes: %s, %zu requests, %s\n", size,
                  wire::DialectName(whole.dialect), whole.requests.size(),
                  whole.failed ? ("error: " + whole.error).c_str()
@@ -762,7 +958,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
 
   // Apply what the server would have handled (everything before an error).
-  Emulator emulator;
+  Emulator emulator(whole.dialect);
   for (const StoreRequest& req : whole.requests) emulator.Apply(req);
   emulator.Finish();
   return 0;

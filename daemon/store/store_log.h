@@ -15,8 +15,9 @@
 // the write or sync fails, Flush() cuts the file back to the last good
 // offset (no fragment stays), keeps the error (failing()) and the server
 // calls Rollback(), which restores every key the failed batch touched to its
-// state in the file, and fails every reply of that iteration (reads included:
-// they may have seen the rolled-back values). While failing, Flush() writes
+// state in the file, and fails every reply of that iteration that wrote or
+// read a key the batch touched (Touched(); the rest read durable state and
+// still go out). While failing, Flush() writes
 // nothing and the server refuses writes up front; Probe() (the server calls
 // it every second) cuts the file back again, appends as many zero bytes as
 // the failed batch had and cuts them off; once that works the log accepts
@@ -90,6 +91,10 @@ class StoreLog {
   // Why the log cannot be written (OK when it can).
   const absl::Status& error() const { return error_; }
   bool has_pending() const { return !pending_.empty(); }
+  // True if a buffered (not yet written) record touched `key`.
+  bool Touched(absl::string_view key) const {
+    return pending_keys_.find(std::string(key)) != pending_keys_.end();
+  }
   // Rewrites the log as the live contents of `store`.
   absl::Status Compact(const KvStore& store);
 

@@ -20,10 +20,12 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_auth.h"
 #include "daemon/store/request_parser.h"
+#include "daemon/store/store_dispatcher.h"
 #include "daemon/store/store_log.h"
 
 namespace muster {
@@ -40,20 +42,31 @@ constexpr absl::Duration kLogProbeInterval = absl::Seconds(1);
 // nodes, std::string headers); its key bytes are held three times (the
 // connection's list, the registration's, the per-key index).
 constexpr uint64_t kWaitKeyOverhead = 128;
-// Waits on more keys than this register in slices, at most this many keys
-// per loop iteration across all connections, so a 131,072-key WAIT does not
-// stall other clients while it registers.
-constexpr size_t kWaitRegisterSlice = 2048;
+// Waits on more keys than this register in slices (see kWorkSlice), so a
+// 131,072-key WAIT does not stall other clients while it registers.
+constexpr size_t kWaitInlineKeys = 256;
+// Deferred work (registering long waits, unlinking cancelled ones, freeing
+// long key lists) runs in chunks of this many keys, for at most kWorkSlice
+// of each loop iteration (at least one chunk, so it always progresses).
+constexpr size_t kWorkChunk = 128;
+constexpr absl::Duration kWorkSlice = absl::Milliseconds(1);
+// While only bulk work is pending, the loop waits this long for events
+// between work slices.
+constexpr int kBulkPauseMs = 1;
+// Key lists longer than this are freed in chunks, not at once.
+constexpr size_t kFreeInlineKeys = 1024;
 constexpr int kAcceptsPerIteration = 64;
 // Charges up to this size may use the memory budget's last eighth.
 constexpr uint64_t kSmallCharge = 64 << 10;
 // Keys of long key lists parsed per loop iteration across all connections
 // (RequestParser's key budget); a connection that runs out yields and
 // continues in the next iteration.
-constexpr size_t kParseKeysPerIteration = 4096;
+constexpr size_t kParseKeysPerIteration = 2048;
 // Bytes read per loop iteration across all connections; past it each
-// readable connection still gets one chunk, so small clients keep moving.
-constexpr size_t kReadPerIteration = 4 << 20;
+// readable connection still gets one small read (kSmallRead), so small
+// clients keep moving while big senders wait for the next iteration.
+constexpr size_t kReadPerIteration = 512 << 10;
+constexpr size_t kSmallRead = 4096;
 // A loop iteration that uses more CPU than this stalled every client; it is
 // logged (rate-limited) so a regression or an overload is visible.
 constexpr absl::Duration kSlowIteration = absl::Milliseconds(10);
@@ -64,10 +77,13 @@ absl::Duration ThreadCpuTime() {
   return absl::DurationFromTimespec(ts);
 }
 
-uint64_t WaitCharge(const std::vector<std::string>& keys) {
-  uint64_t bytes = 0;
-  for (const std::string& k : keys) bytes += 3 * k.size() + kWaitKeyOverhead;
-  return bytes;
+// `key_bytes`: the keys' total size if the parser counted it (long lists,
+// which then need no second pass), else 0.
+uint64_t WaitCharge(const std::vector<std::string>& keys, uint64_t key_bytes) {
+  if (key_bytes == 0) {
+    for (const std::string& k : keys) key_bytes += k.size();
+  }
+  return 3 * key_bytes + kWaitKeyOverhead * keys.size();
 }
 
 absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port) {
@@ -134,7 +150,10 @@ absl::StatusOr<int> Listen(const std::string& address, int port, int* bound_port
 
 class StoreServer::Impl : public StoreServer::Loop {
  public:
-  explicit Impl(StoreServerOptions options) : options_(std::move(options)), kv_(UINT64_MAX) {}
+  explicit Impl(StoreServerOptions options)
+      : options_(std::move(options)),
+        kv_(UINT64_MAX),
+        dispatcher_(&kv_, options_.max_reply_bytes) {}
 
   ~Impl() override {
     Stop();
@@ -222,7 +241,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   bool stopping() const override { return stopping_; }
 
  private:
-  enum class WaitKind { kNone, kTorchWait, kWaitFor, kGetWaitFor };
+  using WaitKind = StoreWaitKind;
 
   struct Connection {
     uint64_t id = 0;
@@ -255,6 +274,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     uint64_t out_epoch = 0;
     size_t out_mark = 0;
     uint64_t write_epoch = 0;  // epoch_ of its last write request
+    // epoch_ of its last reply that read a write not yet in the log.
+    uint64_t depend_epoch = 0;
     // Memory accounting: what this connection holds of the budget now (its
     // share of budget_used_) and, of that, its parked wait's key lists.
     uint64_t charged = 0;
@@ -314,7 +335,13 @@ class StoreServer::Impl : public StoreServer::Loop {
                 : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
-      if (!registering_.empty() || !yielded_.empty()) timeout_ms = 0;  // more work queued
+      if (!registering_.empty() || !yielded_.empty() || DeferredPending()) {
+        // More bulk work queued: continue at once if a client is waiting,
+        // else after a short pause, so bulk work takes at most about half
+        // of a core and the loop thread stays quick to wake (the scheduler
+        // favours threads that sleep) when a client sends a request.
+        timeout_ms = timeout_ms < 0 ? kBulkPauseMs : std::min(timeout_ms, kBulkPauseMs);
+      }
       int n = ::epoll_wait(epoll_fd_, events.data(), events.size(), timeout_ms);
       if (n < 0 && errno != EINTR) {
         MLOG(ERROR) << "store: epoll_wait: " << std::strerror(errno);
@@ -324,6 +351,7 @@ class StoreServer::Impl : public StoreServer::Loop {
       parse_keys_left_ = kParseKeysPerIteration;
       read_bytes_left_ = kReadPerIteration;
       ContinueYielded();
+      absl::Duration t_yielded = ThreadCpuTime();
       for (int i = 0; i < n; ++i) {
         uint64_t id = events[i].data.u64;
         if (id == kListenerId) {
@@ -344,13 +372,26 @@ class StoreServer::Impl : public StoreServer::Loop {
         listener_paused_ = false;
         Watch(listen_fd_, kListenerId, EPOLLIN, EPOLL_CTL_MOD);
       }
+      absl::Duration t_events = ThreadCpuTime();
       RunDueTimers(absl::Now());
+      absl::Duration t_timers = ThreadCpuTime();
+      work_deadline_ = absl::Now() + kWorkSlice;
       RegisterWaitSlices();
+      absl::Duration t_register = ThreadCpuTime();
+      DeferredWork();
+      absl::Duration t_deferred = ThreadCpuTime();
       EndIteration();
-      absl::Duration cpu = ThreadCpuTime() - cpu_start;
+      absl::Duration t_end = ThreadCpuTime();
+      absl::Duration cpu = t_end - cpu_start;
       if (cpu > kSlowIteration) {
-        Warn(absl::StrCat("slow loop iteration: ", absl::ToInt64Milliseconds(cpu), " ms of CPU (",
-                          n, " events); every client waited"));
+        auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
+        Warn(absl::StrFormat(
+            "slow loop iteration: %d ms of CPU (%d events; ms in: long key lists %.1f, events "
+            "%.1f, timers %.1f, wait registration %.1f, deferred frees %.1f, flush and send "
+            "%.1f); every client waited",
+            absl::ToInt64Milliseconds(cpu), n, ms(t_yielded - cpu_start), ms(t_events - t_yielded),
+            ms(t_timers - t_events), ms(t_register - t_timers), ms(t_deferred - t_register),
+            ms(t_end - t_deferred)));
       }
     }
     // Shutdown: fire every timer early so posted waits can finish.
@@ -481,16 +522,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     return true;
   }
 
-  // Before a reply of `bytes` (its body) is built: it must fit the per-reply
-  // limit and the budget; then `out` is reserved for it. False if refused.
-  bool AdmitReply(Connection& c, uint64_t bytes, wire::Op op) {
-    bytes += 1;  // the native status byte
-    if (bytes > options_.max_reply_bytes) {
-      RefuseForMemory(c,
-                      absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
-                                   " exceeds --store-max-reply-bytes=", options_.max_reply_bytes));
-      return false;
-    }
+  // Before a reply of `bytes` (status byte included; the dispatcher
+  // checked max_reply_bytes) is built: it must fit the budget; then `out` is
+  // reserved for it. False if refused.
+  bool ReserveReply(Connection& c, uint64_t bytes, wire::Op op) {
     if (budget_used_ + bytes > BudgetFor(bytes)) {
       RefuseForMemory(c, absl::StrCat("reply of ", bytes, " bytes to ", wire::OpName(op),
                                       " would exceed ", BudgetText()));
@@ -500,21 +535,12 @@ class StoreServer::Impl : public StoreServer::Loop {
     return true;
   }
 
-  // The reply size of a list of values (MULTI_GET, GET_WAIT_FOR).
-  uint64_t ValuesReplyBytes(const std::vector<std::string>& keys) const {
-    uint64_t bytes = 0;
-    for (const std::string& k : keys) {
-      const std::string* v = kv_.Find(k);
-      bytes += 8 + (v ? v->size() : 0);
-    }
-    return bytes;
-  }
-
   // This iteration's log write failed: nothing of it may look acknowledged.
   // Its mutations are rolled back to what the file holds, and every
-  // connection with a reply from this iteration gets an error instead (a
-  // read may have seen a rolled-back value); writes are refused until
-  // ProbeLog() finds the log writable again.
+  // connection that wrote, or whose reply of this iteration read a key the
+  // failed batch touched (see ReadsUnloggedWrite), gets an error instead;
+  // replies that read only durable state still go out. Writes are refused
+  // until ProbeLog() finds the log writable again.
   void LogFailed() {
     std::string cause(log_->error().message());
     if (!log_failing_) {
@@ -540,8 +566,8 @@ class StoreServer::Impl : public StoreServer::Loop {
       auto it = conns_.find(id);
       if (it == conns_.end()) continue;
       Connection& c = *it->second;
-      bool replied = c.out_epoch == epoch_ && c.out.size() > c.out_mark;
-      if (c.closing || (!replied && c.write_epoch != epoch_)) {
+      bool depends = c.write_epoch == epoch_ || c.depend_epoch == epoch_;
+      if (c.closing || !depends) {
         dirty_.push_back(id);
         continue;
       }
@@ -573,22 +599,6 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     MLOG(WARNING) << "store: the durability log " << log_->path()
                   << " can be written again; accepting writes";
-  }
-
-  static bool IsWrite(wire::Op op) {
-    switch (op) {
-      case wire::Op::kSet:
-      case wire::Op::kAppend:
-      case wire::Op::kMultiSet:
-      case wire::Op::kQueuePush:
-      case wire::Op::kCompareSet:
-      case wire::Op::kAdd:
-      case wire::Op::kDeleteKey:
-      case wire::Op::kQueuePop:
-        return true;
-      default:
-        return false;
-    }
   }
 
   uint64_t authenticated_connections() const { return conns_.size() - pending_auth_.size(); }
@@ -728,14 +738,25 @@ class StoreServer::Impl : public StoreServer::Loop {
     // means the socket is drained (epoll is level-triggered and reports any
     // later data), which saves the read that would return EAGAIN.
     size_t total = 0;
-    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, sizeof(read_buffer_)));
+    size_t limit = std::min(kMaxReadPerEvent, std::max(read_bytes_left_, kSmallRead));
     while (total < limit) {
-      ssize_t n = ::read(c.fd, read_buffer_, sizeof(read_buffer_));
+      size_t want = std::min(sizeof(read_buffer_), limit - total);
+      if (c.in.size() + want > c.in.capacity() && c.in.size() > kSmallRead) {
+        // Growing a large buffer copies all of it. That counts against the
+        // read budget (past it, the first such growth of an iteration still
+        // goes ahead, so every connection progresses), or 100 clients whose
+        // long requests cross the same size would all copy in one iteration.
+        size_t copy = c.in.size();
+        if (copy > read_bytes_left_ && read_bytes_left_ < kReadPerIteration) break;
+        read_bytes_left_ -= std::min(read_bytes_left_, copy);
+        c.in.reserve(std::max(2 * c.in.capacity(), c.in.size() + want));
+      }
+      ssize_t n = ::read(c.fd, read_buffer_, want);
       if (n > 0) {
         c.in.append(read_buffer_, n);
         total += n;
         read_bytes_left_ -= std::min<size_t>(read_bytes_left_, n);
-        if (static_cast<size_t>(n) < sizeof(read_buffer_)) break;
+        if (static_cast<size_t>(n) < want) break;
         continue;
       }
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) break;
@@ -901,6 +922,9 @@ class StoreServer::Impl : public StoreServer::Loop {
     Connection& c = *it->second;
     CancelConnectionWait(c);
     DropPendingAuth(c);
+    deferred_bytes_ += c.parser.held_bytes();  // stays charged until freed
+    budget_used_ += c.parser.held_bytes();
+    FreeLater(c.parser.TakeHeldKeys());
     ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
     ::close(c.fd);
     budget_used_ -= c.charged;
@@ -914,27 +938,28 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
+    FreeLater(std::move(c.wait_keys));
     c.wait_keys.clear();
-    c.wait_charge = 0;
+    RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
   }
 
-  // Registers up to kWaitRegisterSlice keys of the waits in registering_,
-  // round robin; a wait whose last slice is in and is already satisfied
-  // finishes now.
+  // Registers the waits in registering_ in chunks, round robin, within
+  // this iteration's work slice; a wait whose last chunk is in and is
+  // already satisfied finishes now.
   void RegisterWaitSlices() {
-    size_t budget = kWaitRegisterSlice;
-    while (budget > 0 && !registering_.empty()) {
+    bool first = true;
+    while (!registering_.empty() && (first || absl::Now() < work_deadline_)) {
+      first = false;
       uint64_t id = registering_.front();
       registering_.pop_front();
       auto it = conns_.find(id);
       if (it == conns_.end() || !it->second->wait_registering) continue;
       Connection& c = *it->second;
-      size_t n = std::min(budget, c.wait_keys.size() - c.wait_registered);
+      size_t n = std::min(kWorkChunk, c.wait_keys.size() - c.wait_registered);
       kv_.AddWaitKeys(c.wait_id, c.wait_keys.data() + c.wait_registered, n);
       c.wait_registered += n;
-      budget -= n;
       if (c.wait_registered < c.wait_keys.size()) {
         registering_.push_back(id);
         continue;
@@ -947,25 +972,63 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
   }
 
+  // Long key lists are not freed at once (131,072 strings take milliseconds
+  // to destroy): they wait here and DeferredWork frees them in chunks.
+  void FreeLater(std::vector<std::string> keys) {
+    if (keys.size() <= kFreeInlineKeys) return;
+    graveyard_.push_back(std::move(keys));
+  }
+
+  bool DeferredPending() const { return !graveyard_.empty() || kv_.pending_reap_keys() > 0; }
+
+  // Unlinks cancelled waits from the store's index and frees long key lists,
+  // in chunks, for what is left of this iteration's work slice. Memory they
+  // held stays charged (deferred_bytes_) until all of it is done.
+  void DeferredWork() {
+    bool first = true;
+    while (DeferredPending() && (first || absl::Now() < work_deadline_)) {
+      first = false;
+      if (kv_.ReapCancelled(kWorkChunk) > 0) continue;
+      std::vector<std::string>& keys = graveyard_.front();
+      for (size_t i = 0; i < kWorkChunk && !keys.empty(); ++i) keys.pop_back();
+      if (keys.empty()) graveyard_.pop_front();
+    }
+    if (!DeferredPending() && deferred_bytes_ > 0) {
+      budget_used_ -= deferred_bytes_;
+      deferred_bytes_ = 0;
+    }
+  }
+
+  // A parked wait ends: its charge stays with the server until the deferred
+  // work of freeing (and, cancelled, unlinking) its key lists is done.
+  void RetireWaitCharge(Connection& c) {
+    deferred_bytes_ += c.wait_charge;
+    budget_used_ += c.wait_charge;
+    c.wait_charge = 0;
+  }
+
   // Parks `c` until `keys` exist (or the native timeout passes).
-  void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, int64_t timeout_ms) {
+  void StartWait(Connection& c, WaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                 int64_t timeout_ms) {
     uint64_t id = c.id;
-    uint64_t charge = WaitCharge(keys);
+    uint64_t charge = WaitCharge(keys, key_bytes);
     if (InputCharge(c) + charge > options_.max_connection_bytes) {
-      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
-                                             " bytes, exceeding --store-max-connection-bytes=",
-                                             options_.max_connection_bytes));
+      RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                      " bytes, exceeding --store-max-connection-bytes=",
+                                      options_.max_connection_bytes));
+      return FreeLater(std::move(keys));
     }
     if (budget_used_ + charge > BudgetFor(charge)) {
-      return RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
-                                             " bytes, exceeding ", BudgetText()));
+      RefuseForMemory(c, absl::StrCat("wait for ", keys.size(), " keys needs ", charge,
+                                      " bytes, exceeding ", BudgetText()));
+      return FreeLater(std::move(keys));
     }
     c.wait_charge = charge;
     Recharge(c);
     c.wait_kind = kind;
     c.wait_keys = std::move(keys);
-    if (c.wait_keys.size() > kWaitRegisterSlice) {
-      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); });
+    if (c.wait_keys.size() > kWaitInlineKeys) {
+      c.wait_id = kv_.BeginWait([this, id] { resumed_.push_back(id); }, c.wait_keys.size());
       c.wait_registering = true;
       c.wait_registered = 0;
       registering_.push_back(id);
@@ -995,41 +1058,19 @@ class StoreServer::Impl : public StoreServer::Loop {
     c.wait_kind = WaitKind::kNone;
     c.wait_id = 0;
     c.wait_timer = 0;
-    c.wait_charge = 0;
+    RetireWaitCharge(c);
     c.wait_registering = false;
     Recharge(c);
+    // A wait released (or measured) while writes are unlogged may have
+    // been released by one of them.
+    if (log_ != nullptr && log_->has_pending()) c.depend_epoch = epoch_;
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
-      return;
-    }
-    std::vector<std::string> missing;
-    uint64_t reply_bytes = 1;
-    if (kind != WaitKind::kTorchWait && timed_out) {
-      missing = kv_.MissingKeys(keys);
-      reply_bytes += 8;
-      for (const std::string& k : missing) reply_bytes += 8 + k.size();
-    } else if (kind == WaitKind::kGetWaitFor) {
-      reply_bytes += ValuesReplyBytes(keys);
-    }
-    if (!AdmitReply(c, reply_bytes,
-                    kind == WaitKind::kGetWaitFor ? wire::Op::kGetWaitFor : wire::Op::kWaitFor)) {
-      return;
-    }
-    std::string& out = Reply(c);
-    if (kind == WaitKind::kTorchWait) {
-      wire::PutU8(&out, wire::kStopWaiting);
-    } else if (timed_out) {
-      wire::PutU8(&out, wire::kWaitTimedOut);
-      wire::PutKeyList(&out, missing);
     } else {
-      wire::PutU8(&out, wire::kWaitDone);
-      if (kind == WaitKind::kGetWaitFor) {
-        for (const std::string& k : keys) {
-          const std::string* v = kv_.Find(k);
-          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
-        }
-      }
+      ConnContext ctx(this, c);
+      dispatcher_.CompleteWait(kind, keys, timed_out, ctx);
     }
+    FreeLater(std::move(keys));  // a long list is freed in chunks
     Recharge(c);
     if (!c.closing) ProcessInput(c);
   }
@@ -1094,124 +1135,70 @@ class StoreServer::Impl : public StoreServer::Loop {
     return true;
   }
 
+  // The dispatcher's view of one connection, for one request or wait.
+  class ConnContext : public StoreDispatcher::Context {
+   public:
+    ConnContext(Impl* impl, Connection& c) : impl_(impl), c_(c) {}
+    wire::Dialect dialect() const override { return c_.parser.dialect(); }
+    bool ReserveReply(uint64_t bytes, wire::Op op) override {
+      return impl_->ReserveReply(c_, bytes, op);
+    }
+    void RefuseForMemory(std::string why) override { impl_->RefuseForMemory(c_, std::move(why)); }
+    std::string& Reply() override { return impl_->Reply(c_); }
+    void Fail(const absl::Status& why) override { impl_->Reject(c_, why); }
+    void StartWait(StoreWaitKind kind, std::vector<std::string> keys, uint64_t key_bytes,
+                   int64_t timeout_ms) override {
+      impl_->StartWait(c_, kind, std::move(keys), key_bytes, timeout_ms);
+    }
+    void CancelWait() override { impl_->CancelConnectionWait(c_); }
+
+   private:
+    Impl* impl_;
+    Connection& c_;
+  };
+
   void Handle(Connection& c, StoreRequest& req) {
-    using wire::Op;
     if (!c.authenticated && !Authenticate(c, req)) return;
-    if (IsWrite(req.op) && log_ != nullptr) {
+    if (StoreDispatcher::IsWrite(req.op) && log_ != nullptr) {
       if (log_failing_) return Reject(c, LogRefusal());
       if (c.write_epoch != epoch_) {
         c.write_epoch = epoch_;
         wrote_.push_back(c.id);
       }
     }
+    if (ReadsUnloggedWrite(req)) c.depend_epoch = epoch_;
+    ConnContext ctx(this, c);
+    dispatcher_.Execute(req, ctx);
+  }
+
+  // Whether the reply to read request `req` may depend on a write of this
+  // iteration that is not in the log yet (so must fail if that write is
+  // rolled back). A read of keys untouched since the last flush answered
+  // from durable state, and keeps its reply when the flush fails.
+  bool ReadsUnloggedWrite(const StoreRequest& req) const {
+    if (log_ == nullptr || !log_->has_pending()) return false;
     switch (req.op) {
-      case Op::kAuth:
-      case Op::kAuthProof:
-      case Op::kValidate:
-        return;
-      case Op::kPing:
-        wire::PutU32(&Reply(c), req.nonce);
-        return;
-      case Op::kSet:
-        if (absl::Status s = kv_.Set(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kAppend:
-        if (absl::Status s = kv_.Append(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kMultiSet:
-        if (absl::Status s = kv_.MultiSet(req.keys, req.values); !s.ok()) Reject(c, s);
-        return;
-      case Op::kQueuePush:
-        if (absl::Status s = kv_.QueuePush(req.keys[0], req.values[0]); !s.ok()) Reject(c, s);
-        return;
-      case Op::kCompareSet: {
-        const std::string* current = kv_.Find(req.keys[0]);
-        uint64_t longest = std::max<uint64_t>(current ? current->size() : 0,
-                                              std::max(req.values[0].size(), req.values[1].size()));
-        if (!AdmitReply(c, 8 + longest, req.op)) return;
-        auto r = kv_.CompareSet(req.keys[0], req.values[0], req.values[1]);
-        if (!r.ok()) return Reject(c, r.status());
-        wire::PutBytes(&Reply(c), *r);
-        return;
-      }
-      case Op::kGet: {
-        // A missing key answers an empty value (like PyTorch's libuv
-        // server) rather than dropping the connection.
-        const std::string* v = kv_.Find(req.keys[0]);
-        if (!AdmitReply(c, 8 + (v ? v->size() : 0), req.op)) return;
-        wire::PutBytes(&Reply(c), v ? absl::string_view(*v) : absl::string_view());
-        return;
-      }
-      case Op::kAdd: {
-        auto r = kv_.Add(req.keys[0], req.number);
-        if (!r.ok()) return Reject(c, r.status());
-        wire::PutI64(&Reply(c), *r);
-        return;
-      }
-      case Op::kCheck:
-        wire::PutU8(&Reply(c), kv_.Check(req.keys) ? wire::kCheckReady : wire::kCheckNotReady);
-        return;
-      case Op::kWait:
-        StartWait(c, WaitKind::kTorchWait, std::move(req.keys), 0);
-        return;
-      case Op::kWaitFor:
-        StartWait(c, WaitKind::kWaitFor, std::move(req.keys), req.number);
-        return;
-      case Op::kGetWaitFor:
-        StartWait(c, WaitKind::kGetWaitFor, std::move(req.keys), req.number);
-        return;
-      case Op::kCancelWait:
-        CancelConnectionWait(c);
-        wire::PutU8(&Reply(c), wire::kWaitCanceled);
-        return;
-      case Op::kNumKeys:
-        wire::PutI64(&Reply(c), kv_.NumKeys());
-        return;
-      case Op::kDeleteKey:
-        wire::PutI64(&Reply(c), kv_.Delete(req.keys[0]) ? 1 : 0);
-        return;
-      case Op::kWatchKey:
-        // Registered, but no change events are ever pushed (allowed: the
-        // 1.13 Python API cannot watch keys).
-        wire::PutU8(&Reply(c), wire::kWatchRegistered);
-        return;
-      case Op::kMultiGet: {
-        if (!AdmitReply(c, ValuesReplyBytes(req.keys), req.op)) return;
-        std::string& out = Reply(c);
+      case wire::Op::kGet:
+      case wire::Op::kMultiGet:
+      case wire::Op::kCheck:
+      case wire::Op::kQueueLen:
         for (const std::string& k : req.keys) {
-          const std::string* v = kv_.Find(k);
-          wire::PutBytes(&out, v ? absl::string_view(*v) : absl::string_view());
+          if (log_->Touched(k)) return true;
         }
-        return;
-      }
-      case Op::kListKeys: {
-        uint64_t count = 0, bytes = 0;
-        kv_.MeasureKeys("", &count, &bytes);
-        if (!AdmitReply(c, 8 + 8 * count + bytes, req.op)) return;
-        std::vector<std::string> keys = kv_.ListKeys();
-        std::string& out = Reply(c);
-        wire::PutI64(&out, static_cast<int64_t>(keys.size()));
-        for (const std::string& k : keys) wire::PutBytes(&out, k);
-        return;
-      }
-      case Op::kQueuePop: {
-        const std::string* front = kv_.QueueFront(req.keys[0]);
-        if (!AdmitReply(c, 16 + (front ? front->size() : 0), req.op)) return;
-        std::string value;
-        int64_t before = kv_.QueuePop(req.keys[0], &value);
-        std::string& out = Reply(c);
-        wire::PutI64(&out, before);
-        if (before > 0) wire::PutBytes(&out, value);
-        return;
-      }
-      case Op::kQueueLen:
-        wire::PutI64(&Reply(c), kv_.QueueLen(req.keys[0]));
-        return;
+        return false;
+      case wire::Op::kNumKeys:
+      case wire::Op::kListKeys:
+        return true;  // every key counts
+      default:
+        // Writes are tracked as writes; waits when they finish (FinishWait);
+        // PING, WATCH_KEY, CANCEL_WAIT read nothing.
+        return false;
     }
   }
 
   const StoreServerOptions options_;
   KvStore kv_;
+  StoreDispatcher dispatcher_;
   std::unique_ptr<StoreLog> log_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -1234,6 +1221,9 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::vector<uint64_t> resumed_;                    // connections whose wait was satisfied
   std::deque<uint64_t> registering_;                 // connections whose wait registers in slices
   std::deque<uint64_t> yielded_;                     // connections with a long key list to parse on
+  absl::Time work_deadline_;                         // end of this iteration's work slice
+  std::deque<std::vector<std::string>> graveyard_;   // long key lists to free (FreeLater)
+  uint64_t deferred_bytes_ = 0;                      // charged for deferred work (in budget_used_)
   size_t parse_keys_left_ = kParseKeysPerIteration;  // this iteration's parse budget
   size_t read_bytes_left_ = kReadPerIteration;       // and its read budget
   std::map<std::pair<absl::Time, TimerId>, std::function<void()>> timers_;

@@ -30,6 +30,11 @@
 // reply measured before it is built). Past a per-connection output limit
 // the connection is not read until its client drains replies.
 //
+// Requests run through StoreDispatcher (store_dispatcher.h), the one copy of
+// what each command does and answers. No loop iteration may stall the other
+// clients: reads, long key lists (parsing, wait registration, cancellation,
+// freeing) and buffer growth are done in bounded slices per iteration.
+//
 // Thread-safety: Start/Stop/port/stats/Post are thread-safe; everything
 // else runs on the loop thread. Tasks given to Post() run on the loop thread
 // and receive the Loop interface.

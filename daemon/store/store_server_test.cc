@@ -6,10 +6,16 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <functional>
 
 #include "common/store_wire.h"
@@ -166,6 +172,71 @@ TEST_CASE("memory charged for a partial request, a pending reply and a parked wa
     CHECK((*small)->stats().refused_for_memory == 1);
     CHECK(Eventually([&] { return (*small)->stats().memory_bytes < kIdle; }));
   }
+}
+
+std::string Get113(const std::string& key) {
+  std::string s;
+  wire::PutU8(&s, 2);
+  wire::PutBytes(&s, key);
+  return s;
+}
+
+std::string Value(const std::string& v) {
+  std::string s;
+  wire::PutBytes(&s, v);
+  return s;
+}
+
+TEST_CASE(
+    "a failed log flush fails its writers but not readers of durable keys in that iteration") {
+  char dir[] = "/tmp/muster_flush_test_XXXXXX";
+  REQUIRE(::mkdtemp(dir) != nullptr);
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  options.state_dir = dir;
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  int port = (*server)->port();
+  Raw writer(port), reader(port);
+  writer.Send(Set113("durable", "d") + Get113("durable"));
+  REQUIRE(writer.Read(9) == Value("d"));  // the SET is in the log
+
+  // RLIMIT_FSIZE at the log's size makes its next write fail (EFBIG; with
+  // SIGXFSZ ignored it is an error, not a signal).
+  struct stat st {};
+  REQUIRE(::stat((std::string(dir) + "/store.log").c_str(), &st) == 0);
+  ::signal(SIGXFSZ, SIG_IGN);
+  rlimit old{};
+  REQUIRE(::getrlimit(RLIMIT_FSIZE, &old) == 0);
+  rlimit tight = old;
+  tight.rlim_cur = st.st_size;
+  // Hold the loop so both clients' requests are handled in one iteration.
+  std::atomic<bool> holding{false};
+  REQUIRE((*server)->Post([&](StoreServer::Loop&) {
+    holding = true;
+    absl::SleepFor(absl::Milliseconds(300));
+  }));
+  REQUIRE(Eventually([&] { return holding.load(); }));
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &tight) == 0);
+  writer.Send(Set113("fresh", "f") + Get113("fresh"));
+  reader.Send(Get113("durable"));
+  // The reader's reply read only durable state: it goes out. The writer's
+  // write was rolled back: its connection is closed (torch clients raise).
+  std::string read = reader.Read(9);
+  std::string wrote = writer.Read(1);
+  REQUIRE(::setrlimit(RLIMIT_FSIZE, &old) == 0);
+  CHECK(read == Value("d"));
+  CHECK(wrote.empty());
+  CHECK_FALSE((*server)->stats().log_error.empty());
+  // The reader's connection is still usable, and the rolled-back key is
+  // absent (a missing key reads as an empty value).
+  reader.Send(Get113("fresh"));
+  CHECK(reader.Read(8) == Value(""));
+  // Once the log can be written again, writes resume.
+  CHECK(Eventually([&] { return (*server)->stats().log_error.empty(); }));
+  (*server)->Stop();
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
