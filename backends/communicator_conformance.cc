@@ -1,12 +1,5 @@
-// The communicator conformance suite (see communicator_conformance.h).
-//
-// Inputs are small integers (-2..3; 0..3 unsigned; 0/1 bool) encoded in
-// each dtype, so sums, products and averages are exact or rounded once in
-// every dtype, and transports that combine contributions in another order
-// (rings, per-node stages) must still give the reference's bits. The
-// reference is one function, Expected(), over the kernels of
-// backends/shm/reduce.h (tested on their own in reduce_test.cc) combining
-// contributions in rank order.
+// The communicator conformance suite (see communicator_conformance.h); its
+// inputs and the one reference are communicator_testing.h's.
 #include "backends/communicator_conformance.h"
 
 #include <atomic>
@@ -20,251 +13,22 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "backends/shm/reduce.h"
+#include "backends/communicator_testing.h"
 
 namespace muster {
 namespace {
 
-enum class Kind {
-  kBarrier,
-  kAllReduce,
-  kBroadcast,
-  kReduce,
-  kAllGather,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kAllToAll,
-};
+using conformance::Case;
+using conformance::Errors;
+using conformance::Expected;
+using conformance::Kind;
+using conformance::Reduces;
+using conformance::Rooted;
+using conformance::RunCase;
 
-const char* KindName(Kind k) {
-  switch (k) {
-    case Kind::kBarrier:
-      return "barrier";
-    case Kind::kAllReduce:
-      return "all_reduce";
-    case Kind::kBroadcast:
-      return "broadcast";
-    case Kind::kReduce:
-      return "reduce";
-    case Kind::kAllGather:
-      return "all_gather";
-    case Kind::kGather:
-      return "gather";
-    case Kind::kScatter:
-      return "scatter";
-    case Kind::kReduceScatter:
-      return "reduce_scatter";
-    case Kind::kAllToAll:
-      return "all_to_all";
-  }
-  return "?";
-}
-
-bool Reduces(Kind k) {
-  return k == Kind::kAllReduce || k == Kind::kReduce || k == Kind::kReduceScatter;
-}
-bool Rooted(Kind k) {
-  return k == Kind::kBroadcast || k == Kind::kReduce || k == Kind::kGather || k == Kind::kScatter;
-}
-
-constexpr double kScale = 0.5;  // PREMUL_SUM's factor: exact in every float type
 // Elements that cross the shared-memory slot (4 KiB in the transports'
 // set-up) several times over.
 constexpr size_t kLarge = 3001;
-
-// One collective call, the same on every rank.
-struct Case {
-  Kind kind;
-  DType dtype = DType::kInt32;
-  ReduceOp op = ReduceOp::kSum;
-  size_t count = 0;
-  int root = 0;
-  int salt = 0;  // varies the inputs from case to case
-
-  std::string Describe() const {
-    std::string s = absl::StrCat(KindName(kind), "(", DTypeName(dtype), ", count ", count);
-    if (Reduces(kind)) absl::StrAppend(&s, ", ", ReduceOpName(op));
-    if (Rooted(kind)) absl::StrAppend(&s, ", root ", root);
-    return s + ")";
-  }
-};
-
-// ---------------------------------------------------------------- reference
-
-// Scalar element i of `rank`'s buffer.
-int Value(DType dtype, int rank, size_t i, int salt) {
-  int v =
-      static_cast<int>((i * 7 + static_cast<size_t>(rank) * 3 + static_cast<size_t>(salt) * 5) % 6);
-  if (dtype == DType::kBool) return v & 1;
-  if (dtype == DType::kUInt8) return v % 4;
-  return v - 2;
-}
-
-// `count` elements of `dtype` (complex: two scalars each).
-std::string Values(DType dtype, size_t count, int rank, int salt) {
-  std::string out(count * DTypeSize(dtype), '\0');
-  char* p = out.data();
-  size_t scalars = dtype == DType::kComplex64 || dtype == DType::kComplex128 ? 2 * count : count;
-  for (size_t i = 0; i < scalars; ++i) {
-    int v = Value(dtype, rank, i, salt);
-    auto put = [&](auto x) { std::memcpy(p + i * sizeof(x), &x, sizeof(x)); };
-    switch (dtype) {
-      case DType::kFloat16:
-        put(FloatToHalf(static_cast<float>(v)));
-        break;
-      case DType::kBFloat16:
-        put(FloatToBFloat16(static_cast<float>(v)));
-        break;
-      case DType::kFloat32:
-      case DType::kComplex64:
-        put(static_cast<float>(v));
-        break;
-      case DType::kFloat64:
-      case DType::kComplex128:
-        put(static_cast<double>(v));
-        break;
-      case DType::kInt8:
-        put(static_cast<int8_t>(v));
-        break;
-      case DType::kUInt8:
-      case DType::kBool:
-        put(static_cast<uint8_t>(v));
-        break;
-      case DType::kInt32:
-        put(static_cast<int32_t>(v));
-        break;
-      case DType::kInt64:
-        put(static_cast<int64_t>(v));
-        break;
-    }
-  }
-  return out;
-}
-
-// all_to_all: elements rank `from` sends to rank `to` (uneven, some zero).
-size_t Split(const Case& c, int from, int to) {
-  return (c.count * static_cast<size_t>(from + 1) + static_cast<size_t>(to) * 5) % (c.count + 3);
-}
-
-// What `rank` contributes: the buffer it passes (in place: its data).
-std::string Input(const Case& c, int world, int rank) {
-  size_t n = c.count;
-  if (c.kind == Kind::kScatter || c.kind == Kind::kReduceScatter) n = c.count * world;
-  if (c.kind == Kind::kAllToAll) {
-    n = 0;
-    for (int j = 0; j < world; ++j) n += Split(c, rank, j);
-  }
-  return Values(c.dtype, n, rank, c.salt);
-}
-
-// Elements [offset, offset + n) of every rank's input reduced in rank order.
-std::string Reduced(const Case& c, int world, size_t offset, size_t n) {
-  size_t es = DTypeSize(c.dtype);
-  std::string acc(n * es, '\0');
-  for (int j = 0; j < world; ++j) {
-    std::string in = Input(c, world, j);
-    const char* from = in.data() + offset * es;
-    if (j == 0) {
-      ReduceInit(acc.data(), from, n, c.dtype, c.op, kScale);
-    } else {
-      ReduceInto(acc.data(), from, n, c.dtype, c.op, kScale);
-    }
-  }
-  ReduceFinish(acc.data(), n, c.dtype, c.op, world);
-  return acc;
-}
-
-// What `rank`'s output buffer holds after `c` (c10d's semantics), or
-// nothing where c10d leaves it unspecified (reduce and gather off the
-// root). The output of in-place collectives is their data buffer.
-std::optional<std::string> Expected(const Case& c, int world, int rank) {
-  switch (c.kind) {
-    case Kind::kBarrier:
-      return std::string();
-    case Kind::kAllReduce:
-      return Reduced(c, world, 0, c.count);
-    case Kind::kReduce:
-      if (rank != c.root) return std::nullopt;
-      return Reduced(c, world, 0, c.count);
-    case Kind::kReduceScatter:
-      return Reduced(c, world, rank * c.count, c.count);
-    case Kind::kBroadcast:
-      return Input(c, world, c.root);
-    case Kind::kGather:
-      if (rank != c.root) return std::nullopt;
-      [[fallthrough]];
-    case Kind::kAllGather: {
-      std::string all;
-      for (int j = 0; j < world; ++j) all += Input(c, world, j);
-      return all;
-    }
-    case Kind::kScatter: {
-      size_t bytes = c.count * DTypeSize(c.dtype);
-      return Input(c, world, c.root).substr(rank * bytes, bytes);
-    }
-    case Kind::kAllToAll: {
-      size_t es = DTypeSize(c.dtype);
-      std::string out;
-      for (int j = 0; j < world; ++j) {
-        size_t offset = 0;
-        for (int k = 0; k < rank; ++k) offset += Split(c, j, k);
-        out += Input(c, world, j).substr(offset * es, Split(c, j, rank) * es);
-      }
-      return out;
-    }
-  }
-  return std::nullopt;
-}
-
-// Runs `c` on `comm` with the reference's inputs; `out` gets the output
-// buffer (see Expected).
-absl::Status RunCase(Communicator& comm, const Case& c, absl::Time deadline, std::string* out) {
-  int world = comm.size(), rank = comm.rank();
-  size_t es = DTypeSize(c.dtype);
-  std::string in = Input(c, world, rank);
-  const std::string kFill(1, '\xee');
-  auto sized = [&](size_t elements) { return std::string(elements * es, kFill[0]); };
-  switch (c.kind) {
-    case Kind::kBarrier:
-      out->clear();
-      return comm.Barrier(deadline);
-    case Kind::kAllReduce:
-      *out = in;
-      return comm.AllReduce(out->data(), c.count, c.dtype, c.op, kScale, deadline);
-    case Kind::kBroadcast:
-      *out = rank == c.root ? in : sized(c.count);
-      return comm.Broadcast(out->data(), c.count, c.dtype, c.root, deadline);
-    case Kind::kReduce:
-      *out = in;
-      return comm.Reduce(out->data(), c.count, c.dtype, c.op, kScale, c.root, deadline);
-    case Kind::kAllGather:
-      *out = sized(c.count * world);
-      return comm.AllGather(in.data(), out->data(), c.count, c.dtype, deadline);
-    case Kind::kGather:
-      *out = sized(c.count * world);
-      return comm.Gather(in.data(), out->data(), c.count, c.dtype, c.root, deadline);
-    case Kind::kScatter:
-      *out = sized(c.count);
-      if (rank != c.root) in = sized(c.count * world);  // read at the root only
-      return comm.Scatter(in.data(), out->data(), c.count, c.dtype, c.root, deadline);
-    case Kind::kReduceScatter:
-      *out = sized(c.count);
-      return comm.ReduceScatter(in.data(), out->data(), c.count, c.dtype, c.op, kScale, deadline);
-    case Kind::kAllToAll: {
-      std::vector<size_t> send(world), recv(world);
-      size_t total = 0;
-      for (int j = 0; j < world; ++j) {
-        send[j] = Split(c, rank, j);
-        recv[j] = Split(c, j, rank);
-        total += recv[j];
-      }
-      *out = sized(total);
-      return comm.AllToAll(in.data(), send, out->data(), recv, c.dtype, deadline);
-    }
-  }
-  return absl::InternalError("unknown case");
-}
 
 // Every collective x dtype x reduce op (invalid pairs included) at small
 // counts, each root, empty buffers, and once per collective a buffer over
@@ -300,18 +64,6 @@ std::vector<Case> SweepCases(int world) {
   }
   return cases;
 }
-
-// Failures seen on rank threads (Catch2 is not thread-safe), checked on
-// the test's thread.
-struct Errors {
-  std::mutex mu;
-  int count = 0;
-  std::string first;
-  void Add(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu);
-    if (count++ < 8) first += what + "\n";
-  }
-};
 
 absl::Time Soon() { return absl::Now() + absl::Seconds(30); }
 
@@ -372,7 +124,7 @@ CONFORMANCE_CASE(Sweep, "every collective x dtype x reduce op matches the refere
     std::atomic<int> checked{0};
     OnGroup(t, world, variant, errors, [&](int r, std::unique_ptr<Communicator>& comm) {
       for (const Case& c : cases) {
-        bool valid = !Reduces(c.kind) || CheckReduce(c.dtype, c.op).ok();
+        bool valid = c.Valid();
         std::string out;
         absl::Status s = RunCase(*comm, c, Soon(), &out);
         std::string what = absl::StrCat("rank ", r, " ", c.Describe(), ": ");
@@ -513,8 +265,8 @@ CONFORMANCE_CASE(Timeout, "a member that never joins fails the others with DEADL
         }
       }
     }
-    INFO(GroupName(t, world, variant) << ": rank 0 " << result[0] << "; rank " << missing - 1
-                                      << " " << result[missing - 1]);
+    INFO(GroupName(t, world, variant)
+         << ": rank 0 " << result[0] << "; rank " << missing - 1 << " " << result[missing - 1]);
     CHECK(timed_out >= 1);
   });
 }
