@@ -5,14 +5,33 @@
 // the conformance suite's, run by gloo_conformance_test.
 #include "backends/gloo/gloo_communicator.h"
 
+#include <array>
 #include <catch2/catch.hpp>
-#include <numeric>
 #include <thread>
 
 #include "muster/hash_store.h"
 
 namespace muster {
 namespace {
+
+// What the SDK aborts a communicator with when its musterd is gone.
+absl::Status Gone() { return absl::UnavailableError("musterd is gone"); }
+
+// Ranks 0 and 1 of one mesh over loopback.
+std::array<std::unique_ptr<GlooCommunicator>, 2> ConnectPair() {
+  auto store = std::make_shared<HashStore>();
+  std::array<std::unique_ptr<GlooCommunicator>, 2> comms;
+  std::thread connect1([&] {
+    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
+    if (c.ok()) comms[1] = std::move(*c);
+  });
+  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
+  connect1.join();
+  REQUIRE(c0.ok());
+  REQUIRE(comms[1] != nullptr);
+  comms[0] = std::move(*c0);
+  return comms;
+}
 
 TEST_CASE("a member that never connects makes Connect fail instead of hanging") {
   auto store = std::make_shared<HashStore>();
@@ -23,18 +42,8 @@ TEST_CASE("a member that never connects makes Connect fail instead of hanging") 
 }
 
 TEST_CASE("Abort from another thread fails the rank's pending collective and later ones") {
-  auto store = std::make_shared<HashStore>();
-  std::unique_ptr<GlooCommunicator> comms[2];
-  std::thread connect1([&] {
-    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
-    if (c.ok()) comms[1] = std::move(*c);
-  });
-  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
-  connect1.join();
-  REQUIRE(c0.ok());
-  REQUIRE(comms[1] != nullptr);
-  comms[0] = std::move(*c0);
-  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  auto comms = ConnectPair();
+  const absl::Status gone = Gone();
   // Rank 1 waits in an all_reduce rank 0 never joins; rank 0 aborts.
   absl::Status waited;
   absl::Duration took;
@@ -60,25 +69,17 @@ TEST_CASE("Abort does not interrupt the rank's own wait inside Gloo: it ends at 
   // Documents a limitation of Debian's Gloo (see GlooCommunicator::Abort).
   // If this starts failing because the wait ends early, Gloo learned to
   // wake local waiters: update that comment and the SDK's.
-  auto store = std::make_shared<HashStore>();
-  std::unique_ptr<GlooCommunicator> peer;
-  std::thread connect1([&] {
-    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
-    if (c.ok()) peer = std::move(*c);
-  });
-  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
-  connect1.join();
-  REQUIRE(c0.ok());
-  REQUIRE(peer != nullptr);
-  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  auto comms = ConnectPair();
+  GlooCommunicator* c0 = comms[0].get();
+  const absl::Status gone = Gone();
   std::thread aborter([&] {
     absl::SleepFor(absl::Milliseconds(100));
-    (*c0)->Abort(gone);
+    c0->Abort(gone);
   });
   int32_t v = 1;
   absl::Time start = absl::Now();
   absl::Status s =
-      (*c0)->AllReduce(&v, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(1));
+      c0->AllReduce(&v, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(1));
   absl::Duration took = absl::Now() - start;
   aborter.join();
   CHECK(s == gone);
@@ -86,17 +87,10 @@ TEST_CASE("Abort does not interrupt the rank's own wait inside Gloo: it ends at 
 }
 
 TEST_CASE("a collective in flight when Abort comes finishes with its peers; then the mesh closes") {
-  auto store = std::make_shared<HashStore>();
-  std::unique_ptr<GlooCommunicator> peer;
-  std::thread connect1([&] {
-    auto c = GlooCommunicator::Connect(store, 1, 2, "127.0.0.1", absl::Seconds(20));
-    if (c.ok()) peer = std::move(*c);
-  });
-  auto c0 = GlooCommunicator::Connect(store, 0, 2, "127.0.0.1", absl::Seconds(20));
-  connect1.join();
-  REQUIRE(c0.ok());
-  REQUIRE(peer != nullptr);
-  const absl::Status gone = absl::UnavailableError("musterd is gone");
+  auto comms = ConnectPair();
+  GlooCommunicator* c0 = comms[0].get();
+  GlooCommunicator* peer = comms[1].get();
+  const absl::Status gone = Gone();
   absl::Status peer_first, peer_second;
   absl::Duration peer_waited;
   int32_t theirs = 2;
@@ -112,12 +106,12 @@ TEST_CASE("a collective in flight when Abort comes finishes with its peers; then
   });
   std::thread aborter([&] {
     absl::SleepFor(absl::Milliseconds(100));
-    (*c0)->Abort(gone);
+    c0->Abort(gone);
   });
   int32_t mine = 1;
   absl::Time start = absl::Now();
   absl::Status first =
-      (*c0)->AllReduce(&mine, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(20));
+      c0->AllReduce(&mine, 1, DType::kInt32, ReduceOp::kSum, 1, absl::Now() + absl::Seconds(20));
   absl::Duration took = absl::Now() - start;
   aborter.join();
   late.join();
@@ -130,7 +124,7 @@ TEST_CASE("a collective in flight when Abort comes finishes with its peers; then
   // at once, this rank's is refused.
   CHECK(peer_second.code() == absl::StatusCode::kAborted);
   CHECK(peer_waited < absl::Seconds(5));
-  CHECK((*c0)->Barrier(absl::Now() + absl::Seconds(5)) == gone);
+  CHECK(c0->Barrier(absl::Now() + absl::Seconds(5)) == gone);
 }
 
 }  // namespace
