@@ -125,6 +125,9 @@ CONFORMANCE_CASE(Sweep, "every collective x dtype x reduce op matches the refere
     OnGroup(t, world, variant, errors, [&](int r, std::unique_ptr<Communicator>& comm) {
       for (const Case& c : cases) {
         bool valid = c.Valid();
+        if (valid && Reduces(c.kind) && t.traits().check_reduce) {
+          valid = t.traits().check_reduce(c.dtype, c.op).ok();
+        }
         std::string out;
         absl::Status s = RunCase(*comm, c, Soon(), &out);
         std::string what = absl::StrCat("rank ", r, " ", c.Describe(), ": ");

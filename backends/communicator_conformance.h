@@ -13,6 +13,7 @@
 #define MUSTER_BACKENDS_COMMUNICATOR_CONFORMANCE_H_
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -36,6 +37,10 @@ class ConformanceTransport {
     bool abort_wakes_own_wait = false;
     // After MemberDied, the survivors' error carries the reason given.
     bool death_names_reason = false;
+    // Which reduce op applies to which dtype: backends/shm/reduce.h's
+    // rule (c10d's), or a transport's narrower one (NCCL: no bitwise
+    // ops). Pairs it rejects must be INVALID_ARGUMENT.
+    std::function<absl::Status(DType, ReduceOp)> check_reduce;
     // Suite cases (their ids in communicator_conformance.cc, e.g.
     // "MemberDeath") this transport fails today because of a known bug:
     // they run in a "[!mayfail]" twin instead. Each entry says which bug.
