@@ -25,27 +25,31 @@ namespace {
 
 constexpr char kJob[] = "job";
 
+// What a rank's calls leave with the engine: "device memory" the buffers
+// are staged in, its interprocess events, and what the engine's callbacks
+// signal. Owned by the transport and outliving the engine, which may still
+// use them after a call gave up at its deadline (or its communicator went).
+struct RankState {
+  explicit RankState(int rank)
+      : ready{absl::StrCat("ready", rank)}, done{absl::StrCat("done", rank)} {}
+  std::deque<std::string> device;
+  FakeEvent ready, done;
+  std::mutex mu;
+  std::condition_variable cv;
+  absl::Status abort;  // guarded by mu
+};
+
 class EngineCommunicator : public Communicator {
  public:
-  // `device`: the "device memory" the collectives' buffers are staged in;
-  // it outlives the engine, which may still write into a buffer after a
-  // call gave up at its deadline.
-  EngineCommunicator(NcclEngine* engine, std::deque<std::string>* device, std::string group,
-                     int rank, int size)
-      : engine_(engine),
-        device_(device),
-        group_(std::move(group)),
-        rank_(rank),
-        size_(size),
-        ready_{absl::StrCat("ready", rank)},
-        done_{absl::StrCat("done", rank)} {}
+  EngineCommunicator(NcclEngine* engine, RankState* state, std::string group, int rank, int size)
+      : engine_(engine), state_(state), group_(std::move(group)), rank_(rank), size_(size) {}
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   void Abort(const absl::Status& reason) override {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (abort_.ok()) abort_ = reason;
-    cv_.notify_all();
+    std::lock_guard<std::mutex> lock(state_->mu);
+    if (state_->abort.ok()) state_->abort = reason;
+    state_->cv.notify_all();
   }
 
   absl::Status Barrier(absl::Time deadline) override {
@@ -123,7 +127,7 @@ class EngineCommunicator : public Communicator {
   // A "device" buffer of `bytes` holding `from` (if not null), copied to
   // `to` (if not null) once the collective finished here.
   v1::GpuBuffer Stage(const void* from, size_t bytes, void* to = nullptr) {
-    std::string& staged = device_->emplace_back(bytes, '\0');
+    std::string& staged = state_->device.emplace_back(bytes, '\0');
     if (from != nullptr && bytes > 0) std::memcpy(staged.data(), from, bytes);
     if (to != nullptr) copy_back_.push_back({to, &staged});
     v1::GpuBuffer b;
@@ -140,8 +144,8 @@ class EngineCommunicator : public Communicator {
     r.set_dtype(static_cast<int>(dtype));
     r.set_count(count);
     r.set_pci_bus_id("fake:0");
-    r.set_ready_event(FakeIpcHandle(&ready_));
-    r.set_done_event(FakeIpcHandle(&done_));
+    r.set_ready_event(FakeIpcHandle(&state_->ready));
+    r.set_done_event(FakeIpcHandle(&state_->done));
     return r;
   }
   v1::GpuCollectiveRequest Reduction(v1::GpuOp op, DType dtype, uint64_t count, ReduceOp reduce,
@@ -155,8 +159,8 @@ class EngineCommunicator : public Communicator {
   // done, the deadline passes or Abort is called.
   absl::Status Run(v1::GpuCollectiveRequest request, absl::Time deadline) {
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (!abort_.ok()) return abort_;
+      std::lock_guard<std::mutex> lock(state_->mu);
+      if (!state_->abort.ok()) return state_->abort;
     }
     uint64_t sequence = ++sequence_;
     request.set_sequence(sequence);
@@ -171,15 +175,16 @@ class EngineCommunicator : public Communicator {
       absl::Status status;
     };
     auto answer = std::make_shared<Answer>();
-    engine_->Collective(std::move(request), [this, answer](absl::StatusOr<uint64_t> launched) {
-      std::lock_guard<std::mutex> lock(mu_);
+    RankState* state = state_;
+    engine_->Collective(std::move(request), [state, answer](absl::StatusOr<uint64_t> launched) {
+      std::lock_guard<std::mutex> lock(state->mu);
       answer->done = true;
       answer->status = launched.status();
-      cv_.notify_all();
+      state->cv.notify_all();
     });
-    std::unique_lock<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(state_->mu);
     while (true) {
-      if (!abort_.ok()) return abort_;
+      if (!state_->abort.ok()) return state_->abort;
       if (answer->done) {
         if (!answer->status.ok()) return answer->status;
         bool finished = false;
@@ -198,21 +203,17 @@ class EngineCommunicator : public Communicator {
         return absl::DeadlineExceededError(
             absl::StrCat("GPU collective #", sequence, " on group '", group_, "' timed out"));
       }
-      cv_.wait_for(lock, std::chrono::microseconds(200));
+      state_->cv.wait_for(lock, std::chrono::microseconds(200));
     }
   }
 
   NcclEngine* const engine_;
-  std::deque<std::string>* const device_;  // the transport's
+  RankState* const state_;  // the transport's
   // Where each output buffer of the call in progress goes.
   std::vector<std::pair<void*, std::string*>> copy_back_;
   const std::string group_;
   const int rank_, size_;
-  FakeEvent ready_, done_;  // the rank's interprocess events
   uint64_t sequence_ = 0;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  absl::Status abort_;  // guarded by mu_
 };
 
 class GpuTransport : public ConformanceTransport {
@@ -248,12 +249,12 @@ class GpuTransport : public ConformanceTransport {
     options.watchdog_interval = absl::Milliseconds(1);
     engine_ = std::make_unique<NcclEngine>(runtime_.get(), directory_.get(), options);
     world_ = world;
-    device_.assign(world, {});
+    for (int r = 0; r < world; ++r) ranks_.push_back(std::make_unique<RankState>(r));
     return absl::OkStatus();
   }
   absl::StatusOr<std::unique_ptr<Communicator>> Connect(int rank) override {
     return std::unique_ptr<Communicator>(
-        new EngineCommunicator(engine_.get(), &device_[rank], group_, rank, world_));
+        new EngineCommunicator(engine_.get(), ranks_[rank].get(), group_, rank, world_));
   }
   void MemberDied(int rank, const std::string& reason) override {
     directory_->BreakGroup(kJob, group_, reason);
@@ -263,17 +264,17 @@ class GpuTransport : public ConformanceTransport {
 
  private:
   void Drop() {
-    engine_.reset();  // stops writing into device_
+    engine_.reset();  // its threads end: nothing uses ranks_ any more
     directory_.reset();
     runtime_.reset();
-    device_.clear();
+    ranks_.clear();
   }
   const std::string group_ = "world";
   int world_ = 0;
   std::unique_ptr<FakeGpuRuntime> runtime_;
   std::unique_ptr<FakeDirectory> directory_;
   std::unique_ptr<NcclEngine> engine_;
-  std::vector<std::deque<std::string>> device_;  // each rank's "device memory"
+  std::vector<std::unique_ptr<RankState>> ranks_;
 };
 
 }  // namespace
