@@ -52,62 +52,6 @@ TEST_CASE("topology: nodes in order of their lowest rank, leaders first") {
   CHECK(t.leader(1) == 1);
 }
 
-<<<<<<< HEAD
-TEST_CASE("mismatched collectives fail on every rank naming both calls; the group stays usable") {
-  SECTION("across nodes") {
-    FakeJob job({"a", "a", "b", "b"});
-    std::vector<absl::Status> result(4), after(4);
-    job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
-      float v[4] = {1, 2, 3, 4};
-      result[r] = r < 2 ? c.AllReduce(v, 4, DType::kFloat32, ReduceOp::kSum, 1, Deadline())
-                        : c.Broadcast(v, 4, DType::kFloat32, 0, Deadline());
-      after[r] = c.Barrier(Deadline());
-    });
-    for (int r = 0; r < 4; ++r) {
-      INFO(result[r].ToString());
-      CHECK(result[r].code() == absl::StatusCode::kFailedPrecondition);
-      CHECK(result[r].message() ==
-            "collectives do not match across nodes: group rank 0 called all_reduce #1(float32, "
-            "count 4, SUM) but group rank 2 called broadcast #1(float32, count 4, root 0)");
-      CHECK(after[r].ok());
-    }
-  }
-  SECTION("within a node, seen on the other node too") {
-    FakeJob job({"a", "b", "b"});
-    std::vector<absl::Status> result(3), after(3);
-    job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
-      int32_t v[2] = {1, 2};
-      result[r] = c.AllReduce(v, r == 2 ? 1 : 2, DType::kInt32, ReduceOp::kMax, 1, Deadline());
-      after[r] = c.AllReduce(v, 2, DType::kInt32, ReduceOp::kMax, 1, Deadline());
-    });
-    for (int r = 0; r < 3; ++r) {
-      INFO(result[r].ToString());
-      CHECK(result[r].message() ==
-            "collectives do not match across nodes: group rank 1 called all_reduce #1(int32, "
-            "count 2, MAX) but group rank 2 called all_reduce #1(int32, count 1, MAX)");
-      CHECK(after[r].ok());
-    }
-  }
-}
-
-TEST_CASE("bad arguments are refused before any data moves") {
-  FakeJob job({"a", "b"});
-  std::vector<std::vector<absl::Status>> got(2);
-  job.Run([&](int r, HierarchicalCommunicator& c, std::vector<std::string>&) {
-    double x = 1;
-    got[r].push_back(c.Broadcast(&x, 1, DType::kFloat64, 2, Deadline()));
-    got[r].push_back(c.AllReduce(&x, 1, DType::kFloat64, ReduceOp::kBxor, 1, Deadline()));
-    got[r].push_back(c.Reduce(&x, 1, DType::kFloat64, ReduceOp::kSum, 1, -1, Deadline()));
-    got[r].push_back(c.Barrier(Deadline()));
-  });
-  for (int r = 0; r < 2; ++r) {
-    CHECK(got[r][0].message() == "root 2 is outside the group of size 2");
-    CHECK(got[r][1].code() == absl::StatusCode::kInvalidArgument);
-    CHECK(got[r][2].code() == absl::StatusCode::kInvalidArgument);
-    CHECK(got[r][3].ok());
-  }
-}
-
 TEST_CASE("a member arriving after the others timed out fails that collective too") {
   // Nodes a = {0, 1}, b = {2, 3}: rank 3 (not a leader) and rank 1 arrive
   // after everyone else gave up. No member may complete the collective.
@@ -137,8 +81,6 @@ TEST_CASE("a member arriving after the others timed out fails that collective to
   }
 }
 
-=======
->>>>>>> conformance
 TEST_CASE("a local stage failing after the signature exchange fails the other nodes at once") {
   // The root's node disagrees on the shared-memory direct path (thresholds
   // differ between its ranks): its local broadcast fails after every node
