@@ -82,37 +82,6 @@ std::string Reduced(const Case& c, int world, size_t offset, size_t n) {
 
 }  // namespace
 
-const char* KindName(Kind k) {
-  switch (k) {
-    case Kind::kBarrier:
-      return "barrier";
-    case Kind::kAllReduce:
-      return "all_reduce";
-    case Kind::kBroadcast:
-      return "broadcast";
-    case Kind::kReduce:
-      return "reduce";
-    case Kind::kAllGather:
-      return "all_gather";
-    case Kind::kGather:
-      return "gather";
-    case Kind::kScatter:
-      return "scatter";
-    case Kind::kReduceScatter:
-      return "reduce_scatter";
-    case Kind::kAllToAll:
-      return "all_to_all";
-  }
-  return "?";
-}
-
-bool Reduces(Kind k) {
-  return k == Kind::kAllReduce || k == Kind::kReduce || k == Kind::kReduceScatter;
-}
-bool Rooted(Kind k) {
-  return k == Kind::kBroadcast || k == Kind::kReduce || k == Kind::kGather || k == Kind::kScatter;
-}
-
 std::string Case::Describe() const {
   std::string s = absl::StrCat(KindName(kind), "(", DTypeName(dtype), ", count ", count);
   if (Reduces(kind)) absl::StrAppend(&s, ", ", ReduceOpName(op));

@@ -24,25 +24,17 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "backends/communicator.h"
+#include "core/signature.h"
 #include "muster/types.h"
 
 namespace muster {
 namespace conformance {
 
-enum class Kind {
-  kBarrier,
-  kAllReduce,
-  kBroadcast,
-  kReduce,
-  kAllGather,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kAllToAll,
-};
-const char* KindName(Kind kind);  // "all_reduce", ...
-bool Reduces(Kind kind);          // takes a reduce op
-bool Rooted(Kind kind);           // takes a root
+// The collectives are core/signature.h's kinds.
+using Kind = CollectiveKind;
+inline const char* KindName(Kind kind) { return CollectiveName(kind); }
+inline bool Reduces(Kind kind) { return CollectiveReduces(kind); }
+inline bool Rooted(Kind kind) { return CollectiveHasRoot(kind); }
 
 // PREMUL_SUM's factor in every case: exact in every float type.
 inline constexpr double kScale = 0.5;

@@ -165,13 +165,8 @@ GlooCommunicator::~GlooCommunicator() = default;
 absl::Status GlooCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64_t count, int root,
                                               ReduceOp op, absl::Time deadline) {
   if (!check_signatures_) return absl::OkStatus();
-  OpSignature mine;
-  mine.sequence = ++sequence_;
-  mine.kind = kind;
-  mine.dtype = static_cast<uint32_t>(dtype);
-  mine.count = count;
-  mine.root = root;
-  mine.reduce_op = static_cast<uint32_t>(op);
+  OpSignature mine =
+      MakeSignature(++sequence_, static_cast<CollectiveKind>(kind), dtype, count, root, op);
   std::vector<OpSignature> all(size_);
   try {
     gloo::AllgatherOptions opts(context_);
@@ -184,12 +179,8 @@ absl::Status GlooCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64
     return FromGloo(e, "exchanging collective signatures");
   }
   for (int j = 0; j < size_; ++j) {
-    const OpSignature& other = all[j];
-    if (other.sequence != mine.sequence || other.kind != mine.kind || other.dtype != mine.dtype ||
-        other.count != mine.count || other.root != mine.root || other.reduce_op != mine.reduce_op) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "collectives do not match across nodes: group rank ", rank_, " called ",
-          DescribeSignature(mine), " but group rank ", j, " called ", DescribeSignature(other)));
+    if (!SameSignature(all[j], mine)) {
+      return absl::FailedPreconditionError(SignatureMismatch(rank_, mine, j, all[j]));
     }
   }
   return absl::OkStatus();

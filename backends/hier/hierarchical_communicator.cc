@@ -11,11 +11,6 @@
 namespace muster {
 namespace {
 
-bool Same(const OpSignature& a, const OpSignature& b) {
-  return a.sequence == b.sequence && a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
-         a.root == b.root && a.reduce_op == b.reduce_op;
-}
-
 // The group-wide outcome of a signature exchange (fixed size: it travels
 // through shared memory and Gloo as bytes).
 struct Verdict {
@@ -32,12 +27,6 @@ struct NodeReport {
   OpSignature signature;  // the leader's
   Verdict local;          // whether the node's members agree
 };
-
-std::string Mismatch(int rank_a, const OpSignature& a, int rank_b, const OpSignature& b) {
-  return absl::StrCat("collectives do not match across nodes: group rank ", rank_a, " called ",
-                      DescribeSignature(a), " but group rank ", rank_b, " called ",
-                      DescribeSignature(b));
-}
 
 bool Fatal(const absl::Status& s) {
   return !s.ok() && s.code() != absl::StatusCode::kInvalidArgument &&
@@ -163,13 +152,8 @@ absl::Status HierarchicalCommunicator::Run(F&& f) {
 
 absl::Status HierarchicalCommunicator::CheckSignature(uint32_t kind, DType dtype, uint64_t count,
                                                       int root, ReduceOp op, absl::Time deadline) {
-  OpSignature mine;
-  mine.sequence = ++sequence_;
-  mine.kind = kind;
-  mine.dtype = static_cast<uint32_t>(dtype);
-  mine.count = count;
-  mine.root = root;
-  mine.reduce_op = static_cast<uint32_t>(op);
+  OpSignature mine =
+      MakeSignature(++sequence_, static_cast<CollectiveKind>(kind), dtype, count, root, op);
   const std::vector<int>& locals = topology_.members[node_];
   int n_local = local_size();
   // 1. The node's members compare their signatures (all see the same table,
@@ -182,8 +166,8 @@ absl::Status HierarchicalCommunicator::CheckSignature(uint32_t kind, DType dtype
         local_->AllGather(&mine, all.data(), sizeof(OpSignature), DType::kUInt8, deadline));
     report.signature = all[0];
     for (int j = 1; j < n_local; ++j) {
-      if (!Same(all[0], all[j])) {
-        report.local.Set(Mismatch(locals[0], all[0], locals[j], all[j]));
+      if (!SameSignature(all[0], all[j])) {
+        report.local.Set(SignatureMismatch(locals[0], all[0], locals[j], all[j]));
         break;
       }
     }
@@ -200,9 +184,9 @@ absl::Status HierarchicalCommunicator::CheckSignature(uint32_t kind, DType dtype
       if (reports[k].local.mismatch) verdict = reports[k].local;
     }
     for (int k = 1; k < nodes && !verdict.mismatch; ++k) {
-      if (!Same(reports[0].signature, reports[k].signature)) {
-        verdict.Set(Mismatch(topology_.leader(0), reports[0].signature, topology_.leader(k),
-                             reports[k].signature));
+      if (!SameSignature(reports[0].signature, reports[k].signature)) {
+        verdict.Set(SignatureMismatch(topology_.leader(0), reports[0].signature,
+                                      topology_.leader(k), reports[k].signature));
       }
     }
   }

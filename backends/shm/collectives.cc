@@ -20,21 +20,6 @@ namespace {
 
 inline void CpuRelax() { _mm_pause(); }
 
-bool SameSignature(const OpSignature& a, const OpSignature& b) {
-  return a.sequence == b.sequence && a.kind == b.kind && a.dtype == b.dtype && a.count == b.count &&
-         a.root == b.root && a.reduce_op == b.reduce_op;
-}
-
-bool HasReduce(CollectiveKind k) {
-  return k == CollectiveKind::kAllReduce || k == CollectiveKind::kReduce ||
-         k == CollectiveKind::kReduceScatter;
-}
-
-bool HasRoot(CollectiveKind k) {
-  return k == CollectiveKind::kBroadcast || k == CollectiveKind::kReduce ||
-         k == CollectiveKind::kGather || k == CollectiveKind::kScatter;
-}
-
 // Meta words of the direct paths (RankControl::meta).
 constexpr int kPathWord = GroupSegment::kMetaWords - 1;  // first rounds: 1 = direct
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
@@ -61,41 +46,6 @@ size_t Part(size_t count, int n, int r, size_t* off) {
 }
 
 }  // namespace
-
-const char* CollectiveName(CollectiveKind kind) {
-  switch (kind) {
-    case CollectiveKind::kBarrier:
-      return "barrier";
-    case CollectiveKind::kAllReduce:
-      return "all_reduce";
-    case CollectiveKind::kBroadcast:
-      return "broadcast";
-    case CollectiveKind::kReduce:
-      return "reduce";
-    case CollectiveKind::kAllGather:
-      return "all_gather";
-    case CollectiveKind::kGather:
-      return "gather";
-    case CollectiveKind::kScatter:
-      return "scatter";
-    case CollectiveKind::kReduceScatter:
-      return "reduce_scatter";
-    case CollectiveKind::kAllToAll:
-      return "all_to_all";
-  }
-  return "unknown";
-}
-
-std::string DescribeSignature(const OpSignature& s) {
-  auto kind = static_cast<CollectiveKind>(s.kind);
-  std::string out = absl::StrCat(CollectiveName(kind), " #", s.sequence);
-  if (kind == CollectiveKind::kBarrier) return out;
-  absl::StrAppend(&out, "(", DTypeName(static_cast<DType>(s.dtype)), ", count ", s.count);
-  if (HasRoot(kind)) absl::StrAppend(&out, ", root ", s.root);
-  if (HasReduce(kind))
-    absl::StrAppend(&out, ", ", ReduceOpName(static_cast<ReduceOp>(s.reduce_op)));
-  return out + ")";
-}
 
 DirectOptions DirectOptions::FromEnv() {
   DirectOptions o;
@@ -132,13 +82,7 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
 
 OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t count, int root,
                                    ReduceOp op) {
-  OpSignature s;
-  s.sequence = ++sequence_;
-  s.kind = static_cast<uint32_t>(kind);
-  s.dtype = static_cast<uint32_t>(dtype);
-  s.count = count;
-  s.root = HasRoot(kind) ? root : -1;
-  s.reduce_op = HasReduce(kind) ? static_cast<uint32_t>(op) : 0;
+  OpSignature s = MakeSignature(++sequence_, kind, dtype, count, root, op);
   current_ = s;
   path_tag_ = 0;
   last_path_ = "slots";

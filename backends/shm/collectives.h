@@ -63,21 +63,6 @@
 
 namespace muster {
 
-enum class CollectiveKind : uint32_t {
-  kBarrier = 1,
-  kAllReduce = 2,
-  kBroadcast = 3,
-  kReduce = 4,
-  kAllGather = 5,
-  kGather = 6,
-  kScatter = 7,
-  kReduceScatter = 8,
-  kAllToAll = 9,
-};
-const char* CollectiveName(CollectiveKind kind);
-// "all_reduce(float32, count 1024, SUM)" for messages.
-std::string DescribeSignature(const OpSignature& s);
-
 // When collectives go direct (see above); the same on every rank.
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.

@@ -32,19 +32,9 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "core/signature.h"
 
 namespace muster {
-
-// What a rank is doing in the current collective, compared across ranks to
-// detect desynchronized programs.
-struct OpSignature {
-  uint64_t sequence = 0;  // per group, from 1
-  uint32_t kind = 0;      // CollectiveKind
-  uint32_t dtype = 0;
-  uint64_t count = 0;  // elements (per rank, as the op defines)
-  int32_t root = -1;
-  uint32_t reduce_op = 0;
-};
 
 struct alignas(64) RankControl {
   std::atomic<uint64_t> arrived;    // last round whose data is in this rank's slot
