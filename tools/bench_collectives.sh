@@ -1,45 +1,57 @@
-#!/ usr / bin / env bash
-#CPU collectives, side by side on this machine : muster(muster - bench
-#collectives under muster - run), torch.distributed gloo(Debian's
-#python3 - torch 1.13, tools / bench_torch_collectives.py) and Open MPI over its
-#shared - memory transport(tools / bench_mpi_collectives.c, built here with
-#mpicc - O2 into a temporary directory).Same ops, sizes, dtype, iterations,
-#timing and JSON fields for all three; each runs with its own defaults
-#(Open MPI's process binding included, see docs/benchmarks.md).
+#!/usr/bin/env bash
+# CPU collectives, side by side on this machine: muster (muster-bench
+# collectives under muster-run), torch.distributed gloo (Debian's
+# python3-torch 1.13, tools/bench_torch_collectives.py) and Open MPI over its
+# shared-memory transport (tools/bench_mpi_collectives.c, built here with
+# mpicc -O2 into a temporary directory). Same ops, sizes, dtype, iterations,
+# timing and JSON fields for all three; each runs with its own defaults
+# (Open MPI's process binding included, see docs/benchmarks.md).
 #
-#Usage : tools / bench_collectives.sh[--worlds "2 4"][--repeats R][--max - load L]
-#[-- no - build][-- no - doc][-- keep DIR][-- quick]
-#[-- shared][-- ops LIST][-- sizes LIST][-- iters LIST]
-#tools / bench_collectives.sh-- report DIR[--no - doc]
-#-- worlds world sizes(default "2 4")
-#-- shared also run muster with AllocShared buffers(muster - bench
-#-- shared : zero - copy), shown next to muster's ordinary buffers;
-#the doc block is then the "zero-copy" one(see below)
-#-- ops, -- sizes, -- iters override the ops, sizes(bytes, K / M suffixes) and
-#iterations(one per size) of every system
-#-- repeats full passes, the three systems taking turns within each pass;
-#the table shows the median over the passes(default 3)
-#-- max - load first wait(up to 10 min) until the 1 - minute load average is
-#below L(default : do not wait)
-#-- no - build use the - c opt binaries already in bazel - out / k8 - opt
-#-- no - doc print the table only; leave docs / benchmarks.md alone
-#-- keep DIR keep the raw JSON lines(results.jsonl) and the run's details
-#(meta.env) in DIR
-#-- report DIR run nothing : make the table again from a -- keep directory
-#-- quick a short run(small sizes, few iterations, one pass, no doc)
+# Usage: tools/bench_collectives.sh [--worlds "2 4"] [--repeats R] [--max-load L]
+#                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
+#                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
+#        tools/bench_collectives.sh --report DIR [--no-doc]
+#   --worlds      world sizes (default "2 4")
+#   --shared      also run muster with AllocShared buffers (muster-bench
+#                 --shared: zero-copy), shown next to muster's ordinary buffers;
+#                 the doc block is then the "zero-copy" one (see below)
+#   --ops, --sizes, --iters  override the ops, sizes (bytes, K/M suffixes) and
+#                 iterations (one per size) of every system
+#   --repeats     full passes, the three systems taking turns within each pass;
+#                 the table shows the median over the passes (default 3)
+#   --max-load    first wait (up to 10 min) until the 1-minute load average is
+#                 below L (default: do not wait)
+#   --no-build    use the -c opt binaries already in bazel-out/k8-opt
+#   --no-doc      print the table only; leave docs/benchmarks.md alone
+#   --keep DIR    keep the raw JSON lines (results.jsonl) and the run's details
+#                 (meta.env) in DIR
+#   --report DIR  run nothing: make the table again from a --keep directory
+#   --quick       a short run (small sizes, few iterations, one pass, no doc)
 #
-#Needs : Bazel(muster - bench, muster - run), / usr / bin / python3 with torch, and
-#Open MPI(mpicc, mpirun : `tools / setup.sh-- bench` installs them).
-#The table and the targets go to stdout and, unless-- no - doc, into the
-#section "## CPU collectives: muster vs torch gloo vs Open MPI" of
-#docs / benchmarks.md(between its generated - block markers; text around them
-#is kept); with-- shared, into "## Zero-copy collectives (AllocShared): ..."
-#instead.Progress goes to stderr.
-set - euo pipefail cd "$(dirname " $0 ")/.." cmdline = "tools/bench_collectives.sh${*:+ $*}"
+# Needs: Bazel (muster-bench, muster-run), /usr/bin/python3 with torch, and
+# Open MPI (mpicc, mpirun: `tools/setup.sh --bench` installs them).
+# The table and the targets go to stdout and, unless --no-doc, into the
+# section "## CPU collectives: muster vs torch gloo vs Open MPI" of
+# docs/benchmarks.md (between its generated-block markers; text around them
+# is kept); with --shared, into "## Zero-copy collectives (AllocShared): ..."
+# instead. Progress goes to stderr.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cmdline="tools/bench_collectives.sh${*:+ $*}"
 
-    worlds = "2 4" repeats = 3 max_load = "" build = 1 doc = 1 keep = "" report = "" quick =
-        0 shared = 0 ops_arg = "" sizes_arg = "" iters_arg = "" while (($ #));
-do
+worlds="2 4"
+repeats=3
+max_load=""
+build=1
+doc=1
+keep=""
+report=""
+quick=0
+shared=0
+ops_arg=""
+sizes_arg=""
+iters_arg=""
+while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
@@ -76,7 +88,7 @@ say() { echo "bench_collectives: $*" >&2; }
 if [[ -n $report ]]; then
   [[ -f $report/results.jsonl && -f $report/meta.env ]] ||
     { say "$report has no results.jsonl and meta.env (made by --keep)"; exit 2; }
-#shellcheck disable = SC1091
+  # shellcheck disable=SC1091
   source "$report/meta.env"
   REPORT_RESULTS="$report/results.jsonl"
   failed=0
@@ -117,84 +129,68 @@ else
   date_start="$(date -u '+%Y-%m-%d %H:%M')"
   t_start=$SECONDS
   results="$tmp/results.jsonl"
-  :
-    > "$results"
-#Every line gets "pass"(the repeat)so that the report can take medians.
-        tag() {
-      sed - n "s/^\(\[rank 0\] \)\{0,1\}\({.*}\)\$/\2/p" | sed "s/^{/{\"pass\":$1,/" >> "$results";
-    }
-  common = (--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)failed =
-      0 for ((pass = 1; pass <= repeats; pass++));
-  do
-    for
-      w in $worlds;
-  do
-    say "pass $pass/$repeats, world $w: muster"
-#A socket nobody serves : muster - run starts an embedded musterd.
-        if !MUSTER_SOCKET =
-            "$tmp/no-daemon.sock"
-            "$OPT/muster-run" --nproc -
-                    per - node "$w" --"$OPT/muster-bench" collectives "${common[@]}" --json 2 >
-                "$tmp/muster.err" |
-            tag "$pass";
-  then say "muster failed (world $w):";
-  tail - 20 "$tmp/muster.err" > &2;
-  failed = 1 fi if ((shared));
-  then say "pass $pass/$repeats, world $w: muster, AllocShared buffers" if !MUSTER_SOCKET =
-      "$tmp/no-daemon.sock"
-      "$OPT/muster-run" --nproc -
-              per - node "$w" --"$OPT/muster-bench" collectives "${common[@]}" --shared-- json 2 >
-          "$tmp/muster.err" |
-      tag "$pass";
-  then say "muster --shared failed (world $w):";
-  tail - 20 "$tmp/muster.err" > &2;
-  failed = 1 fi fi say "pass $pass/$repeats, world $w: torch gloo" if !"$PY" tools /
-                   bench_torch_collectives.py-- world
-                   "$w"
-                   "${common[@]}" 2 >
-               "$tmp/gloo.err" |
-           tag "$pass";
-  then say "torch gloo failed (world $w):";
-  tail - 20 "$tmp/gloo.err" > &2;
-  failed = 1 fi say "pass $pass/$repeats, world $w: Open MPI" if !mpirun-- allow - run - as -
-           root-- oversubscribe - np "$w" --mca btl self,
-  vader "$tmp/bench_mpi_collectives"
-        "${common[@]}" 2 > "$tmp/mpi.err" |
-      tag "$pass";
-  then say "Open MPI failed (world $w):";
-  tail - 20 "$tmp/mpi.err" > &2;
-  failed = 1 fi done done load_end = "$(cut -d' ' -f1-3 /proc/loadavg)" elapsed = $(
-      (SECONDS - t_start))
+  : >"$results"
+  # Every line gets "pass" (the repeat) so that the report can take medians.
+  tag() { sed -n "s/^\(\[rank 0\] \)\{0,1\}\({.*}\)\$/\2/p" | sed "s/^{/{\"pass\":$1,/" >>"$results"; }
+  common=(--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)
+  failed=0
+  for ((pass = 1; pass <= repeats; pass++)); do
+    for w in $worlds; do
+      say "pass $pass/$repeats, world $w: muster"
+      # A socket nobody serves: muster-run starts an embedded musterd.
+      if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+          "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/muster.err" | tag "$pass"; then
+        say "muster failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
+      fi
+      if ((shared)); then
+        say "pass $pass/$repeats, world $w: muster, AllocShared buffers"
+        if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+            "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
+            2>"$tmp/muster.err" | tag "$pass"; then
+          say "muster --shared failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
+        fi
+      fi
+      say "pass $pass/$repeats, world $w: torch gloo"
+      if ! "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
+          2>"$tmp/gloo.err" | tag "$pass"; then
+        say "torch gloo failed (world $w):"; tail -20 "$tmp/gloo.err" >&2; failed=1
+      fi
+      say "pass $pass/$repeats, world $w: Open MPI"
+      if ! mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
+          "$tmp/bench_mpi_collectives" "${common[@]}" 2>"$tmp/mpi.err" | tag "$pass"; then
+        say "Open MPI failed (world $w):"; tail -20 "$tmp/mpi.err" >&2; failed=1
+      fi
+    done
+  done
+  load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
+  elapsed=$((SECONDS - t_start))
 
-      cpu_model = "$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)" mem_gib =
-          "$(awk '/MemTotal/ { printf " % .1f ", $2 / 1048576 }' /proc/meminfo)" rev =
-              "$(git rev-parse --short HEAD 2>/dev/null || echo unknown)" git diff-- quiet HEAD 2 >
-                  / dev / null ||
-              rev = "$rev plus the working tree" ompi =
-                  "$(mpirun --version 2>/dev/null | head -1)" torch_v =
-                      "$(" $PY " -c 'import torch; print(torch.__version__)')" torch_pkg =
-                          "$(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?')"
+  cpu_model="$(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+  mem_gib="$(awk '/MemTotal/ { printf "%.1f", $2 / 1048576 }' /proc/meminfo)"
+  rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+  git diff --quiet HEAD 2>/dev/null || rev="$rev plus the working tree"
+  ompi="$(mpirun --version 2>/dev/null | head -1)"
+  torch_v="$("$PY" -c 'import torch; print(torch.__version__)')"
+  torch_pkg="$(dpkg-query -W -f='${Version}' python3-torch 2>/dev/null || echo '?')"
 
-      REPORT_RESULTS = "$results" REPORT_CMD = "$cmdline" REPORT_DATE =
-          "$date_start" REPORT_LOAD_START = "$load_start" REPORT_LOAD_END =
-              "$load_end" REPORT_ELAPSED = "$elapsed" REPORT_MACHINE =
-                  "$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname "
-                  "-sr)" REPORT_VERSIONS =
-                      "muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo "
-                      "backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader" REPORT_SETUP =
-                          "ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype "
-                          "$DTYPE, --verify, $repeats pass(es)" REPORT_SHARED =
-                              $shared if[[-n $keep]];
-  then mkdir -
-          p "$keep" cp
-            "$results"
-            "$keep/results.jsonl" declare -
-          p REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED REPORT_MACHINE
-              REPORT_VERSIONS REPORT_SETUP REPORT_SHARED >
-      "$keep/meta.env" fi fi REPORT_SHARED = $ {
-  REPORT_SHARED:
-    -0
-  }
+  REPORT_RESULTS="$results"
+  REPORT_CMD="$cmdline"
+  REPORT_DATE="$date_start"
+  REPORT_LOAD_START="$load_start"
+  REPORT_LOAD_END="$load_end"
+  REPORT_ELAPSED="$elapsed"
+  REPORT_MACHINE="$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname -sr)"
+  REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
+  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
+  REPORT_SHARED=$shared
+  if [[ -n $keep ]]; then
+    mkdir -p "$keep"
+    cp "$results" "$keep/results.jsonl"
+    declare -p REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
+      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED >"$keep/meta.env"
+  fi
+fi
+REPORT_SHARED=${REPORT_SHARED:-0}
 export REPORT_RESULTS REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
   REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED
 REPORT_DOC=$doc "$PY" - <<'EOF'
@@ -203,7 +199,8 @@ import json, os, statistics
 env = os.environ
 rows = [json.loads(l) for l in open(env["REPORT_RESULTS"]) if l.strip()]
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"]
-#(system, world, op, bytes)->list of rows over passes
+
+# (system, world, op, bytes) -> list of rows over passes
 runs = {}
 for r in rows:
     runs.setdefault((r["system"], r["world"], r["op"], r["bytes"]), []).append(r)
@@ -224,8 +221,8 @@ def med(system, world, op, nbytes):
         bus = rs[0]["busbw_gbps"] * rs[0]["p50_us"] / p  # same bytes and factor
     ok = all(r["verified"] is True for r in rs)
     return {"p50": p, "lo": min(p50s), "hi": max(p50s), "bus": bus, "verified": ok,
-            "passes": len(rs), "vcsw": statistics.median(r.get("vol_csw_per_iter", 0) for r in rs)
-}
+            "passes": len(rs), "vcsw": statistics.median(r.get("vol_csw_per_iter", 0) for r in rs)}
+
 
 def size_text(b):
     if b == 0:
@@ -293,7 +290,7 @@ for world, oi, nbytes in keys:
         ratio(m, g, "bus"), ratio(m, p, "bus"), ratio(m, g, "p50"), ratio(m, p, "p50")))
 table = "\n".join(lines)
 
-#The issue's targets.
+# The issue's targets.
 targets = ["| target | world | status | figure |", "|---|---:|---|---|"]
 met_all = True
 SYSTEMS = [("", "muster")] + ([(" (shared)", "muster-shared")] if SHARED else [])
@@ -369,9 +366,8 @@ if env.get("REPORT_DOC") == "1":
     print("\n(written into %s, section \"%s\")" % (path, title[3:]))
 EOF
 
-if ((build));
-then
-#- c opt moved the shared bazel - bin link; point it back to the default build.
-    bazel build  // tools:muster-bench >/dev/null 2>&1 || say "note: bazel build
-                 // //tools:muster-bench (fastbuild) failed"
-                     fi exit $failed
+if ((build)); then
+  # -c opt moved the shared bazel-bin link; point it back to the default build.
+  bazel build //tools:muster-bench >/dev/null 2>&1 || say "note: bazel build //tools:muster-bench (fastbuild) failed"
+fi
+exit $failed
