@@ -21,6 +21,10 @@
 // World never reattaches to a restarted musterd: the job's ranks must be
 // restarted.
 //
+// World, ProcessGroup and Work are handles; their implementation is
+// private to the SDK. A ProcessGroup may outlive its World, and a Work its
+// ProcessGroup (a group's destructor fails the Works still queued on it).
+//
 // Thread-safety: World and ProcessGroup methods are thread-safe. Group
 // creation must happen in the same order on every rank (as in c10d).
 #ifndef MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
