@@ -4,7 +4,6 @@
 // contiguous Communicator ones.
 #include <algorithm>
 #include <cstring>
-#include <list>
 #include <mutex>
 
 #include "absl/strings/str_cat.h"
