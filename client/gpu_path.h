@@ -6,7 +6,8 @@
 //    allocation, offset), remembering allocations so that one freed and
 //    replaced at the same address is reported to the daemon as released.
 //  - TensorsDevice says which device a call's tensors are on (mixing is
-//    an error); ProcessGroup::Route sends it to that device's backend.
+//    an error); ProcessGroup::Impl::Route sends it to that device's
+//    backend.
 //  - GpuPath, one per group: records an interprocess "ready" event on the
 //    tensors' stream, sends the request, and makes the stream wait on the
 //    "done" event the daemon recorded after the NCCL launch. The CPU does

@@ -21,23 +21,25 @@
 // World never reattaches to a restarted musterd: the job's ranks must be
 // restarted.
 //
+// World, ProcessGroup and Work are handles; their implementation is
+// private to the SDK. A ProcessGroup may outlive its World, and a Work its
+// ProcessGroup (a group's destructor fails the Works still queued on it).
+//
 // Thread-safety: World and ProcessGroup methods are thread-safe. Group
 // creation must happen in the same order on every rank (as in c10d).
 #ifndef MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
 #define MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
 
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "muster/store.h"
 #include "muster/types.h"
@@ -77,18 +79,6 @@ struct GroupOptions {
   std::string tag;
 };
 
-namespace v1 {
-class GroupInfo;
-}
-class World;
-// Implementation types (client/ and backends/), opaque here.
-class WorldSession;
-class ProcessGroup;
-class Backend;
-class Communicator;
-class GpuPath;
-struct GpuCall;
-
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
 // Where a tensor's memory is.
 enum class Device : uint8_t { kCpu = 0, kCuda = 1 };
@@ -124,7 +114,7 @@ class Work {
   // The result once completed; FAILED_PRECONDITION before.
   absl::Status status() const;
   // The collective's sequence number in its group (from 1).
-  uint64_t sequence() const { return sequence_; }
+  uint64_t sequence() const;
   // CPU collectives: Wait(). Collectives on CUDA tensors complete (for
   // Wait and IsCompleted) once enqueued on the tensors' stream, as in
   // PyTorch's NCCL backend; Synchronize additionally blocks the CPU until
@@ -143,37 +133,35 @@ class Work {
   // recv(src=None) returns); -1 for other works and before completion.
   int source_rank() const;
 
+  ~Work();
+  Work(const Work&) = delete;
+  Work& operator=(const Work&) = delete;
+
+  // The implementation (client/process_group_impl.h), opaque here.
+  class Impl;
+
  private:
-  friend class ProcessGroup;
-  // `source`: a receive's sender (global rank).
-  void Complete(absl::Status status, int source = -1);
-  uint64_t sequence_ = 0;
-  // CUDA collectives: blocks until the GPU passed the collective.
-  std::function<absl::Status(absl::Time deadline)> synchronize_;
-  // The group whose executor queue holds this work (Wait() may run it).
-  ProcessGroup* group_ = nullptr;
-  mutable absl::Mutex mu_;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  int source_ ABSL_GUARDED_BY(mu_) = -1;
-  std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
+  Work();
+  std::unique_ptr<Impl> impl_;
 };
 
 // One process group as this rank sees it.
 class ProcessGroup {
  public:
   ~ProcessGroup();
-  const std::string& name() const { return name_; }
-  const std::string& tag() const { return tag_; }
+  ProcessGroup(const ProcessGroup&) = delete;
+  ProcessGroup& operator=(const ProcessGroup&) = delete;
+
+  const std::string& name() const;
+  const std::string& tag() const;
   // Canonical backend config, e.g. "cpu:gloo" or "cpu:gloo,cuda:nccl".
-  const std::string& backend() const { return backend_; }
+  const std::string& backend() const;
   // Global ranks of the members, in group-rank order.
-  const std::vector<int>& ranks() const { return ranks_; }
-  int size() const { return static_cast<int>(ranks_.size()); }
+  const std::vector<int>& ranks() const;
+  int size() const { return static_cast<int>(ranks().size()); }
   // This process's rank in the group; -1 if it is not a member.
-  int rank() const { return rank_; }
-  bool is_member() const { return rank_ >= 0; }
+  int rank() const;
+  bool is_member() const { return rank() >= 0; }
   // c10d's get_group_rank / get_global_rank.
   absl::StatusOr<int> GroupRank(int global_rank) const;
   absl::StatusOr<int> GlobalRank(int group_rank) const;
@@ -271,93 +259,12 @@ class ProcessGroup {
   };
   std::vector<std::shared_ptr<Work>> BatchISendIRecv(const std::vector<P2PRequest>& requests);
 
+  // The implementation (client/process_group_impl.h), opaque here.
+  class Impl;
+
  private:
-  friend class World;
-  friend class Work;
-  using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
-  // Queues `op` for the communicator of the backend serving `device`.
-  std::shared_ptr<Work> Submit(Device device, Op op);
-  std::shared_ptr<Work> Submit(Op op) { return Submit(Device::kCpu, std::move(op)); }
-  std::shared_ptr<Work> Failed(absl::Status status);
-  // The rank's musterd is gone (any thread): wakes whatever waits in this
-  // group's communicator or segment and makes it fail with `gone`.
-  void BreakForDaemon(const absl::Status& gone);
-  // Through the session this group shares with its World (a group may
-  // outlive it): World::session_status(), and a failed call's status as
-  // the caller should see it (UNAVAILABLE naming the daemon once it is
-  // gone; may wait up to 1 s to learn that).
-  absl::Status SessionStatus() const;
-  absl::Status Explain(absl::Status status) const;
-  // Collectives on CUDA tensors: through musterd's NCCL communicators.
-  std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
-  // The one dispatch decision of a call: the device of its tensors, and
-  // whether the group has a backend for it (INVALID_ARGUMENT naming the
-  // device and the group's config if not, or for mixed devices). Returns a
-  // Work when the call is done with here (failed, or musterd's NCCL took
-  // it: SubmitGpu(make_call())); else nullptr with *device set, and the
-  // caller submits to that device's communicator.
-  std::shared_ptr<Work> Route(Device* device, const char* what,
-                              const std::vector<const Tensor*>& tensors,
-                              const std::function<GpuCall()>& make_call);
-  // OK if the group has a backend for `device`, else why not.
-  absl::Status DeviceStatus(Device device, const char* what) const;
-  Backend* backend_for(Device device) const {
-    return device == Device::kCpu ? cpu_backend_.get() : cuda_backend_.get();
-  }
-  void RunExecutor();
-  // Makes the executor run queued collectives at once (see expedite_).
-  void Expedite();
-  // Runs queued collectives on the calling thread, in order, until `work`
-  // completed (a waiting caller runs its own collective instead of handing
-  // it to the executor thread: two fewer thread wake-ups per collective).
-  void RunUntil(Work* work, absl::Time deadline);
-  // Pops and runs the head of the queue if no one else runs one. Called
-  // with exec_mu_ held; releases it while running.
-  bool RunHead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
-
-  World* world_ = nullptr;
-  std::shared_ptr<WorldSession> session_;
-  std::string name_, tag_, backend_;
-  std::vector<int> ranks_;
-  int rank_ = -1;
-  int64_t barrier_sequence_ = 0;  // guarded by world_->mu_
-  absl::Duration timeout_ = absl::Minutes(30);
-  // The group's backends, one per device its config names, created at
-  // formation through the BackendRegistry (see backends/backend.h). A
-  // device's status says why it has none (not named, not a member, its
-  // creation failed). The built-in "nccl" runs in musterd: its CUDA calls
-  // go through gpu_.
-  std::unique_ptr<Backend> cpu_backend_, cuda_backend_;
-  absl::Status cpu_status_, cuda_status_;
-  bool daemon_gpu_ = false;
-  absl::Mutex gpu_mu_;
-  std::shared_ptr<GpuPath> gpu_ ABSL_GUARDED_BY(gpu_mu_);  // created on first use
-
-  // The executor: one thread running this group's collectives in order.
-  absl::Mutex exec_mu_;
-  struct Queued {
-    Device device;
-    Op op;
-    std::shared_ptr<Work> work;
-    absl::Time submitted;
-  };
-  std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
-  bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
-  bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
-  // The executor polls lazily (a waiting caller runs its own collective);
-  // after a while without work it sleeps until Submit kicks it.
-  bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
-  bool kick_ ABSL_GUARDED_BY(exec_mu_) = false;
-  // Someone waits for a queued collective through its callback
-  // (Work::OnComplete), not in Wait(): run the queue without the polling
-  // delay until it is empty.
-  bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
-  uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
-  std::thread executor_;
-
-  // Point to point through the backend's PointToPoint. `peer`: a global
-  // rank, or -1 for a receive from any source.
-  std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
+  explicit ProcessGroup(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 class World {
@@ -368,13 +275,13 @@ class World {
   World(const World&) = delete;
   World& operator=(const World&) = delete;
 
-  const std::string& job_id() const { return options_.job_id; }
-  int64_t generation() const { return options_.generation; }
-  int rank() const { return options_.rank; }
-  int world_size() const { return options_.world_size; }
-  int local_rank() const { return options_.local_rank; }
-  int local_world_size() const { return options_.local_world_size; }
-  ProcessGroup& world_group() { return *world_group_; }
+  const std::string& job_id() const;
+  int64_t generation() const;
+  int rank() const;
+  int world_size() const;
+  int local_rank() const;
+  int local_world_size() const;
+  ProcessGroup& world_group();
 
   // c10d's new_group(ranks): every world rank calls it (even non-members,
   // who get a handle with rank() == -1), unless local_synchronization.
@@ -405,33 +312,12 @@ class World {
   // is gone, the UNAVAILABLE error every call now fails with.
   absl::Status session_status() const;
 
- private:
-  friend class ProcessGroup;
-  using Session = WorldSession;
-  explicit World(InitOptions options);
-  // The session's reader thread: the daemon is gone; breaks every group.
-  void OnDaemonGone(const absl::Status& gone);
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
-                                                            const GroupOptions& options,
-                                                            const std::string& name);
-  std::string NextGroupName();
-  // Creates the group's backend for each device of `config` (the daemon's
-  // description of the formed group in `info`).
-  void CreateBackends(ProcessGroup& group, const std::map<std::string, std::string>& config,
-                      const v1::GroupInfo& info);
+  // The implementation (client/world_impl.h), opaque here.
+  class Impl;
 
-  InitOptions options_;
-  // Shared with the groups (they may outlive the World); the World's
-  // destructor closes it.
-  std::shared_ptr<Session> session_;
-  std::shared_ptr<ProcessGroup> world_group_;
-  mutable absl::Mutex mu_;
-  int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
-  std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
-  // Every group this World created (the world group too), for
-  // OnDaemonGone; expired ones are dropped as new ones come.
-  absl::Mutex groups_mu_;
-  std::vector<std::weak_ptr<ProcessGroup>> groups_ ABSL_GUARDED_BY(groups_mu_);
+ private:
+  explicit World(InitOptions options);
+  std::unique_ptr<Impl> impl_;
 };
 
 // c10d-style process-wide API around one World.

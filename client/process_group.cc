@@ -1,0 +1,1173 @@
+// ProcessGroup and Work: the public handles, ProcessGroup::Impl (backends,
+// dispatch, the per-group executor, point to point, the GPU path) and
+// Work::Impl, and the list/bytes variants of the collectives built on the
+// contiguous Communicator ones.
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+
+#include "absl/strings/str_cat.h"
+#include "backends/backend.h"
+#include "backends/builtin/cpu_backends.h"
+#include "backends/communicator.h"
+#include "backends/gloo/gloo_communicator.h"
+#include "client/cuda_driver.h"
+#include "client/gpu_path.h"
+#include "client/process_group_impl.h"
+#include "client/world_impl.h"
+#include "common/status_macros.h"
+#include "muster/prefix_store.h"
+#include "muster/tcp_store.h"
+#include "muster/world.h"
+#include "proto/gpu.grpc.pb.h"
+#include "proto/groups.grpc.pb.h"
+
+namespace muster {
+namespace {
+
+absl::Status CheckTensor(const Tensor& t, const char* what) {
+  if (t.data == nullptr && t.count > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": null buffer with ", t.count, " elements"));
+  }
+  if (static_cast<int>(t.dtype) >= kNumDTypes) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckList(const std::vector<Tensor>& list, size_t expected, size_t count, DType dtype,
+                       const char* what) {
+  if (list.size() != expected) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": expected ", expected, " tensors, got ", list.size()));
+  }
+  for (size_t i = 0; i < list.size(); ++i) {
+    if (absl::Status s = CheckTensor(list[i], what); !s.ok()) return s;
+    if (list[i].count != count || list[i].dtype != dtype) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": tensor ", i, " has ", list[i].count, " ", DTypeName(list[i].dtype),
+                       " elements, expected ", count, " ", DTypeName(dtype)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// The tensors of one call, for TensorsDevice.
+std::vector<const Tensor*> TensorPointers(std::initializer_list<const Tensor*> singles,
+                                          const std::vector<Tensor>& list = {},
+                                          const std::vector<Tensor>& more = {}) {
+  std::vector<const Tensor*> all(singles);
+  for (const Tensor& t : list) all.push_back(&t);
+  for (const Tensor& t : more) all.push_back(&t);
+  return all;
+}
+
+std::shared_ptr<Work> Failed(absl::Status status) { return Work::Impl::Failed(std::move(status)); }
+
+// musterd's NCCL communicators as the group's "nccl" (cuda) backend: its
+// calls go through the group's GpuPath (stream-ordered requests to
+// musterd), not through a Communicator in this process.
+class DaemonGpuBackend final : public Backend {
+ public:
+  explicit DaemonGpuBackend(BackendOptions options) : options_(std::move(options)) {}
+  const std::string& name() const override { return name_; }
+  const BackendOptions& options() const override { return options_; }
+
+ private:
+  const std::string name_ = "nccl";
+  const BackendOptions options_;
+};
+
+void RegisterSdkBackendsOnce() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    RegisterBuiltinCpuBackends();
+    (void)RegisterBackend("nccl",
+                          [](const BackendOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+                            return std::make_unique<DaemonGpuBackend>(o);
+                          },
+                          {"cuda"});
+  });
+}
+
+const char* DeviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
+
+}  // namespace
+
+// Work: a handle over Work::Impl.
+
+Work::Work() : impl_(std::make_unique<Impl>()) {}
+Work::~Work() = default;
+bool Work::IsCompleted() const { return impl_->IsCompleted(); }
+absl::Status Work::Wait(absl::Duration timeout) { return impl_->Wait(timeout); }
+absl::Status Work::status() const { return impl_->status(); }
+uint64_t Work::sequence() const { return impl_->sequence(); }
+absl::Status Work::Synchronize(absl::Duration timeout) { return impl_->Synchronize(timeout); }
+void Work::OnComplete(std::function<void(const absl::Status&)> callback) {
+  impl_->OnComplete(std::move(callback));
+}
+void Work::Retain(std::shared_ptr<const void> data) { impl_->Retain(std::move(data)); }
+int Work::source_rank() const { return impl_->source_rank(); }
+
+// Work::Impl.
+
+std::shared_ptr<Work> Work::Impl::Create() { return std::shared_ptr<Work>(new Work()); }
+
+std::shared_ptr<Work> Work::Impl::Failed(absl::Status status) {
+  std::shared_ptr<Work> work = Create();
+  Of(*work).Complete(std::move(status));
+  return work;
+}
+
+bool Work::Impl::IsCompleted() const {
+  absl::MutexLock lock(&mu_);
+  return done_;
+}
+
+absl::Status Work::Impl::Wait(absl::Duration timeout) {
+  absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  // A completed Work never touches its group again: it may outlive it (the
+  // group's destructor completes every Work it still holds). Only a wait
+  // without a deadline runs queued collectives itself: one it ran could not
+  // be left at the deadline (the group's executor runs them otherwise).
+  ProcessGroup::Impl* group = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_ && timeout == absl::InfiniteDuration()) group = group_;
+  }
+  if (group != nullptr) group->RunUntil(this, deadline);
+  absl::MutexLock lock(&mu_);
+  if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
+  }
+  return status_;
+}
+
+absl::Status Work::Impl::Synchronize(absl::Duration timeout) {
+  absl::Time deadline =
+      timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
+  if (absl::Status s = Wait(timeout); !s.ok() || !synchronize_) return s;
+  return synchronize_(deadline);
+}
+
+absl::Status Work::Impl::status() const {
+  absl::MutexLock lock(&mu_);
+  if (!done_) return absl::FailedPreconditionError("the collective has not completed yet");
+  return status_;
+}
+
+int Work::Impl::source_rank() const {
+  absl::MutexLock lock(&mu_);
+  return done_ ? source_ : -1;
+}
+
+void Work::Impl::Complete(absl::Status status, int source) {
+  std::vector<std::function<void(const absl::Status&)>> callbacks;
+  {
+    absl::MutexLock lock(&mu_);
+    if (done_) return;  // recorded exactly once
+    status_ = std::move(status);
+    source_ = source;
+    done_ = true;
+    callbacks.swap(on_complete_);
+  }
+  // status_ no longer changes once done_ is set: read it without the lock.
+  for (auto& callback : callbacks) callback(status_);
+}
+
+void Work::Impl::OnComplete(std::function<void(const absl::Status&)> callback) {
+  ProcessGroup::Impl* group = nullptr;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!done_) {
+      on_complete_.push_back(std::move(callback));
+      group = group_;
+      callback = nullptr;
+    }
+  }
+  if (callback) {
+    callback(status_);  // already completed
+    return;
+  }
+  // Whoever waits for this work waits for the callback, not in Wait(): the
+  // group's executor must run it now, not after its polling delay. (A GPU
+  // work has no group: its path completes it.)
+  if (group != nullptr) group->Expedite();
+}
+
+void Work::Impl::Retain(std::shared_ptr<const void> data) {
+  absl::MutexLock lock(&mu_);
+  retained_.push_back(std::move(data));
+}
+
+// ProcessGroup: a handle over ProcessGroup::Impl.
+
+ProcessGroup::ProcessGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+ProcessGroup::~ProcessGroup() = default;
+const std::string& ProcessGroup::name() const { return impl_->name(); }
+const std::string& ProcessGroup::tag() const { return impl_->tag(); }
+const std::string& ProcessGroup::backend() const { return impl_->backend(); }
+const std::vector<int>& ProcessGroup::ranks() const { return impl_->ranks(); }
+int ProcessGroup::rank() const { return impl_->rank(); }
+absl::StatusOr<int> ProcessGroup::GroupRank(int global_rank) const {
+  return impl_->GroupRank(global_rank);
+}
+absl::StatusOr<int> ProcessGroup::GlobalRank(int group_rank) const {
+  return impl_->GlobalRank(group_rank);
+}
+absl::Status ProcessGroup::Barrier(absl::Duration timeout) { return impl_->Barrier(timeout); }
+
+std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
+  if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "all_reduce", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_REDUCE;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.reduce_op = op;
+        g.scale = scale;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [t, op, scale](Communicator& c, absl::Time d) {
+    return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tensors, ReduceOp op) {
+  for (const Tensor& t : tensors) {
+    if (absl::Status s = CheckTensor(t, "all_reduce_coalesced"); !s.ok()) return Failed(s);
+  }
+  absl::StatusOr<Device> device =
+      TensorsDevice(TensorPointers({}, tensors), "all_reduce_coalesced");
+  if (!device.ok()) return Failed(device.status());
+  if (absl::Status s = impl_->DeviceStatus(*device, "all_reduce_coalesced"); !s.ok())
+    return Failed(s);
+  if (*device == Device::kCuda && impl_->daemon_gpu()) {
+    // One enqueue per tensor, in order, on their stream.
+    std::shared_ptr<Work> last;
+    for (const Tensor& t : tensors) {
+      GpuCall g;
+      g.op = v1::GPU_ALL_REDUCE;
+      g.dtype = t.dtype;
+      g.count = t.count;
+      g.reduce_op = op;
+      g.inputs = {t};
+      last = impl_->SubmitGpu(g);
+      if (absl::Status s = last->status(); !s.ok()) return last;
+    }
+    return last;
+  }
+  return impl_->Submit(*device, [tensors, op](Communicator& c, absl::Time d) {
+    for (const Tensor& t : tensors) {
+      if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
+  if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "broadcast", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_BROADCAST;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.root = root;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [t, root](Communicator& c, absl::Time d) {
+    return c.Broadcast(t.data, t.count, t.dtype, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
+  if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "reduce", {&t}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE;
+        g.dtype = t.dtype;
+        g.count = t.count;
+        g.root = root;
+        g.reduce_op = op;
+        g.inputs = {t};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [t, root, op](Communicator& c, absl::Time d) {
+    return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
+  if (absl::Status s = CheckTensor(in, "all_gather_into_tensor"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "all_gather_into_tensor"); !s.ok()) return Failed(s);
+  if (out.count != in.count * size() || out.dtype != in.dtype) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
+        " elements, has ", out.count, " ", DTypeName(out.dtype))));
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "all_gather_into_tensor", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.inputs = {in};
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [in, out](Communicator& c, absl::Time d) {
+    return c.AllGather(in.data, out.data, in.count, in.dtype, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor in) {
+  if (absl::Status s = CheckTensor(in, "all_gather"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
+    return Failed(s);
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "all_gather", TensorPointers({&in}, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.inputs = {in};
+        g.outputs = outs;
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [in, outs](Communicator& c, absl::Time d) {
+    std::string flat(in.bytes() * outs.size(), '\0');
+    absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
+    if (!s.ok()) return s;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGatherCoalesced(std::vector<std::vector<Tensor>> outs,
+                                                       std::vector<Tensor> ins) {
+  if (outs.size() != ins.size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "all_gather_coalesced: ", ins.size(), " inputs but ", outs.size(), " output lists")));
+  }
+  size_t total = 0;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    if (absl::Status s = CheckTensor(ins[i], "all_gather_coalesced"); !s.ok()) return Failed(s);
+    if (absl::Status s =
+            CheckList(outs[i], size(), ins[i].count, ins[i].dtype, "all_gather_coalesced");
+        !s.ok()) {
+      return Failed(absl::InvalidArgumentError(absl::StrCat("output list ", i, ": ", s.message())));
+    }
+    total += ins[i].bytes();
+  }
+  std::vector<const Tensor*> all = TensorPointers({}, ins);
+  for (const auto& list : outs) {
+    for (const Tensor& t : list) all.push_back(&t);
+  }
+  absl::StatusOr<Device> device = TensorsDevice(all, "all_gather_coalesced");
+  if (!device.ok()) return Failed(device.status());
+  if (absl::Status s = impl_->DeviceStatus(*device, "all_gather_coalesced"); !s.ok())
+    return Failed(s);
+  if (*device == Device::kCuda) {
+    return Failed(absl::UnimplementedError("all_gather_coalesced: CPU tensors only"));
+  }
+  // One all_gather of every input packed as bytes; the signature's count
+  // (total bytes) catches ranks that pass different inputs.
+  return impl_->Submit([outs, ins, total](Communicator& c, absl::Time d) {
+    std::string packed;
+    packed.reserve(total);
+    for (const Tensor& t : ins) packed.append(static_cast<const char*>(t.data), t.bytes());
+    std::string flat(total * c.size(), '\0');
+    absl::Status s = c.AllGather(packed.data(), flat.data(), total, DType::kUInt8, d);
+    if (!s.ok()) return s;
+    for (int j = 0; j < c.size(); ++j) {
+      size_t off = j * total;
+      for (size_t i = 0; i < ins.size(); ++i) {
+        std::memcpy(outs[i][j].data, flat.data() + off, ins[i].bytes());
+        off += ins[i].bytes();
+      }
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, int root) {
+  if (absl::Status s = CheckTensor(in, "gather"); !s.ok()) return Failed(s);
+  if (rank() == root) {
+    if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "gather"); !s.ok()) {
+      return Failed(s);
+    }
+  }
+  bool is_root = rank() == root;
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "gather", TensorPointers({&in}, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_GATHER;
+        g.dtype = in.dtype;
+        g.count = in.count;
+        g.root = root;
+        g.inputs = {in};
+        if (is_root) g.outputs = outs;
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [in, outs, root, is_root](Communicator& c, absl::Time d) {
+    std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
+    absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
+    if (!s.ok() || !is_root) return s;
+    for (size_t i = 0; i < outs.size(); ++i) {
+      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins, int root) {
+  if (absl::Status s = CheckTensor(out, "scatter"); !s.ok()) return Failed(s);
+  bool is_root = rank() == root;
+  if (is_root) {
+    if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "scatter"); !s.ok()) {
+      return Failed(s);
+    }
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "scatter", TensorPointers({&out}, ins), [&] {
+        GpuCall g;
+        g.op = v1::GPU_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.root = root;
+        g.outputs = {out};
+        if (is_root) g.inputs = ins;
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [out, ins, root, is_root](Communicator& c, absl::Time d) {
+    std::string flat;
+    if (is_root) {
+      flat.resize(out.bytes() * ins.size());
+      for (size_t i = 0; i < ins.size(); ++i) {
+        std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+      }
+    }
+    return c.Scatter(flat.data(), out.data, out.count, out.dtype, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, ReduceOp op) {
+  if (absl::Status s = CheckTensor(in, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
+  if (in.count != out.count * size() || out.dtype != in.dtype) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
+                     DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "reduce_scatter_tensor", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.reduce_op = op;
+        g.inputs = {in};
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [in, out, op](Communicator& c, absl::Time d) {
+    return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor> ins,
+                                                  ReduceOp op) {
+  if (absl::Status s = CheckTensor(out, "reduce_scatter"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
+    return Failed(s);
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "reduce_scatter", TensorPointers({&out}, ins), [&] {
+        GpuCall g;
+        g.op = v1::GPU_REDUCE_SCATTER;
+        g.dtype = out.dtype;
+        g.count = out.count;
+        g.reduce_op = op;
+        g.inputs = ins;
+        g.outputs = {out};
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [out, ins, op](Communicator& c, absl::Time d) {
+    std::string flat(out.bytes() * ins.size(), '\0');
+    for (size_t i = 0; i < ins.size(); ++i) {
+      std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+    }
+    return c.ReduceScatter(flat.data(), out.data, out.count, out.dtype, op, 1.0, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
+                                                   std::vector<size_t> out_splits,
+                                                   std::vector<size_t> in_splits) {
+  if (absl::Status s = CheckTensor(in, "all_to_all_single"); !s.ok()) return Failed(s);
+  if (absl::Status s = CheckTensor(out, "all_to_all_single"); !s.ok()) return Failed(s);
+  if (in.dtype != out.dtype) {
+    return Failed(absl::InvalidArgumentError("all_to_all_single: input and output dtypes differ"));
+  }
+  size_t n = size();
+  auto fill = [n](std::vector<size_t>& splits, size_t total, const char* which) -> absl::Status {
+    if (splits.empty()) {
+      if (total % n != 0) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all_single: ", which, " of ", total,
+                                                       " elements does not split evenly into ", n,
+                                                       " ranks; pass split sizes"));
+      }
+      splits.assign(n, total / n);
+    }
+    size_t sum = 0;
+    for (size_t v : splits) sum += v;
+    if (splits.size() != n || sum != total) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "all_to_all_single: ", which, " splits must be ", n, " sizes summing to ", total));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
+  if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "all_to_all_single", {&in, &out}, [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_TO_ALL;
+        g.dtype = in.dtype;
+        g.inputs = {in};
+        g.outputs = {out};
+        g.send_counts = in_splits;
+        g.recv_counts = out_splits;
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
+    return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vector<Tensor> ins) {
+  size_t n = size();
+  if (outs.size() != n || ins.size() != n) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("all_to_all: expected ", n, " input and output tensors")));
+  }
+  std::vector<size_t> send(n), recv(n);
+  for (size_t i = 0; i < n; ++i) {
+    if (absl::Status s = CheckTensor(ins[i], "all_to_all"); !s.ok()) return Failed(s);
+    if (absl::Status s = CheckTensor(outs[i], "all_to_all"); !s.ok()) return Failed(s);
+    if (ins[i].dtype != ins[0].dtype || outs[i].dtype != ins[0].dtype) {
+      return Failed(absl::InvalidArgumentError("all_to_all: tensors must share one dtype"));
+    }
+    send[i] = ins[i].count;
+    recv[i] = outs[i].count;
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = impl_->Route(&on, "all_to_all", TensorPointers({}, ins, outs), [&] {
+        GpuCall g;
+        g.op = v1::GPU_ALL_TO_ALL;
+        g.dtype = ins[0].dtype;
+        g.inputs = ins;
+        g.outputs = outs;
+        g.send_counts = send;
+        g.recv_counts = recv;
+        return g;
+      })) {
+    return gpu;
+  }
+  return impl_->Submit(on, [outs, ins, send, recv](Communicator& c, absl::Time d) {
+    size_t es = DTypeSize(ins[0].dtype);
+    std::string in_flat, out_flat;
+    for (const Tensor& t : ins) in_flat.append(static_cast<const char*>(t.data), t.bytes());
+    size_t total = 0;
+    for (size_t v : recv) total += v;
+    out_flat.resize(total * es);
+    absl::Status s = c.AllToAll(in_flat.data(), send, out_flat.data(), recv, ins[0].dtype, d);
+    if (!s.ok()) return s;
+    size_t off = 0;
+    for (const Tensor& t : outs) {
+      std::memcpy(t.data, out_flat.data() + off, t.bytes());
+      off += t.bytes();
+    }
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::CollectiveBarrier() {
+  return impl_->Submit([](Communicator& c, absl::Time d) { return c.Barrier(d); });
+}
+
+absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("monitored_barrier needs a positive timeout");
+  }
+  absl::Time deadline = absl::Now() + timeout;
+  return impl_->Submit([deadline](Communicator& c, absl::Time) { return c.Barrier(deadline); })
+      ->Wait();
+}
+
+std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
+  if (blob == nullptr) return Failed(absl::InvalidArgumentError("broadcast_object: null blob"));
+  return impl_->Submit([blob, root](Communicator& c, absl::Time d) {
+    int64_t size = static_cast<int64_t>(blob->size());
+    absl::Status s = c.Broadcast(&size, 1, DType::kInt64, root, d);
+    if (!s.ok()) return s;
+    blob->resize(size);
+    return c.Broadcast(blob->data(), blob->size(), DType::kUInt8, root, d);
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
+                                                   std::vector<std::string>* out) {
+  if (out == nullptr) return Failed(absl::InvalidArgumentError("all_gather_object: null output"));
+  std::string mine = blob;
+  return impl_->Submit([mine, out](Communicator& c, absl::Time d) {
+    int64_t size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(c.size());
+    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string padded = mine;
+    padded.resize(largest);
+    std::string all(largest * c.size(), '\0');
+    s = c.AllGather(padded.data(), all.data(), largest, DType::kUInt8, d);
+    if (!s.ok()) return s;
+    out->clear();
+    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::GatherBytes(const std::string& blob,
+                                                std::vector<std::string>* out, int root) {
+  if (root < 0 || root >= size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "gather_object: root ", root, " is outside group '", name(), "' of size ", size())));
+  }
+  bool is_root = rank() == root;
+  if (is_root && out == nullptr) {
+    return Failed(absl::InvalidArgumentError("gather_object: null output at the root"));
+  }
+  std::string mine = blob;
+  return impl_->Submit([mine, out, root, is_root](Communicator& c, absl::Time d) {
+    // Every rank learns every size (so all agree on the padded length).
+    int64_t size = static_cast<int64_t>(mine.size());
+    std::vector<int64_t> sizes(c.size());
+    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string padded = mine;
+    padded.resize(largest);
+    std::string all(is_root ? largest * c.size() : 0, '\0');
+    s = c.Gather(padded.data(), all.data(), largest, DType::kUInt8, root, d);
+    if (!s.ok() || !is_root) return s;
+    out->clear();
+    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs, std::string* out,
+                                                 int root) {
+  if (out == nullptr) return Failed(absl::InvalidArgumentError("scatter_object: null output"));
+  if (root < 0 || root >= size()) {
+    return Failed(absl::InvalidArgumentError(absl::StrCat(
+        "scatter_object: root ", root, " is outside group '", name(), "' of size ", size())));
+  }
+  bool is_root = rank() == root;
+  if (is_root && blobs.size() != static_cast<size_t>(size())) {
+    return Failed(absl::InvalidArgumentError(
+        absl::StrCat("scatter_object: the root needs ", size(), " blobs, got ", blobs.size())));
+  }
+  if (!is_root) blobs.clear();
+  return impl_->Submit([blobs, out, root, is_root](Communicator& c, absl::Time d) {
+    // The root tells every rank every size, then scatters padded blobs.
+    std::vector<int64_t> sizes(c.size(), 0);
+    for (size_t i = 0; is_root && i < blobs.size(); ++i) {
+      sizes[i] = static_cast<int64_t>(blobs[i].size());
+    }
+    absl::Status s = c.Broadcast(sizes.data(), sizes.size(), DType::kInt64, root, d);
+    if (!s.ok()) return s;
+    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+    std::string flat;
+    if (is_root) {
+      flat.resize(largest * c.size());
+      for (size_t i = 0; i < blobs.size(); ++i) {
+        std::memcpy(flat.data() + i * largest, blobs[i].data(), blobs[i].size());
+      }
+    }
+    std::string mine(largest, '\0');
+    s = c.Scatter(flat.data(), mine.data(), largest, DType::kUInt8, root, d);
+    if (!s.ok()) return s;
+    mine.resize(sizes[c.rank()]);
+    *out = std::move(mine);
+    return absl::OkStatus();
+  });
+}
+
+std::shared_ptr<Work> ProcessGroup::ISend(Tensor t, int dst, uint64_t tag) {
+  return impl_->SubmitP2P(true, t, dst, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::IRecv(Tensor t, int src, uint64_t tag) {
+  // (-1 is SubmitP2P's "any source": only IRecvAnySource means it.)
+  if (src < 0) return Failed(GroupRank(src).status());
+  return impl_->SubmitP2P(false, t, src, tag);
+}
+
+std::shared_ptr<Work> ProcessGroup::IRecvAnySource(Tensor t, uint64_t tag) {
+  return impl_->SubmitP2P(false, t, -1, tag);
+}
+
+std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
+    const std::vector<P2PRequest>& requests) {
+  std::vector<std::shared_ptr<Work>> works;
+  std::vector<const Tensor*> all;
+  for (const P2PRequest& r : requests) all.push_back(&r.tensor);
+  absl::StatusOr<Device> device = TensorsDevice(all, "batch_isend_irecv");
+  if (device.ok()) {
+    if (absl::Status s = impl_->DeviceStatus(*device, "batch_isend_irecv"); !s.ok()) device = s;
+  }
+  if (device.ok() && *device == Device::kCuda && impl_->daemon_gpu() && !requests.empty()) {
+    // One grouped launch, like ncclGroupStart/End around the batch.
+    GpuCall g;
+    g.op = v1::GPU_SEND_RECV;
+    g.dtype = requests[0].tensor.dtype;
+    std::shared_ptr<Work> work;
+    for (const P2PRequest& r : requests) {
+      auto group_rank = GroupRank(r.peer);
+      if (!group_rank.ok()) {
+        work = Failed(group_rank.status());
+        break;
+      }
+      g.p2p.push_back({r.send, *group_rank, r.tensor});
+    }
+    if (work == nullptr) work = impl_->SubmitGpu(g);
+    works.assign(requests.size(), work);
+    return works;
+  }
+  if (!device.ok()) {
+    works.assign(requests.size(), Failed(device.status()));
+    return works;
+  }
+  for (const P2PRequest& r : requests) {
+    works.push_back(r.peer < 0 ? Failed(GroupRank(r.peer).status())
+                               : impl_->SubmitP2P(r.send, r.tensor, r.peer, r.tag));
+  }
+  return works;
+}
+
+// ProcessGroup::Impl.
+
+// The SDK's built-in backends, registered once like a third party's.
+void ProcessGroup::Impl::RegisterSdkBackends() { RegisterSdkBackendsOnce(); }
+
+std::shared_ptr<ProcessGroup> ProcessGroup::Impl::Create(
+    std::shared_ptr<WorldSession> session, const InitOptions& world, const std::vector<int>& ranks,
+    const std::map<std::string, std::string>& config, const v1::GroupInfo& info) {
+  auto impl = std::make_unique<Impl>(std::move(session), world, ranks, info);
+  impl->CreateBackends(config, info);
+  return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
+}
+
+ProcessGroup::Impl::Impl(std::shared_ptr<WorldSession> session, const InitOptions& world,
+                         const std::vector<int>& ranks, const v1::GroupInfo& info)
+    : session_(std::move(session)),
+      world_(world),
+      name_(info.name()),
+      tag_(info.tag()),
+      backend_(info.backend()),
+      ranks_(ranks) {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i] == world_.rank) rank_ = static_cast<int>(i);
+  }
+  if (info.timeout_millis() > 0) timeout_ = absl::Milliseconds(info.timeout_millis());
+}
+
+void ProcessGroup::Impl::CreateBackends(const std::map<std::string, std::string>& config,
+                                        const v1::GroupInfo& info) {
+  for (Device device : {Device::kCpu, Device::kCuda}) {
+    absl::Status& status = device == Device::kCpu ? cpu_status_ : cuda_status_;
+    auto it = config.find(DeviceName(device));
+    if (it == config.end()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat(device == Device::kCpu ? "CPU" : "CUDA", " tensors on a group without a ",
+                       DeviceName(device), " backend (group '", name_, "', backend '", backend_,
+                       "'; create it with e.g. \"cpu:gloo,cuda:nccl\")"));
+      continue;
+    }
+    if (!is_member()) {
+      status = absl::InvalidArgumentError(
+          absl::StrCat("rank ", world_.rank, " is not a member of group '", name_, "'"));
+      continue;
+    }
+    const std::string& backend = it->second;
+    BackendOptions o;
+    o.group_name = name_;
+    o.group_rank = rank_;
+    o.group_size = size();
+    o.global_ranks = ranks_;
+    o.device = DeviceName(device);
+    o.timeout = timeout_;
+    for (const auto& m : info.members()) o.member_nodes.push_back(m.daemon());
+    o.shm_name = info.shm_name();
+    o.shm_group_ranks.assign(info.shm_group_ranks().begin(), info.shm_group_ranks().end());
+    if (auto address = LocalAddressToward(world_.master_addr, world_.master_port); address.ok()) {
+      o.local_address = *address;
+    }
+    // Gloo's keys keep their historical prefix; other backends get their own.
+    std::string prefix =
+        absl::StrCat(backend == "gloo" || backend == "shm" ? "muster-gloo" : "muster-" + backend,
+                     "/", world_.job_id, "/", world_.generation, "/", name_);
+    InitOptions w = world_;
+    absl::Duration timeout = timeout_;
+    o.connect_store = [w, timeout, prefix]() -> absl::StatusOr<std::shared_ptr<Store>> {
+      TcpStoreOptions t;
+      t.host = w.master_addr;
+      t.port = w.master_port;
+      t.token = w.store_token;
+      t.timeout = timeout;
+      ASSIGN_OR_RETURN(std::unique_ptr<TcpStore> tcp, TcpStore::Connect(t));
+      return std::shared_ptr<Store>(
+          std::make_shared<PrefixStore>(prefix, std::shared_ptr<Store>(std::move(tcp))));
+    };
+    absl::StatusOr<std::unique_ptr<Backend>> created = BackendRegistry::Global().Create(backend, o);
+    if (!created.ok()) {
+      status = Annotate(created.status(), absl::StrCat("backend '", backend, "'"));
+      continue;
+    }
+    if (device == Device::kCpu) {
+      cpu_backend_ = std::move(*created);
+    } else {
+      daemon_gpu_ = dynamic_cast<DaemonGpuBackend*>(created->get()) != nullptr;
+      cuda_backend_ = std::move(*created);
+    }
+  }
+}
+
+ProcessGroup::Impl::~Impl() {
+  {
+    absl::MutexLock lock(&exec_mu_);
+    stopping_ = true;
+  }
+  if (executor_.joinable()) executor_.join();
+  // Pending point to point fails CANCELLED (through Works that use this
+  // group's session and ranks: before those go).
+  cpu_backend_.reset();
+  cuda_backend_.reset();
+  for (Queued& q : queue_) {
+    Work::Impl::Of(*q.work).Complete(
+        absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+  }
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, Op op) {
+  std::shared_ptr<Work> work = Work::Impl::Create();
+  Work::Impl& w = Work::Impl::Of(*work);
+  absl::Status gone = SessionStatus();
+  absl::MutexLock lock(&exec_mu_);
+  w.set_sequence(++submitted_);
+  if (stopping_) {
+    w.Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
+    return work;
+  }
+  if (!gone.ok()) {
+    w.Complete(std::move(gone));
+    return work;
+  }
+  w.set_group(this);
+  queue_.push_back(Queued{device, std::move(op), work, absl::Now()});
+  if (executor_sleeping_) kick_ = true;
+  if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
+  return work;
+}
+
+bool ProcessGroup::Impl::RunHead() {
+  if (running_ || queue_.empty()) return false;
+  running_ = true;
+  Queued item = std::move(queue_.front());
+  queue_.pop_front();
+  exec_mu_.Unlock();
+  absl::Status status = item.device == Device::kCpu ? cpu_status_ : cuda_status_;
+  Backend* backend = backend_for(item.device);
+  Communicator* comm = backend != nullptr ? backend->communicator() : nullptr;
+  if (status.ok() && comm == nullptr) {
+    status = absl::UnimplementedError(
+        absl::StrCat("backend '", backend->name(), "' of group '", name_, "' runs no collectives"));
+  }
+  if (status.ok()) status = SessionStatus();
+  if (status.ok()) status = item.op(*comm, absl::Now() + timeout_);
+  if (!status.ok()) status = Explain(std::move(status));
+  Work::Impl::Of(*item.work).Complete(std::move(status));
+  exec_mu_.Lock();
+  running_ = false;
+  return true;
+}
+
+void ProcessGroup::Impl::Expedite() {
+  absl::MutexLock lock(&exec_mu_);
+  expedite_ = true;
+  if (executor_sleeping_) kick_ = true;
+}
+
+void ProcessGroup::Impl::RunExecutor() {
+  // Runs collectives nobody waits for (asynchronous use), in order. It does
+  // not wake on every Submit: a caller that waits runs its own collective
+  // (RunUntil), so the executor polls every millisecond and takes only
+  // collectives that have been queued that long; after 100 ms without work
+  // it sleeps until Submit kicks it. Waking it on every Submit cost a
+  // context switch per collective on a 2-core machine.
+  constexpr absl::Duration kPoll = absl::Milliseconds(1);
+  absl::MutexLock lock(&exec_mu_);
+  absl::Time idle_since = absl::Now();
+  while (true) {
+    if (stopping_) {
+      if (!running_) return;
+      exec_mu_.Await(absl::Condition(
+          +[](bool* running) { return !*running; }, &running_));
+      return;
+    }
+    if (queue_.empty() && absl::Now() - idle_since > absl::Milliseconds(100)) {
+      executor_sleeping_ = true;
+      auto kicked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) { return stopping_ || kick_; };
+      exec_mu_.Await(absl::Condition(&kicked));
+      executor_sleeping_ = false;
+      kick_ = false;
+      idle_since = absl::Now();
+      continue;
+    }
+    auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return stopping_ || (expedite_ && !queue_.empty() && !running_);
+    };
+    exec_mu_.AwaitWithTimeout(absl::Condition(&woken), kPoll);
+    if (stopping_) continue;
+    if (queue_.empty()) {
+      expedite_ = false;
+      continue;
+    }
+    idle_since = absl::Now();
+    if (!running_ && (expedite_ || absl::Now() - queue_.front().submitted >= kPoll)) RunHead();
+  }
+}
+
+void ProcessGroup::Impl::RunUntil(const Work::Impl* work, absl::Time deadline) {
+  absl::MutexLock lock(&exec_mu_);
+  while (!work->IsCompleted()) {
+    if (RunHead()) continue;
+    // Someone else runs a collective (maybe ours): wait for it to finish.
+    auto progress = [this, work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
+      return !running_ || work->IsCompleted();
+    };
+    if (!exec_mu_.AwaitWithDeadline(absl::Condition(&progress), deadline)) return;
+    if (queue_.empty() && !running_ && !work->IsCompleted()) return;  // not ours to run
+  }
+}
+
+absl::Status ProcessGroup::Impl::DeviceStatus(Device device, const char* what) const {
+  const absl::Status& status = device == Device::kCpu ? cpu_status_ : cuda_status_;
+  if (status.ok()) return status;
+  return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::Route(Device* device, const char* what,
+                                                const std::vector<const Tensor*>& tensors,
+                                                const std::function<GpuCall()>& make_call) {
+  absl::StatusOr<Device> on = TensorsDevice(tensors, what);
+  if (!on.ok()) return Failed(on.status());
+  if (absl::Status s = DeviceStatus(*on, what); !s.ok()) return Failed(s);
+  *device = *on;
+  if (*on == Device::kCuda && daemon_gpu_) return SubmitGpu(make_call());
+  return nullptr;
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
+  const char* what = send ? "send" : "recv";
+  if (absl::Status s = CheckTensor(t, what); !s.ok()) return Failed(s);
+  const bool any_source = !send && peer == -1;
+  absl::StatusOr<int> group_rank =
+      any_source ? absl::StatusOr<int>(PointToPoint::kAnySource) : GroupRank(peer);
+  if (!group_rank.ok()) return Failed(group_rank.status());
+  if (any_source && t.device != Device::kCpu) {
+    return Failed(absl::UnimplementedError(
+        "recv from any source: only CPU tensors (NCCL matches messages by peer)"));
+  }
+  Device on = Device::kCpu;
+  if (auto gpu = Route(&on, what, {&t}, [&] {
+        // NCCL has no tags: messages between two ranks match in order.
+        GpuCall g;
+        g.op = v1::GPU_SEND_RECV;
+        g.dtype = t.dtype;
+        g.p2p.push_back({send, *group_rank, t});
+        return g;
+      })) {
+    return gpu;
+  }
+  if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
+  Backend* backend = backend_for(on);
+  PointToPoint* p2p = backend != nullptr ? backend->point_to_point() : nullptr;
+  if (p2p == nullptr) {
+    return Failed(absl::UnimplementedError(absl::StrCat("point-to-point: backend '",
+                                                        backend != nullptr ? backend->name() : "",
+                                                        "' of group '", name_, "' has none")));
+  }
+  if (absl::Status s = p2p->Validate(send, *group_rank, tag); !s.ok()) return Failed(s);
+  std::shared_ptr<Work> work = Work::Impl::Create();
+  p2p->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
+            [work, this](absl::Status s, int source) {
+              if (!s.ok()) s = Explain(std::move(s));
+              Work::Impl::Of(*work).Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
+            });
+  return work;
+}
+
+absl::Status ProcessGroup::Impl::SessionStatus() const {
+  return session_ != nullptr ? session_->status() : absl::OkStatus();
+}
+
+absl::Status ProcessGroup::Impl::Explain(absl::Status status) const {
+  return session_ != nullptr ? session_->Explain(std::move(status)) : status;
+}
+
+void ProcessGroup::Impl::BreakForDaemon(const absl::Status& gone) {
+  // The built-in CPU backends wake a collective waiting in shared memory
+  // and fail later ones (a Gloo collective in flight finishes with its
+  // peers, then the meshes close), and end point-to-point waits.
+  if (cpu_backend_ != nullptr) cpu_backend_->Abort(gone);
+  if (cuda_backend_ != nullptr) cuda_backend_->Abort(gone);
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
+  if (!is_member()) {
+    return Failed(absl::FailedPreconditionError(
+        absl::StrCat("this rank is not a member of group '", name_, "'")));
+  }
+  // musterd runs the GPU collectives: nothing to do without it.
+  if (absl::Status gone = SessionStatus(); !gone.ok()) return Failed(gone);
+  std::shared_ptr<GpuPath> path;
+  {
+    absl::MutexLock lock(&gpu_mu_);
+    if (gpu_ == nullptr) {
+      absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
+      if (!driver.ok()) return Failed(driver.status());
+      std::shared_ptr<v1::Gpu::Stub> stub = v1::Gpu::NewStub(session_->channel());
+      // Creating the communicator may take up to the group timeout.
+      const absl::Duration deadline = timeout_ + absl::Seconds(10);
+      GpuTransport transport = [stub, deadline](const v1::GpuCollectiveRequest& request)
+          -> absl::StatusOr<v1::GpuCollectiveResponse> {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+        v1::GpuCollectiveResponse response;
+        grpc::Status s = stub->Collective(&context, request, &response);
+        if (!s.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+        }
+        return response;
+      };
+      GpuStatusCheck status_check = [stub, job = world_.job_id, rank = world_.rank,
+                                     group = name_](uint64_t sequence) -> absl::Status {
+        grpc::ClientContext context;
+        context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+        v1::CollectiveStatusRequest request;
+        request.mutable_caller()->set_job_id(job);
+        request.mutable_caller()->set_global_rank(rank);
+        request.set_group(group);
+        request.set_sequence(sequence);
+        v1::CollectiveStatusResponse response;
+        grpc::Status s = stub->CollectiveStatus(&context, request, &response);
+        if (!s.ok()) {
+          return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
+        }
+        return absl::OkStatus();
+      };
+      gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_.job_id, world_.rank,
+                                       name_, std::move(status_check), deadline);
+    }
+    path = gpu_;
+  }
+  absl::StatusOr<GpuPath::Launched> launched = path->Run(call);
+  if (!launched.ok()) return Failed(Explain(launched.status()));
+  std::shared_ptr<Work> work = Work::Impl::Create();
+  Work::Impl& w = Work::Impl::Of(*work);
+  w.set_sequence(launched->sequence);
+  std::shared_ptr<void> marker(launched->marker, [path](void* e) { path->Release(e); });
+  w.set_synchronize([path, marker, sequence = launched->sequence](absl::Time deadline) {
+    return path->Synchronize(marker.get(), sequence, deadline);
+  });
+  w.Complete(absl::OkStatus());
+  return work;
+}
+
+absl::StatusOr<int> ProcessGroup::Impl::GroupRank(int global_rank) const {
+  for (size_t i = 0; i < ranks_.size(); ++i) {
+    if (ranks_[i] == global_rank) return static_cast<int>(i);
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("rank ", global_rank, " is not in group '", name_, "'"));
+}
+
+absl::StatusOr<int> ProcessGroup::Impl::GlobalRank(int group_rank) const {
+  if (group_rank < 0 || group_rank >= size()) {
+    return absl::InvalidArgumentError(absl::StrCat("group rank ", group_rank, " is outside group '",
+                                                   name_, "' of size ", size()));
+  }
+  return ranks_[group_rank];
+}
+
+absl::Status ProcessGroup::Impl::Barrier(absl::Duration timeout) {
+  if (!is_member()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank ", world_.rank, " is not a member of group '", name_, "'"));
+  }
+  int64_t sequence;
+  {
+    absl::MutexLock lock(&barrier_mu_);
+    sequence = ++barrier_sequence_;
+  }
+  v1::BarrierRequest req;
+  req.mutable_caller()->set_job_id(world_.job_id);
+  req.mutable_caller()->set_global_rank(world_.rank);
+  req.set_name(name_);
+  req.set_sequence(sequence);
+  if (timeout > absl::ZeroDuration()) {
+    req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+  }
+  absl::Duration rpc =
+      (timeout > absl::ZeroDuration() ? timeout : world_.timeout) + absl::Seconds(30);
+  v1::BarrierResponse resp;
+  return session_->Call(absl::StrCat("barrier on group '", name_, "'"), rpc,
+                        [&](grpc::ClientContext* context) {
+                          return session_->groups()->Barrier(context, req, &resp);
+                        });
+}
+
+}  // namespace muster

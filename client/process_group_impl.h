@@ -1,0 +1,223 @@
+// The implementation behind the public ProcessGroup and Work handles of
+// muster/world.h. Internal to the SDK.
+//
+// ProcessGroup::Impl is one group as this rank sees it: its identity (name,
+// members, timeout), its backends (one per device its config names, created
+// at formation through the BackendRegistry, see backends/backend.h), the
+// executor that runs its collectives in submission order, and the path to
+// musterd's NCCL communicators for CUDA tensors. It lives exactly as long as
+// its ProcessGroup handle. It shares the World's session (a group may
+// outlive its World) and keeps a copy of the World's options, not a pointer
+// to the World.
+//
+// Work::Impl is one collective's result, recorded exactly once. While its
+// collective is queued it points at the group's Impl (a Wait without a
+// deadline runs the queue); a completed Work never touches its group again,
+// so it may outlive it (the group's destructor completes every Work it
+// still holds).
+//
+// Threads: one executor thread per group (started by the first Submit,
+// joined by the destructor) runs the collectives nobody waits for.
+// Thread-safety: both classes are thread-safe.
+#ifndef MUSTER_CLIENT_PROCESS_GROUP_IMPL_H_
+#define MUSTER_CLIENT_PROCESS_GROUP_IMPL_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "backends/backend.h"
+#include "backends/communicator.h"
+#include "client/gpu_path.h"
+#include "muster/world.h"
+#include "proto/groups.pb.h"
+
+namespace muster {
+
+class WorldSession;
+
+class Work::Impl {
+ public:
+  // A pending Work (no sequence number, no group yet).
+  static std::shared_ptr<Work> Create();
+  // A Work that already failed with `status`.
+  static std::shared_ptr<Work> Failed(absl::Status status);
+  static Impl& Of(Work& work) { return *work.impl_; }
+
+  // Work's public methods (see muster/world.h).
+  bool IsCompleted() const;
+  absl::Status Wait(absl::Duration timeout);
+  absl::Status Synchronize(absl::Duration timeout);
+  absl::Status status() const;
+  uint64_t sequence() const { return sequence_; }
+  void OnComplete(std::function<void(const absl::Status&)> callback);
+  void Retain(std::shared_ptr<const void> data);
+  int source_rank() const;
+
+  // Records the result (the first call only) and runs the callbacks.
+  // `source`: a receive's sender (global rank).
+  void Complete(absl::Status status, int source = -1);
+
+  // Set before the Work is handed out.
+  void set_sequence(uint64_t sequence) { sequence_ = sequence; }
+  // CUDA collectives: blocks until the GPU passed the collective.
+  void set_synchronize(std::function<absl::Status(absl::Time deadline)> synchronize) {
+    synchronize_ = std::move(synchronize);
+  }
+  // The group whose executor queue holds this work (Wait() may run it).
+  void set_group(ProcessGroup::Impl* group) {
+    absl::MutexLock lock(&mu_);
+    group_ = group;
+  }
+
+ private:
+  uint64_t sequence_ = 0;
+  std::function<absl::Status(absl::Time deadline)> synchronize_;
+  mutable absl::Mutex mu_;
+  ProcessGroup::Impl* group_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  int source_ ABSL_GUARDED_BY(mu_) = -1;
+  std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
+};
+
+class ProcessGroup::Impl {
+ public:
+  using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
+
+  // Registers the SDK's built-in backends (once), like a third party's:
+  // before a backend config is parsed.
+  static void RegisterSdkBackends();
+  // The group musterd formed (`info`, its reply to CreateGroup) of the
+  // global `ranks`, as this rank of the World with `world` options sees it,
+  // with a backend for each device of `config` (the parsed backend config).
+  static std::shared_ptr<ProcessGroup> Create(std::shared_ptr<WorldSession> session,
+                                              const InitOptions& world,
+                                              const std::vector<int>& ranks,
+                                              const std::map<std::string, std::string>& config,
+                                              const v1::GroupInfo& info);
+  static Impl& Of(ProcessGroup& group) { return *group.impl_; }
+
+  Impl(std::shared_ptr<WorldSession> session, const InitOptions& world,
+       const std::vector<int>& ranks, const v1::GroupInfo& info);
+  // Stops the executor, ends the backends (pending point to point fails
+  // CANCELLED) and fails the queued collectives with CANCELLED.
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  const std::string& name() const { return name_; }
+  const std::string& tag() const { return tag_; }
+  const std::string& backend() const { return backend_; }
+  const std::vector<int>& ranks() const { return ranks_; }
+  int size() const { return static_cast<int>(ranks_.size()); }
+  int rank() const { return rank_; }
+  bool is_member() const { return rank_ >= 0; }
+  absl::StatusOr<int> GroupRank(int global_rank) const;
+  absl::StatusOr<int> GlobalRank(int group_rank) const;
+  absl::Status Barrier(absl::Duration timeout);
+
+  // Queues `op` for the communicator of the backend serving `device`.
+  std::shared_ptr<Work> Submit(Device device, Op op);
+  std::shared_ptr<Work> Submit(Op op) { return Submit(Device::kCpu, std::move(op)); }
+  // Point to point through the backend's PointToPoint. `peer`: a global
+  // rank, or -1 for a receive from any source.
+  std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
+  // Collectives on CUDA tensors: through musterd's NCCL communicators.
+  std::shared_ptr<Work> SubmitGpu(const GpuCall& call);
+  // The one dispatch decision of a call: the device of its tensors, and
+  // whether the group has a backend for it (INVALID_ARGUMENT naming the
+  // device and the group's config if not, or for mixed devices). Returns a
+  // Work when the call is done with here (failed, or musterd's NCCL took
+  // it: SubmitGpu(make_call())); else nullptr with *device set, and the
+  // caller submits to that device's communicator.
+  std::shared_ptr<Work> Route(Device* device, const char* what,
+                              const std::vector<const Tensor*>& tensors,
+                              const std::function<GpuCall()>& make_call);
+  // OK if the group has a backend for `device`, else why not.
+  absl::Status DeviceStatus(Device device, const char* what) const;
+  // The group's "cuda" backend is musterd's NCCL (calls go through SubmitGpu).
+  bool daemon_gpu() const { return daemon_gpu_; }
+
+  // The rank's musterd is gone (any thread): wakes whatever waits in this
+  // group's communicator or segment and makes it fail with `gone`.
+  void BreakForDaemon(const absl::Status& gone);
+
+  // Makes the executor run queued collectives at once (see expedite_).
+  void Expedite();
+  // Runs queued collectives on the calling thread, in order, until `work`
+  // completed (a waiting caller runs its own collective instead of handing
+  // it to the executor thread: two fewer thread wake-ups per collective).
+  void RunUntil(const Work::Impl* work, absl::Time deadline);
+
+ private:
+  // Creates the group's backend for each device of `config`.
+  void CreateBackends(const std::map<std::string, std::string>& config, const v1::GroupInfo& info);
+  // Through the session this group shares with its World (a group may
+  // outlive it): World::session_status(), and a failed call's status as
+  // the caller should see it (UNAVAILABLE naming the daemon once it is
+  // gone; may wait up to 1 s to learn that).
+  absl::Status SessionStatus() const;
+  absl::Status Explain(absl::Status status) const;
+  Backend* backend_for(Device device) const {
+    return device == Device::kCpu ? cpu_backend_.get() : cuda_backend_.get();
+  }
+  void RunExecutor();
+  // Pops and runs the head of the queue if no one else runs one. Called
+  // with exec_mu_ held; releases it while running.
+  bool RunHead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+
+  const std::shared_ptr<WorldSession> session_;
+  const InitOptions world_;  // the World's options (job, rank, store, timeout)
+  std::string name_, tag_, backend_;
+  std::vector<int> ranks_;
+  int rank_ = -1;
+  absl::Mutex barrier_mu_;
+  int64_t barrier_sequence_ ABSL_GUARDED_BY(barrier_mu_) = 0;
+  absl::Duration timeout_ = absl::Minutes(30);
+  // The group's backends, one per device its config names. A device's
+  // status says why it has none (not named, not a member, its creation
+  // failed). The built-in "nccl" runs in musterd: its CUDA calls go through
+  // gpu_.
+  std::unique_ptr<Backend> cpu_backend_, cuda_backend_;
+  absl::Status cpu_status_, cuda_status_;
+  bool daemon_gpu_ = false;
+  absl::Mutex gpu_mu_;
+  std::shared_ptr<GpuPath> gpu_ ABSL_GUARDED_BY(gpu_mu_);  // created on first use
+
+  // The executor: one thread running this group's collectives in order.
+  absl::Mutex exec_mu_;
+  struct Queued {
+    Device device;
+    Op op;
+    std::shared_ptr<Work> work;
+    absl::Time submitted;
+  };
+  std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
+  bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
+  // The executor polls lazily (a waiting caller runs its own collective);
+  // after a while without work it sleeps until Submit kicks it.
+  bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
+  bool kick_ ABSL_GUARDED_BY(exec_mu_) = false;
+  // Someone waits for a queued collective through its callback
+  // (Work::OnComplete), not in Wait(): run the queue without the polling
+  // delay until it is empty.
+  bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
+  uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  std::thread executor_;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_CLIENT_PROCESS_GROUP_IMPL_H_

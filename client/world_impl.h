@@ -1,0 +1,164 @@
+// The implementation behind the public World handle of muster/world.h, and
+// the rank's session with its musterd that the World and its groups share.
+// Internal to the SDK.
+//
+// WorldSession is the Attach stream: a reader thread (owned by the session,
+// started by Open, joined by Close) collects failure events and notices the
+// stream's end; the rank's unary calls to the daemon go through Call, which
+// fails at once after that end and is cancelled by it. The daemon is gone
+// when the stream ends without this rank having left (musterd was killed,
+// crashed or shut down): status() turns UNAVAILABLE naming its pid and
+// socket, for good (a restarted musterd is a new daemon: the rank never
+// reattaches), and `on_gone` runs once on the reader thread.
+//
+// World::Impl owns the session (shared with the groups, which may outlive
+// the World; its destructor closes it), the world group, the job's store
+// and the list of groups to break when the daemon goes.
+//
+// Thread-safety: both classes are thread-safe.
+#ifndef MUSTER_CLIENT_WORLD_IMPL_H_
+#define MUSTER_CLIENT_WORLD_IMPL_H_
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "muster/store.h"
+#include "muster/world.h"
+#include "proto/groups.grpc.pb.h"
+#include "proto/session.grpc.pb.h"
+
+namespace muster {
+
+class WorldSession {
+ public:
+  using GoneCallback = std::function<void(const absl::Status&)>;
+
+  ~WorldSession() { Close(); }
+
+  absl::Status Open(const InitOptions& o, GoneCallback on_gone);
+
+  // Leaves the job (an orderly end of the stream) and joins the reader.
+  void Close();
+
+  // OK while the session lives; UNAVAILABLE naming the daemon once it is gone.
+  absl::Status status() const;
+
+  // The error `s` as the caller should see it. Once the daemon is gone,
+  // every failure is that (UNAVAILABLE naming it; `what` says which call).
+  // UNAVAILABLE or CANCELLED while the session still looks alive is how a
+  // daemon going away shows first (a shutting-down musterd aborts its
+  // segments as UNAVAILABLE; a dead one breaks the connection under a
+  // call): wait up to a second for the stream's end to say so.
+  absl::Status Explain(absl::Status s, absl::string_view what = "") const;
+
+  // Runs one unary RPC to the daemon (`rpc` gets its context, deadline
+  // set): refused once the daemon is gone, cancelled if it goes meanwhile,
+  // errors translated (and explained) with `what` as context.
+  absl::Status Call(const std::string& what, absl::Duration timeout,
+                    const std::function<grpc::Status(grpc::ClientContext*)>& rpc);
+
+  std::vector<std::string> failures() const;
+
+  v1::Groups::Stub* groups() { return groups_stub_.get(); }
+  std::shared_ptr<grpc::Channel> channel() { return channel_; }
+
+ private:
+  // Registration failed: the stream's status says why.
+  absl::Status Finish(const char* what);
+
+  bool reader_started() const { return !daemon_.empty(); }
+
+  // The reader thread: failure events until the stream ends; then, unless
+  // this rank is leaving, the daemon is gone.
+  void ReadEvents();
+
+  GoneCallback on_gone_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Session::Stub> session_stub_;
+  std::unique_ptr<v1::Groups::Stub> groups_stub_;
+  grpc::ClientContext context_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionClientMessage, v1::SessionServerMessage>>
+      stream_;
+  std::string session_id_;
+  std::string daemon_;  // "musterd (pid P, unix:SOCKET)", set before the reader starts
+  std::thread reader_;
+  mutable absl::Mutex mu_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;   // Close() began: the end is no failure
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;     // the reader saw the stream end
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;  // stream_->Finish() was called
+  bool gone_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<bool> gone_fast_{false};  // gone_, for the collectives' fast path
+  absl::Status gone_status_ ABSL_GUARDED_BY(mu_);
+  std::set<grpc::ClientContext*> calls_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> failures_ ABSL_GUARDED_BY(mu_);
+};
+
+class World::Impl {
+ public:
+  // `options`: complete (InitOptionsFromEnv ran).
+  explicit Impl(InitOptions options);
+  // Closes the session (leaves the job).
+  ~Impl();
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  // Opens the session and forms the world group.
+  absl::Status Start();
+
+  const InitOptions& options() const { return options_; }
+  ProcessGroup& world_group() { return *world_group_; }
+
+  // World's public methods (see muster/world.h).
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> NewGroup(std::vector<int> ranks,
+                                                         GroupOptions options);
+  absl::StatusOr<
+      std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+  NewSubgroups(int group_size, GroupOptions options);
+  absl::StatusOr<
+      std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
+  NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists, GroupOptions options);
+  absl::Status DestroyProcessGroup(ProcessGroup& group);
+  absl::StatusOr<std::shared_ptr<Store>> store();
+  std::vector<std::string> failures() const;
+  absl::Status session_status() const;
+
+ private:
+  // The session's reader thread: the daemon is gone; breaks every group.
+  void OnDaemonGone(const absl::Status& gone);
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
+                                                            const GroupOptions& options,
+                                                            const std::string& name);
+  std::string NextGroupName();
+
+  const InitOptions options_;
+  // Shared with the groups (they may outlive the World); the destructor
+  // closes it.
+  std::shared_ptr<WorldSession> session_;
+  std::shared_ptr<ProcessGroup> world_group_;
+  mutable absl::Mutex mu_;
+  int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
+  std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
+  // Every group this World created (the world group too), for
+  // OnDaemonGone; expired ones are dropped as new ones come.
+  absl::Mutex groups_mu_;
+  std::vector<std::weak_ptr<ProcessGroup>> groups_ ABSL_GUARDED_BY(groups_mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_CLIENT_WORLD_IMPL_H_
