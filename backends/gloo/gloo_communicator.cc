@@ -470,12 +470,14 @@ absl::Status GlooCommunicator::AllGatherV(const void* in, void* out,
   return absl::OkStatus();
 }
 
-absl::Status GlooCommunicator::FromGloo(const std::exception& e, const char* what) const {
+absl::Status GlooCommunicator::FromGloo(const std::exception& e, const char* what) {
   if (aborted_.load(std::memory_order_acquire)) {
     std::lock_guard<std::mutex> lock(abort_mu_);
     return abort_reason_;
   }
-  return GlooError(e, what);
+  absl::Status failed = GlooError(e, what);
+  Abort(failed);
+  return failed;
 }
 
 GlooCommunicator::InFlight::InFlight(GlooCommunicator* comm) : comm_(comm) {

@@ -113,8 +113,12 @@ class GlooCommunicator : public Communicator {
     absl::Status refused_;
   };
   // A Gloo exception as a Status (DEADLINE_EXCEEDED for timeouts, else
-  // ABORTED), or the reason given to Abort.
-  absl::Status FromGloo(const std::exception& e, const char* what) const;
+  // ABORTED), or the reason given to Abort. A collective that failed inside
+  // Gloo leaves the mesh in an unknown state, and its peers may still wait
+  // in it: the communicator aborts itself with that status, so the mesh
+  // closes (once no collective runs) and every member's pending and later
+  // collectives fail too — the group is broken for all, not just here.
+  absl::Status FromGloo(const std::exception& e, const char* what);
   uint64_t sequence_ = 0;
   // The collectives without the signature exchange (used inside others).
   absl::Status RawBarrier(absl::Time deadline);

@@ -15,11 +15,8 @@ class GlooTransport : public ConformanceTransport {
     // Gloo names no missing rank, cannot wake this rank's own wait and
     // learns of a death only as a closed connection.
     Traits t;
-    // Issue 14 item 5 (a failure on one member fails every member): at
-    // world 4, the member whose ring neighbours are alive waits for its
-    // deadline after another member died; the members that saw the closed
-    // connection fail but do not break (close) their own mesh.
-    t.known_bugs = {"MemberDeath"};
+    // (A member that sees a closed connection closes its own mesh, so a
+    // death reaches members whose ring neighbours are alive.)
     return t;
   }
   absl::Status NewGroup(int world, int variant) override {
