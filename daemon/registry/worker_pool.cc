@@ -4,9 +4,10 @@
 
 namespace muster {
 
-WorkerPool::WorkerPool(int max_threads, int reserved_for_short)
+WorkerPool::WorkerPool(int max_threads, int reserved_for_short, absl::Duration idle_exit)
     : max_threads_(std::max(2, max_threads)),
-      max_blocking_(std::max(1, max_threads_ - std::max(1, reserved_for_short))) {}
+      max_blocking_(std::max(1, max_threads_ - std::max(1, reserved_for_short))),
+      idle_exit_(idle_exit) {}
 
 WorkerPool::~WorkerPool() {
   Drain();
@@ -19,8 +20,21 @@ WorkerPool::~WorkerPool() {
   for (std::thread& t : threads) t.join();
 }
 
+void WorkerPool::JoinEnded() {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    if (std::find(ended_.begin(), ended_.end(), it->get_id()) != ended_.end()) {
+      it->join();  // it has left Work(), or is about to
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  ended_.clear();
+}
+
 void WorkerPool::Run(Kind kind, std::function<void()> task) {
   absl::MutexLock lock(&mu_);
+  JoinEnded();
   (kind == Kind::kShort ? short_ : blocking_).push_back(std::move(task));
   // A new thread unless an idle one can take it.
   int startable = static_cast<int>(short_.size()) +
@@ -58,7 +72,11 @@ void WorkerPool::Work() {
       return stopping_ || !short_.empty() ||
              (!blocking_.empty() && running_blocking_ < max_blocking_);
     };
-    mu_.Await(absl::Condition(&ready));
+    if (!mu_.AwaitWithTimeout(absl::Condition(&ready), idle_exit_)) {
+      --idle_;  // idle for long: this thread ends (joined by the next Run)
+      ended_.push_back(std::this_thread::get_id());
+      return;
+    }
     if (!Take(&task, &kind)) {
       if (stopping_) return;
       continue;
@@ -85,7 +103,7 @@ void WorkerPool::Drain() {
 
 int WorkerPool::threads() const {
   absl::MutexLock lock(&mu_);
-  return static_cast<int>(threads_.size());
+  return static_cast<int>(threads_.size() - ended_.size());
 }
 
 int WorkerPool::pending() const {

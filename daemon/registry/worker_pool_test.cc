@@ -49,3 +49,29 @@ TEST_CASE("blocking tasks leave threads for short ones") {
 
 }  // namespace
 }  // namespace muster
+
+namespace muster {
+namespace {
+
+TEST_CASE("idle threads end; the pool starts new ones when work comes back") {
+  WorkerPool pool(4, 1, absl::Milliseconds(100));
+  std::atomic<int> ran{0};
+  for (int i = 0; i < 8; ++i) {
+    pool.Run(WorkerPool::Kind::kShort, [&] {
+      absl::SleepFor(absl::Milliseconds(5));
+      ++ran;
+    });
+  }
+  pool.Drain();
+  CHECK(pool.threads() >= 1);
+  absl::Time until = absl::Now() + absl::Seconds(10);
+  while (pool.threads() > 0 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  CHECK(pool.threads() == 0);
+  absl::Notification again;
+  pool.Run(WorkerPool::Kind::kShort, [&] { again.Notify(); });
+  CHECK(again.WaitForNotificationWithTimeout(absl::Seconds(10)));
+  CHECK(ran == 8);
+}
+
+}  // namespace
+}  // namespace muster
