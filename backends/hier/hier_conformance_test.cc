@@ -25,14 +25,6 @@ class HierTransport : public ConformanceTransport {
     // stage (GlooCommunicator::Abort): at world 2 rank 0 is such a leader.
     t.abort_wakes_own_wait = false;
     t.death_names_reason = true;
-    // A member that never joins, on another node: its node-mates' leader
-    // waits in the leaders' Gloo stage while they wait for the leader in
-    // the node's last stage; both deadlines pass together, the node-mate's
-    // shared-memory timeout ("timed out waiting for ranks 100", the leader
-    // that is there) aborts the segment and every member fails ABORTED
-    // with it: no DEADLINE_EXCEEDED, and the rank named is not the missing
-    // one (nodes a,a,b and a,a,b,b).
-    t.known_bugs = {"Timeout"};
     return t;
   }
   int variants(int world) const override { return static_cast<int>(Layouts(world).size()); }

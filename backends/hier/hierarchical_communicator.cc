@@ -129,7 +129,10 @@ absl::Status HierarchicalCommunicator::Break(absl::Status status, bool local_sta
   }
   if (fatal && segment_ != nullptr && segment_->aborted()) {
     std::string reason = segment_->abort_reason();
-    if (status.message().find(reason) == absl::string_view::npos) {
+    // (Unless this rank's own failure aborted it: then its status stays,
+    // e.g. DEADLINE_EXCEEDED for its shared-memory stage's timeout.)
+    if (status.message().find(reason) == absl::string_view::npos &&
+        reason.find(std::string(status.message())) == std::string::npos) {
       status = absl::AbortedError(
           absl::StrCat("collective on group '", group_name_, "' aborted: ", reason));
     }
