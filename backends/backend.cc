@@ -27,6 +27,10 @@ bool ValidName(absl::string_view name) {
 
 }  // namespace
 
+bool IsBuiltinBackendName(const std::string& name) {
+  return name == "gloo" || name == "shm" || name == "nccl";
+}
+
 std::string FormatBackendConfig(const BackendConfig& config) {
   std::vector<std::string> parts;
   for (const auto& [device, backend] : config) {

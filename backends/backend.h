@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "backends/communicator.h"
@@ -112,9 +113,18 @@ class BackendRegistry {
   std::map<std::string, Entry> entries_;
 };
 
-// c10d's register_backend: adds a backend to the global registry.
+// The names of muster's own backends ("gloo", "shm", "nccl"), which the SDK
+// registers itself (possibly after a third party's registrations).
+bool IsBuiltinBackendName(const std::string& name);
+
+// c10d's register_backend: adds a third party's backend to the global
+// registry. AlreadyExists for a built-in name, as for any taken one.
 inline absl::Status RegisterBackend(const std::string& name, BackendFactory factory,
                                     const std::vector<std::string>& devices) {
+  if (IsBuiltinBackendName(name)) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("backend '", name, "' is one of muster's built-in backends"));
+  }
   return BackendRegistry::Global().Register(name, std::move(factory), devices);
 }
 

@@ -22,11 +22,12 @@ void RegisterStandIns() {
   static bool done = [] {
     for (auto [name, device] :
          {std::pair<const char*, const char*>{"gloo", "cpu"}, {"shm", "cpu"}, {"nccl", "cuda"}}) {
-      (void)RegisterBackend(name,
-                            [](const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
-                              return absl::UnimplementedError("stand-in");
-                            },
-                            {device});
+      (void)BackendRegistry::Global().Register(
+          name,
+          [](const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+            return absl::UnimplementedError("stand-in");
+          },
+          {device});
     }
     return true;
   }();
@@ -85,6 +86,13 @@ TEST_CASE("a third party registers a backend by name and groups can use it") {
                         {"cpu"})
             .code() == absl::StatusCode::kAlreadyExists);
   CHECK(RegisterBackend("bad name", nullptr, {"cpu"}).code() == absl::StatusCode::kInvalidArgument);
+  // Built-in names are muster's even before the SDK registered them.
+  CHECK(RegisterBackend("shm",
+                        [](const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
+                          return absl::UnimplementedError("x");
+                        },
+                        {"cpu"})
+            .code() == absl::StatusCode::kAlreadyExists);
   CHECK(RegisterBackend("tpuback",
                         [](const BackendOptions&) -> absl::StatusOr<std::unique_ptr<Backend>> {
                           return absl::UnimplementedError("x");

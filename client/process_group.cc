@@ -83,11 +83,12 @@ void RegisterSdkBackendsOnce() {
   static std::once_flag once;
   std::call_once(once, [] {
     RegisterBuiltinCpuBackends();
-    (void)RegisterBackend("nccl",
-                          [](const BackendOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
-                            return std::make_unique<DaemonGpuBackend>(o);
-                          },
-                          {"cuda"});
+    (void)BackendRegistry::Global().Register(
+        "nccl",
+        [](const BackendOptions& o) -> absl::StatusOr<std::unique_ptr<Backend>> {
+          return std::make_unique<DaemonGpuBackend>(o);
+        },
+        {"cuda"});
   });
 }
 
