@@ -332,6 +332,15 @@ int64_t muster_world_generation(const muster_world* w) {
 const char* muster_world_job_id(const muster_world* w) {
   return w == nullptr ? "" : w->job_id.c_str();
 }
+int64_t muster_world_epoch(const muster_world* w) { return w == nullptr ? -1 : w->world->epoch(); }
+int muster_world_reconfigure(muster_world* w, double timeout_s, int64_t* epoch) {
+  if (w == nullptr) return InvalidArgument("world is null");
+  return Guarded([&] {
+    absl::StatusOr<int64_t> e = w->world->Reconfigure(Seconds(timeout_s, absl::ZeroDuration()));
+    if (e.ok() && epoch != nullptr) *epoch = *e;
+    return FromStatus(e.status());
+  });
+}
 
 namespace {
 muster_group* WrapGroup(muster_world* world, std::shared_ptr<muster::ProcessGroup> group) {

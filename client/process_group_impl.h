@@ -107,6 +107,9 @@ class ProcessGroup::Impl {
                                               const std::map<std::string, std::string>& config,
                                               const v1::GroupInfo& info);
   static Impl& Of(ProcessGroup& group) { return *group.impl_; }
+  // Exchanges what two handles run (World::Reconfigure: a handle takes
+  // over the group formed again under the next epoch).
+  static void Swap(ProcessGroup& a, ProcessGroup& b) { std::swap(a.impl_, b.impl_); }
 
   Impl(std::shared_ptr<WorldSession> session, const InitOptions& world,
        const std::vector<int>& ranks, const v1::GroupInfo& info);

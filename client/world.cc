@@ -132,6 +132,7 @@ absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   v1::SessionServerMessage reply;
   if (!stream_->Read(&reply) || !reply.has_registered()) return Finish("registration");
   session_id_ = reply.registered().session_id();
+  rejoin_epoch_ = reply.registered().rejoin_epoch();
   int64_t pid = reply.registered().daemon_pid();
   daemon_ = pid > 0 ? absl::StrCat("musterd (pid ", pid, ", unix:", o.socket, ")")
                     : absl::StrCat("musterd (unix:", o.socket, ")");
@@ -282,6 +283,10 @@ absl::StatusOr<std::unique_ptr<World>> World::Init(InitOptions options) {
 
 const std::string& World::job_id() const { return impl_->options().job_id; }
 int64_t World::generation() const { return impl_->options().generation; }
+int64_t World::epoch() const { return impl_->epoch(); }
+absl::StatusOr<int64_t> World::Reconfigure(absl::Duration timeout) {
+  return impl_->Reconfigure(timeout);
+}
 int World::rank() const { return impl_->options().rank; }
 int World::world_size() const { return impl_->options().world_size; }
 int World::local_rank() const { return impl_->options().local_rank; }
@@ -326,6 +331,11 @@ absl::Status World::Impl::Start() {
   session_ = std::make_shared<WorldSession>();
   RETURN_IF_ERROR(
       session_->Open(options_, [this](const absl::Status& gone) { OnDaemonGone(gone); }));
+  if (int64_t rejoin = session_->rejoin_epoch(); rejoin > 0) {
+    // This process took over a rank of a running (or finished) job: it
+    // joins the job's next epoch with the others.
+    RETURN_IF_ERROR(JoinEpoch(rejoin, options_.timeout));
+  }
   std::vector<int> all(options_.world_size);
   for (int r = 0; r < options_.world_size; ++r) all[r] = r;
   GroupOptions world_options;
@@ -342,6 +352,27 @@ std::string World::Impl::NextGroupName() {
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::CreateGroup(
     const std::vector<int>& ranks, const GroupOptions& options, const std::string& name) {
+  ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> group, FormGroup(ranks, options, name));
+  // From now on the daemon's end breaks the group; if it already ended,
+  // the group is of no use.
+  {
+    absl::MutexLock lock(&groups_mu_);
+    groups_.erase(
+        std::remove_if(groups_.begin(), groups_.end(),
+                       [](const HeldGroup& g) { return g.destroyed || g.group.expired(); }),
+        groups_.end());
+    groups_.push_back(HeldGroup{group, ranks, options, name});
+  }
+  if (absl::Status gone = session_->status(); !gone.ok()) {
+    ProcessGroup::Impl::Of(*group).BreakForDaemon(gone);
+    return absl::UnavailableError(absl::StrCat("new group '", name, "': ", gone.message()));
+  }
+  return group;
+}
+
+absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::vector<int>& ranks,
+                                                                     const GroupOptions& options,
+                                                                     const std::string& name) {
   ProcessGroup::Impl::RegisterSdkBackends();
   auto config =
       BackendRegistry::Global().Parse(options.backend.empty() ? options_.backend : options.backend);
@@ -362,30 +393,61 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::CreateGroup(
                                  timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
                                    return session_->groups()->CreateGroup(context, req, &resp);
                                  }));
-  std::shared_ptr<ProcessGroup> group =
-      ProcessGroup::Impl::Create(session_, options_, ranks, *config, resp.group());
-  // From now on the daemon's end breaks the group; if it already ended,
-  // the group is of no use.
+  return ProcessGroup::Impl::Create(session_, options_, ranks, *config, resp.group());
+}
+
+absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout) {
+  if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
+  v1::ReconfigureRequest req;
+  req.mutable_caller()->set_job_id(options_.job_id);
+  req.mutable_caller()->set_global_rank(options_.rank);
+  req.set_epoch(epoch);
+  req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+  v1::ReconfigureResponse resp;
+  RETURN_IF_ERROR(session_->Call(absl::StrCat("reconfigure (join epoch ", epoch, ")"),
+                                 timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
+                                   return session_->groups()->Reconfigure(context, req, &resp);
+                                 }));
+  absl::MutexLock lock(&mu_);
+  epoch_ = resp.epoch();
+  return absl::OkStatus();
+}
+
+int64_t World::Impl::epoch() const {
+  absl::MutexLock lock(&mu_);
+  return epoch_;
+}
+
+absl::StatusOr<int64_t> World::Impl::Reconfigure(absl::Duration timeout) {
+  RETURN_IF_ERROR(JoinEpoch(epoch() + 1, timeout));
+  std::vector<std::pair<std::shared_ptr<ProcessGroup>, HeldGroup>> held;
   {
     absl::MutexLock lock(&groups_mu_);
-    groups_.erase(std::remove_if(groups_.begin(), groups_.end(),
-                                 [](const std::weak_ptr<ProcessGroup>& g) { return g.expired(); }),
-                  groups_.end());
-    groups_.push_back(group);
+    for (const HeldGroup& g : groups_) {
+      if (g.destroyed) continue;
+      if (auto group = g.group.lock()) held.emplace_back(std::move(group), g);
+    }
   }
-  if (absl::Status gone = session_->status(); !gone.ok()) {
-    ProcessGroup::Impl::Of(*group).BreakForDaemon(gone);
-    return absl::UnavailableError(absl::StrCat("new group '", name, "': ", gone.message()));
+  for (auto& [group, how] : held) {
+    ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> fresh,
+                     FormGroup(how.ranks, how.options, how.name));
+    // The caller's handle now runs the new epoch's group; the old one's
+    // backends and executor go with `fresh`.
+    ProcessGroup::Impl::Swap(*group, *fresh);
+    if (absl::Status gone = session_->status(); !gone.ok()) {
+      ProcessGroup::Impl::Of(*group).BreakForDaemon(gone);
+      return gone;
+    }
   }
-  return group;
+  return epoch();
 }
 
 void World::Impl::OnDaemonGone(const absl::Status& gone) {
   std::vector<std::shared_ptr<ProcessGroup>> groups;
   {
     absl::MutexLock lock(&groups_mu_);
-    for (const auto& weak : groups_) {
-      if (auto g = weak.lock()) groups.push_back(std::move(g));
+    for (const HeldGroup& held : groups_) {
+      if (auto g = held.group.lock()) groups.push_back(std::move(g));
     }
   }
   for (const auto& g : groups) ProcessGroup::Impl::Of(*g).BreakForDaemon(gone);
@@ -455,10 +517,15 @@ absl::Status World::Impl::DestroyProcessGroup(ProcessGroup& group) {
   req.mutable_caller()->set_global_rank(options_.rank);
   req.set_name(group.name());
   v1::DestroyGroupResponse resp;
-  return session_->Call(absl::StrCat("destroy group '", group.name(), "'"), absl::Seconds(30),
-                        [&](grpc::ClientContext* context) {
-                          return session_->groups()->DestroyGroup(context, req, &resp);
-                        });
+  RETURN_IF_ERROR(session_->Call(absl::StrCat("destroy group '", group.name(), "'"),
+                                 absl::Seconds(30), [&](grpc::ClientContext* context) {
+                                   return session_->groups()->DestroyGroup(context, req, &resp);
+                                 }));
+  absl::MutexLock lock(&groups_mu_);
+  for (HeldGroup& held : groups_) {
+    if (held.group.lock().get() == &group) held.destroyed = true;
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::shared_ptr<Store>> World::Impl::store() {

@@ -74,6 +74,9 @@ class WorldSession {
   std::vector<std::string> failures() const;
 
   v1::Groups::Stub* groups() { return groups_stub_.get(); }
+  // Registered.rejoin_epoch: non-zero when this rank took over from a
+  // process that is gone (it joins that epoch before forming groups).
+  int64_t rejoin_epoch() const { return rejoin_epoch_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
  private:
@@ -94,6 +97,7 @@ class WorldSession {
   std::unique_ptr<grpc::ClientReaderWriter<v1::SessionClientMessage, v1::SessionServerMessage>>
       stream_;
   std::string session_id_;
+  int64_t rejoin_epoch_ = 0;
   std::string daemon_;  // "musterd (pid P, unix:SOCKET)", set before the reader starts
   std::thread reader_;
   mutable absl::Mutex mu_;
@@ -133,6 +137,8 @@ class World::Impl {
       std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
   NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists, GroupOptions options);
   absl::Status DestroyProcessGroup(ProcessGroup& group);
+  int64_t epoch() const;
+  absl::StatusOr<int64_t> Reconfigure(absl::Duration timeout);
   absl::StatusOr<std::shared_ptr<Store>> store();
   std::vector<std::string> failures() const;
   absl::Status session_status() const;
@@ -140,9 +146,17 @@ class World::Impl {
  private:
   // The session's reader thread: the daemon is gone; breaks every group.
   void OnDaemonGone(const absl::Status& gone);
+  // Forms a group through musterd and keeps it for Reconfigure and
+  // OnDaemonGone.
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
                                                             const GroupOptions& options,
                                                             const std::string& name);
+  // Forms a group through musterd (in this rank's epoch).
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> FormGroup(const std::vector<int>& ranks,
+                                                          const GroupOptions& options,
+                                                          const std::string& name);
+  // Joins job epoch `epoch` through musterd.
+  absl::Status JoinEpoch(int64_t epoch, absl::Duration timeout);
   std::string NextGroupName();
 
   const InitOptions options_;
@@ -153,10 +167,19 @@ class World::Impl {
   mutable absl::Mutex mu_;
   int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
-  // Every group this World created (the world group too), for
-  // OnDaemonGone; expired ones are dropped as new ones come.
+  int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Every group this World created (the world group first), in creation
+  // order, with what formed it: for OnDaemonGone and Reconfigure. Expired
+  // and destroyed ones are dropped as new ones come.
+  struct HeldGroup {
+    std::weak_ptr<ProcessGroup> group;
+    std::vector<int> ranks;
+    GroupOptions options;
+    std::string name;
+    bool destroyed = false;
+  };
   absl::Mutex groups_mu_;
-  std::vector<std::weak_ptr<ProcessGroup>> groups_ ABSL_GUARDED_BY(groups_mu_);
+  std::vector<HeldGroup> groups_ ABSL_GUARDED_BY(groups_mu_);
 };
 
 }  // namespace muster

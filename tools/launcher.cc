@@ -298,7 +298,7 @@ class Launcher {
     return pid;
   }
 
-  std::map<std::string, std::string> RankEnv(int local_rank, int generation) {
+  std::map<std::string, std::string> RankEnv(int local_rank, int generation, int restarts = 0) {
     int world = o_.nnodes * o_.nproc_per_node;
     int rank = o_.node_rank * o_.nproc_per_node + local_rank;
     std::map<std::string, std::string> env = {
@@ -312,6 +312,9 @@ class Launcher {
         {"MUSTER_SOCKET", socket_},
         {"MUSTER_JOB_ID", o_.job_id},
         {"MUSTER_GENERATION", absl::StrCat(generation)},
+        // How many processes held this rank before this one (restart
+        // policy "rank"); 0 under "job", where the generation counts.
+        {"MUSTER_RESTART_COUNT", absl::StrCat(restarts)},
         // Unmodified PyTorch: every rank is a store client of musterd.
         {"TORCHELASTIC_USE_AGENT_STORE", "True"},
         {"TORCHELASTIC_RESTART_COUNT", absl::StrCat(generation)},
@@ -477,6 +480,30 @@ class Launcher {
     return std::move(*store);
   }
 
+  // Restart policy "rank": starts each rank that failed again, in place,
+  // while restarts are left (the others keep running).
+  void RestartFailedRanks(int generation) {
+    for (size_t i = 0; i < ranks_.size(); ++i) {
+      Child& c = ranks_[i];
+      if (c.running || c.pid <= 0 || (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0)) {
+        continue;
+      }
+      if (rank_restarts_used_ >= o_.max_restarts) return;
+      if (c.out_fd >= 0 || c.err_fd >= 0) continue;  // its last output first
+      ++rank_restarts_used_;
+      int restarts = ++restarts_of_rank_[c.rank];
+      Say(absl::StrCat("rank ", c.rank, " (pid ", c.pid, ") ", Describe(c.status),
+                       "; restarting it (restart ", rank_restarts_used_, " of ", o_.max_restarts,
+                       "), the other ranks keep running"));
+      Child fresh;
+      fresh.rank = c.rank;
+      c = std::move(fresh);
+      if (Spawn(o_.command, RankEnv(static_cast<int>(i), generation, restarts), &c, "") < 0) {
+        Say(absl::StrCat("cannot restart rank ", c.rank));
+      }
+    }
+  }
+
   int RunAttempts() {
     std::unique_ptr<TcpStore> store = JobStore();
     if (o_.nnodes > 1 && store == nullptr) return 1;
@@ -495,11 +522,13 @@ class Launcher {
       }
     }
     std::string failure_summary;
-    for (int attempt = 0; attempt <= o_.max_restarts; ++attempt) {
+    const int attempts =
+        o_.restart_policy == RestartPolicy::kRank ? 0 : o_.max_restarts;  // kRank: in place
+    for (int attempt = 0; attempt <= attempts; ++attempt) {
       int generation = base + attempt;
       if (attempt > 0) {
         Say(absl::StrCat("restarting all ", o_.nproc_per_node, " local rank(s): attempt ",
-                         attempt + 1, " of ", o_.max_restarts + 1, ", generation ", generation));
+                         attempt + 1, " of ", attempts + 1, ", generation ", generation));
       }
       ranks_.clear();
       ranks_.resize(o_.nproc_per_node);
@@ -516,7 +545,12 @@ class Launcher {
           SignalRanks(SIGKILL);
           kill_deadline_ = absl::InfiniteFuture();
         }
-        if (interrupted_ == 0 && FirstFailure() != nullptr) break;
+        if (interrupted_ == 0 && o_.restart_policy == RestartPolicy::kRank) {
+          RestartFailedRanks(generation);
+        }
+        const bool may_restart =
+            o_.restart_policy == RestartPolicy::kRank && rank_restarts_used_ < o_.max_restarts;
+        if (interrupted_ == 0 && !may_restart && FirstFailure() != nullptr) break;
         if (interrupted_ == 0 && daemon_pid_ < 0 && !existing_daemon_ &&
             !daemon_died_reason_.empty()) {
           break;
@@ -596,6 +630,9 @@ class Launcher {
   std::vector<Child> ranks_;
   int interrupted_ = 0;
   absl::Time kill_deadline_ = absl::InfiniteFuture();
+  // Restart policy "rank": restarts used on this node, and per rank.
+  int rank_restarts_used_ = 0;
+  std::map<int, int> restarts_of_rank_;
 };
 
 }  // namespace

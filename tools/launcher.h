@@ -6,7 +6,10 @@
 // (up to max_restarts) or exits non-zero with a summary naming the failed
 // rank, its exit status or signal, and its last output lines. With several
 // nodes, a failure on one node stops (and restarts) the ranks of every node,
-// coordinated through the job's store.
+// coordinated through the job's store. With RestartPolicy::kRank, only the
+// failed rank is started again (same RANK, same generation: it takes over
+// its rank in the running job, whose other ranks call Reconfigure), up to
+// max_restarts times in all on this node.
 //
 // Not thread-safe: Run() is called once, from main().
 #ifndef MUSTER_TOOLS_LAUNCHER_H_
@@ -19,6 +22,11 @@
 
 namespace muster {
 
+enum class RestartPolicy {
+  kJob,   // stop every rank and start them all again (a new generation)
+  kRank,  // start only the failed rank again (elastic jobs)
+};
+
 struct LaunchOptions {
   int nproc_per_node = 1;
   int nnodes = 1;
@@ -29,6 +37,7 @@ struct LaunchOptions {
   int master_port = 0;
   std::string job_id;  // default: run-<pid> (one node), run-<master port> (several)
   int max_restarts = 0;
+  RestartPolicy restart_policy = RestartPolicy::kJob;
   // An existing musterd; empty: $MUSTER_SOCKET or the default socket if a
   // healthy musterd answers there, else an embedded one.
   std::string socket;

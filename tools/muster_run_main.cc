@@ -22,7 +22,10 @@ int main(int argc, char** argv) {
       "musterd's store. Output lines are prefixed with [rank R]. SIGINT/SIGTERM are\n"
       "forwarded. When a rank fails the others are stopped and, up to --max-restarts\n"
       "times, all are restarted with a new generation; otherwise muster-run exits 1\n"
-      "naming the failed rank, its exit status or signal, and its last output.");
+      "naming the failed rank, its exit status or signal, and its last output.\n"
+      "With --restart-policy rank only the failed rank is restarted (the others keep\n"
+      "running and call muster's Reconfigure; the new process gets the same RANK and\n"
+      "MUSTER_RESTART_COUNT, the number of processes that held the rank before).");
   flags.AddInt("nproc-per-node", &nproc, "Ranks to start on this node.");
   flags.AddInt("nnodes", &nnodes, "Nodes in the job (run muster-run on each).");
   flags.AddInt("node-rank", &node_rank, "This node's index, 0..nnodes-1; node 0 serves the store.");
@@ -34,6 +37,10 @@ int main(int argc, char** argv) {
                   "Job name (default: run-<pid> on one node, run-<master-port> on several).");
   flags.AddInt("max-restarts", &max_restarts,
                "How many times to restart all ranks after a failure.");
+  std::string policy = "job";
+  flags.AddString("restart-policy", &policy,
+                  "job: restart every rank after a failure (a new generation; the default).\n"
+                  "rank: restart only the failed rank, in the running job (elastic jobs).");
   flags.AddString("socket", &o.socket,
                   "Use the musterd at this socket (default: $MUSTER_SOCKET or musterd's default\n"
                   "if one answers there, else start an embedded musterd).");
@@ -49,6 +56,13 @@ int main(int argc, char** argv) {
   o.node_rank = static_cast<int>(node_rank);
   o.master_port = static_cast<int>(master_port);
   o.max_restarts = static_cast<int>(max_restarts);
+  if (policy == "rank") {
+    o.restart_policy = muster::RestartPolicy::kRank;
+  } else if (policy != "job") {
+    std::fprintf(stderr, "muster-run: --restart-policy must be 'job' or 'rank', not '%s'\n",
+                 policy.c_str());
+    return 2;
+  }
   o.stop_grace = absl::Seconds(grace);
   o.command = std::move(command);
   return muster::RunLaunch(std::move(o));

@@ -65,6 +65,8 @@ void GroupJson(JsonWriter& w, const v1::GroupInfo& g) {
       .String(g.job_id())
       .Key("generation")
       .Int(g.generation())
+      .Key("epoch")
+      .Int(g.epoch())
       .Key("name")
       .String(g.name())
       .Key("tag")
@@ -341,6 +343,10 @@ int RunRanks(const CtlOptions& options) {
           .String(RankStateName(r.state()))
           .Key("failure")
           .String(r.failure())
+          .Key("epoch")
+          .Int(r.epoch())
+          .Key("restarts")
+          .Int(r.restarts())
           .EndObject();
     }
     w.EndArray();
@@ -352,9 +358,12 @@ int RunRanks(const CtlOptions& options) {
     rows.push_back({r.rank().job_id(), absl::StrCat(r.generation()),
                     absl::StrCat(r.rank().global_rank()), absl::StrCat(r.world_size()),
                     absl::StrCat(r.local_rank()), r.host(), absl::StrCat(r.pid()),
-                    RankStateName(r.state()), r.failure()});
+                    absl::StrCat(r.epoch()), absl::StrCat(r.restarts()), RankStateName(r.state()),
+                    r.failure()});
   }
-  PrintTable({"JOB", "GEN", "RANK", "WORLD", "LOCAL", "HOST", "PID", "STATE", "FAILURE"}, rows);
+  PrintTable({"JOB", "GEN", "RANK", "WORLD", "LOCAL", "HOST", "PID", "EPOCH", "RESTARTS", "STATE",
+              "FAILURE"},
+             rows);
   return 0;
 }
 
@@ -381,7 +390,18 @@ int RunJobs(const CtlOptions& options) {
           .String(j.state())
           .Key("uid")
           .Int(j.uid())
-          .EndObject();
+          .Key("epoch")
+          .Int(j.epoch())
+          .Key("reconfigurations")
+          .BeginArray();
+      for (const auto& r : j.reconfigurations()) {
+        w.BeginObject().Key("epoch").Int(r.epoch()).Key("failed").BeginArray();
+        for (const auto& f : r.failed()) w.String(f);
+        w.EndArray().Key("replaced").BeginArray();
+        for (int rank : r.replaced()) w.Int(rank);
+        w.EndArray().Key("took_ms").Int(r.took_millis()).EndObject();
+      }
+      w.EndArray().EndObject();
     }
     w.EndArray();
     std::printf("%s\n", w.str().c_str());
@@ -389,10 +409,23 @@ int RunJobs(const CtlOptions& options) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& j : resp.jobs()) {
-    rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.world_size()),
-                    absl::StrCat(j.num_local_ranks()), j.state(), absl::StrCat(j.uid())});
+    rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.epoch()),
+                    absl::StrCat(j.world_size()), absl::StrCat(j.num_local_ranks()), j.state(),
+                    absl::StrCat(j.uid())});
   }
-  PrintTable({"JOB", "GEN", "WORLD", "LOCAL_RANKS", "STATE", "UID"}, rows);
+  PrintTable({"JOB", "GEN", "EPOCH", "WORLD", "LOCAL_RANKS", "STATE", "UID"}, rows);
+  // How each epoch after the first came about (elastic jobs).
+  for (const auto& j : resp.jobs()) {
+    for (const auto& r : j.reconfigurations()) {
+      std::printf(
+          "job %s epoch %lld: %s; replaced rank(s) %s; formed %lld ms after the first "
+          "failure\n",
+          j.job_id().c_str(), static_cast<long long>(r.epoch()),
+          r.failed().empty() ? "no failure seen here" : absl::StrJoin(r.failed(), "; ").c_str(),
+          r.replaced().empty() ? "-" : absl::StrJoin(r.replaced(), ",").c_str(),
+          static_cast<long long>(r.took_millis()));
+    }
+  }
   return 0;
 }
 
@@ -443,8 +476,9 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
     std::printf("%s\n", w.str().c_str());
     return 0;
   }
-  std::printf("group %s (job %s, generation %lld)\n", g.name().c_str(), g.job_id().c_str(),
-              static_cast<long long>(g.generation()));
+  std::printf("group %s (job %s, generation %lld, epoch %lld)\n", g.name().c_str(),
+              g.job_id().c_str(), static_cast<long long>(g.generation()),
+              static_cast<long long>(g.epoch()));
   std::printf("backend  %s\nstate    %s%s%s\ntimeout  %gs\n", g.backend().c_str(),
               GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
               g.broken_reason().c_str(), g.timeout_millis() / 1000.0);
@@ -452,11 +486,12 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& m : g.members()) {
     rows.push_back({absl::StrCat(m.global_rank()), absl::StrCat(m.group_rank()), m.node(),
-                    absl::StrCat(m.pid()), m.state(),
+                    absl::StrCat(m.pid()), m.state(), absl::StrCat(m.restarts()),
                     m.last_submitted_seq() ? absl::StrCat(m.last_submitted_seq()) : "-",
                     m.last_completed_seq() ? absl::StrCat(m.last_completed_seq()) : "-"});
   }
-  PrintTable({"RANK", "GROUP_RANK", "NODE", "PID", "STATE", "SUBMITTED", "COMPLETED"}, rows);
+  PrintTable({"RANK", "GROUP_RANK", "NODE", "PID", "STATE", "RESTARTS", "SUBMITTED", "COMPLETED"},
+             rows);
   return 0;
 }
 

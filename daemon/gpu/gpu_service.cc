@@ -123,6 +123,7 @@ absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const
   }
   GpuGroupView view;
   view.generation = info->generation();
+  view.job_epoch = info->epoch();
   view.timeout = absl::Milliseconds(info->timeout_millis());
   if (view.timeout <= absl::ZeroDuration()) view.timeout = absl::Minutes(30);
   view.backend = info->backend();

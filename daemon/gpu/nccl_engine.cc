@@ -6,9 +6,9 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/logging.h"
 #include "daemon/gpu/gpu_plan.h"
 #include "daemon/gpu/uid_rendezvous.h"
-#include "common/logging.h"
 
 namespace muster {
 
@@ -20,8 +20,11 @@ struct NcclEngine::Slot {
   absl::Duration timeout;
   std::string origin = "init";
   // How many communicators this rank created for the group before (a
-  // destroyed group re-created under its name): part of the unique-id key.
+  // destroyed group re-created under its name) in the job's epoch: with
+  // uid_group (the group's name, qualified by the job epoch after the
+  // first), part of the unique-id key.
   int64_t epoch = 0;
+  std::string uid_group;
   int64_t user = -1;  // the uid the job's ranks run as (owns the channel)
 
   std::thread worker;
@@ -290,7 +293,11 @@ std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
   slot->generation = view.generation;
   slot->timeout = view.timeout;
   slot->user = view.owner_uid;
-  slot->epoch = epochs_[key]++;
+  // Every member of a group re-formed under a later job epoch counts its
+  // communicators afresh, survivors and replacements alike.
+  slot->uid_group =
+      view.job_epoch > 0 ? absl::StrCat("e", view.job_epoch, "/", slot->group) : slot->group;
+  slot->epoch = epochs_[SlotKey{slot->job, slot->uid_group, slot->global_rank}]++;
   AttachChannel(*slot);
   StartWorker(slot);
   slots_[key] = slot;
@@ -437,7 +444,7 @@ void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
   // A new communicator: the unique id through the job's store.
   absl::StatusOr<std::shared_ptr<Store>> store = directory_->JobStore(slot.job);
   if (!store.ok()) return finish(store.status());
-  const std::string key = UniqueIdKey(slot.job, slot.generation, slot.group, slot.epoch);
+  const std::string key = UniqueIdKey(slot.job, slot.generation, slot.uid_group, slot.epoch);
   absl::StatusOr<std::string> id = ExchangeUniqueId(
       **store, key, slot.group_rank == 0, runtime_->UniqueIdBytes(),
       [this] { return runtime_->NewUniqueId(); }, deadline,
@@ -770,7 +777,11 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       child->timeout = parent->timeout;
       child->user = parent->user;
       child->origin = "split";
-      child->epoch = epochs_[SlotKey{job_id, group, rank}]++;
+      // The parent's job epoch qualifies the child's name as it does the
+      // parent's ("e<epoch>/" after the first).
+      child->uid_group = absl::StrCat(
+          parent->uid_group.substr(0, parent->uid_group.size() - parent->group.size()), group);
+      child->epoch = epochs_[SlotKey{job_id, child->uid_group, rank}]++;
       AttachChannel(*child);
       StartWorker(child);
       slots_[SlotKey{job_id, group, rank}] = child;

@@ -52,6 +52,8 @@ namespace muster {
 // A group as the engine needs it.
 struct GpuGroupView {
   int64_t generation = 0;
+  // The job epoch the group was formed in (elastic jobs re-form groups).
+  int64_t job_epoch = 0;
   std::vector<int> ranks;  // global ranks, in group-rank order
   absl::Duration timeout = absl::Minutes(30);
   std::string backend;  // canonical config, e.g. "cpu:gloo,cuda:nccl"

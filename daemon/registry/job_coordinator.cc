@@ -179,7 +179,8 @@ absl::Status JobCoordinator::WaitForKeys(Store& store, const std::vector<std::st
   return result;
 }
 
-absl::Status JobCoordinator::PublishRank(int world_size, const RemoteRank& rank) {
+absl::StatusOr<bool> JobCoordinator::PublishRank(int world_size, const RemoteRank& rank,
+                                                 absl::Duration takeover_wait) {
   ASSIGN_OR_RETURN(auto store, Acquire());
   std::string mine = absl::StrCat(world_size);
   ASSIGN_OR_RETURN(std::string world, store->CompareSet(prefix_ + "world_size", "", mine));
@@ -189,22 +190,73 @@ absl::Status JobCoordinator::PublishRank(int world_size, const RemoteRank& rank)
                                                    world_size, " but job ", job_id_,
                                                    " already has world size ", world));
   }
+  const std::string key = prefix_ + RankKey(rank.rank);
+  const std::string gone_key = absl::StrCat(prefix_, "gone/", rank.rank);
   std::string record = EncodeRank(rank);
-  ASSIGN_OR_RETURN(std::string held, store->CompareSet(prefix_ + RankKey(rank.rank), "", record));
-  Release(std::move(store));
-  if (held != record) {
-    RemoteRank other = DecodeRank(rank.rank, held);
-    return absl::AlreadyExistsError(
-        absl::StrCat("rank ", rank.rank, " of job ", job_id_, " is already registered by host ",
-                     other.host, " pid ", other.pid, "; a restarted job needs a new generation"));
+  ASSIGN_OR_RETURN(std::string held, store->CompareSet(key, "", record));
+  if (held == record) {
+    Release(std::move(store));
+    return false;
   }
+  // Another process held the rank: take it over once its daemon reported
+  // it gone (a process killed a moment ago is reported within a second).
+  absl::Time give_up = absl::Now() + takeover_wait;
+  while (true) {
+    ASSIGN_OR_RETURN(bool reported, store->Check({gone_key}));
+    if (reported) {
+      ASSIGN_OR_RETURN(std::string gone, store->Get(gone_key, absl::Seconds(5)));
+      if (gone == held) {
+        ASSIGN_OR_RETURN(std::string now, store->CompareSet(key, held, record));
+        if (now == record) {
+          Release(std::move(store));
+          return true;
+        }
+        held = now;  // another process took it first
+      }
+    }
+    if (absl::Now() >= give_up || stopping_) break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  Release(std::move(store));
+  RemoteRank other = DecodeRank(rank.rank, held);
+  return absl::AlreadyExistsError(absl::StrCat(
+      "rank ", rank.rank, " of job ", job_id_, " is already registered by host ", other.host,
+      " pid ", other.pid, " (still alive); a restarted job needs a new generation"));
+}
+
+absl::Status JobCoordinator::MarkGone(const RemoteRank& rank) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "gone/", rank.rank), EncodeRank(rank)));
+  Release(std::move(store));
   return absl::OkStatus();
 }
 
-absl::Status JobCoordinator::PublishGroupSpec(const std::string& group, const std::string& spec) {
+absl::StatusOr<int64_t> JobCoordinator::LatestEpoch() {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(bool present, store->Check({prefix_ + "epoch"}));
+  int64_t epoch = 0;
+  if (present) {
+    ASSIGN_OR_RETURN(std::string value, store->Get(prefix_ + "epoch", absl::Seconds(5)));
+    if (!absl::SimpleAtoi(value, &epoch)) {
+      return absl::DataLossError(absl::StrCat("job ", job_id_, ": bad epoch record '", value, "'"));
+    }
+  }
+  Release(std::move(store));
+  return epoch;
+}
+
+absl::Status JobCoordinator::SetLatestEpoch(int64_t epoch) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  RETURN_IF_ERROR(store->Set(prefix_ + "epoch", absl::StrCat(epoch)));
+  Release(std::move(store));
+  return absl::OkStatus();
+}
+
+absl::Status JobCoordinator::PublishGroupSpec(const std::string& path, const std::string& group,
+                                              const std::string& spec) {
   ASSIGN_OR_RETURN(auto store, Acquire());
   ASSIGN_OR_RETURN(std::string held,
-                   store->CompareSet(absl::StrCat(prefix_, "group/", group, "/spec"), "", spec));
+                   store->CompareSet(absl::StrCat(prefix_, path, "/spec"), "", spec));
   Release(std::move(store));
   if (held != spec) {
     return absl::InvalidArgumentError(absl::StrCat("group '", group, "' is defined as {", held,
@@ -272,8 +324,9 @@ absl::StatusOr<std::map<int, RemoteRank>> JobCoordinator::FetchRanks(
 absl::Status JobCoordinator::ReportFailure(const FailureRecord& f) {
   ASSIGN_OR_RETURN(auto store, Acquire());
   ASSIGN_OR_RETURN(int64_t n, store->Add(prefix_ + "failures", 1));
-  RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "failure/", n),
-                             absl::StrCat(f.rank, "\t", f.host, "\t", f.pid, "\t", f.reason)));
+  RETURN_IF_ERROR(
+      store->Set(absl::StrCat(prefix_, "failure/", n),
+                 absl::StrCat(f.rank, "\t", f.host, "\t", f.pid, "\t", f.epoch, "\t", f.reason)));
   Release(std::move(store));
   return absl::OkStatus();
 }
@@ -313,12 +366,12 @@ void JobCoordinator::RunFailureWatcher(
     }
     ++seen;
     std::vector<std::string> f =
-        absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 3));
+        absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 4));
     FailureRecord record;
-    if (f.size() == 4 && absl::SimpleAtoi(f[0], &record.rank) &&
-        absl::SimpleAtoi(f[2], &record.pid)) {
+    if (f.size() == 5 && absl::SimpleAtoi(f[0], &record.rank) &&
+        absl::SimpleAtoi(f[2], &record.pid) && absl::SimpleAtoi(f[3], &record.epoch)) {
       record.host = f[1];
-      record.reason = f[3];
+      record.reason = f[4];
       on_failure(record);
     } else {
       MLOG(WARNING) << "job " << job_id_ << ": malformed failure record " << key;

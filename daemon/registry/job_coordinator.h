@@ -8,6 +8,11 @@
 //   group/<name>/arrived/<r> rank r called new_group
 //   group/<name>/barrier/<seq>/<r>
 //   failures, failure/<n>    a counter and one record per failed rank
+//   gone/<r>                 the rank/<r> record of a process that failed or
+//                            left: a new process may take the rank over
+//   epoch                    the latest epoch every world rank joined
+//   epoch/<e>/arrived/<r>    rank r joined epoch e (elastic jobs)
+//   e<e>/group/<name>/...    a group's keys in epoch e > 0 (epoch 0: group/)
 // Traffic leaves the node once per operation, not once per rank: the daemon
 // aggregates its ranks (fan-in). How the store is reached is injected
 // (JobStoreAccess): musterd reaches its own node's store in process, where
@@ -47,6 +52,9 @@ struct FailureRecord {
   std::string host;
   int64_t pid = 0;
   std::string reason;
+  // The epoch the failed process was in (or joining): a failure of an
+  // epoch the job has left behind breaks nothing.
+  int64_t epoch = 0;
 };
 
 // "host:port" or "[v6]:port" -> host, port.
@@ -81,11 +89,24 @@ class JobCoordinator {
   // anything that may change one).
   void Interrupt();
 
-  // Publishes a rank. AlreadyExists if another process holds that rank;
-  // InvalidArgument if the world size differs from what other ranks said.
-  absl::Status PublishRank(int world_size, const RemoteRank& rank);
-  // Compares a group's definition with what other daemons published.
-  absl::Status PublishGroupSpec(const std::string& group, const std::string& spec);
+  // Publishes a rank; true if it took the rank over from a process that
+  // failed or left (gone/<r>; a holder that is about to be reported gone is
+  // waited for up to `takeover_wait`). AlreadyExists if another live
+  // process holds that rank; InvalidArgument if the world size differs
+  // from what other ranks said.
+  absl::StatusOr<bool> PublishRank(int world_size, const RemoteRank& rank,
+                                   absl::Duration takeover_wait = absl::Seconds(5));
+  // Records that the process holding `rank` failed or left, so that a new
+  // process may take the rank over.
+  absl::Status MarkGone(const RemoteRank& rank);
+  // The latest epoch every world rank joined (0 before any reconfiguration).
+  absl::StatusOr<int64_t> LatestEpoch();
+  // Records `epoch` as joined by every world rank.
+  absl::Status SetLatestEpoch(int64_t epoch);
+  // Compares a group's definition with what other daemons published under
+  // `path` (e.g. "group/g" or "e2/group/g").
+  absl::Status PublishGroupSpec(const std::string& path, const std::string& group,
+                                const std::string& spec);
   // Marks `ranks` as arrived under `key` (e.g. "group/g/arrived").
   absl::Status Arrive(const std::string& key, const std::vector<int>& ranks);
   // Waits until every rank in `ranks` arrived under `key`, until `deadline`,

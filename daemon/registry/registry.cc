@@ -26,6 +26,12 @@ std::string GroupSpec(const std::vector<int>& ranks, const std::string& backend,
                       ";local_sync=", local_sync ? 1 : 0);
 }
 
+// Where a group's keys live in the job's store: epoch 0 as ever, later
+// epochs apart (no rank can read an earlier epoch's arrivals).
+std::string GroupPath(int64_t epoch, const std::string& name) {
+  return epoch == 0 ? absl::StrCat("group/", name) : absl::StrCat("e", epoch, "/group/", name);
+}
+
 absl::Duration TimeoutOf(const v1::Timeout& t, absl::Duration fallback) {
   return t.millis() > 0 ? absl::Milliseconds(t.millis()) : fallback;
 }
@@ -277,8 +283,10 @@ absl::Status Registry::ValidateJoin(const Job& job, const v1::RegisterRequest& r
                                                    id.job_id(), "' uses ", job.master));
   }
   auto it = job.ranks.find(rank);
+  // A rank whose process failed or left may be taken over by a new one
+  // (elastic jobs, a finished job run again).
   if (it != job.ranks.end() &&
-      (it->second.local || it->second.info.state() != v1::RANK_STATE_UNSPECIFIED)) {
+      (it->second.joining || it->second.info.state() == v1::RANK_STATE_ALIVE)) {
     const v1::RankInfo& other = it->second.info;
     return absl::AlreadyExistsError(
         absl::StrCat("rank ", rank, " of job '", id.job_id(), "' is already registered (host ",
@@ -310,16 +318,45 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
       bad = absl::UnavailableError("musterd is shutting down");
     }
     Job* job = bad.ok() ? FindJob(id.job_id()) : nullptr;
-    if (bad.ok() && job != nullptr && job->generation != req.generation()) {
+    if (bad.ok() && job != nullptr) {
+      // A holder of this rank that died a moment ago, before its session's
+      // end was noticed: it failed (and may be replaced).
+      auto held = job->ranks.find(rank);
+      if (held != job->ranks.end() && held->second.local && !held->second.joining &&
+          held->second.info.state() == v1::RANK_STATE_ALIVE &&
+          ProcessGone(held->second.info.pid())) {
+        Rank& old = held->second;
+        FailureRecord record{rank, old.info.host(), old.info.pid(),
+                             "its process exited without leaving the job",
+                             std::max(old.info.epoch(), old.joining_epoch)};
+        RemoteRank holder{rank, old.info.host(), old.info.pid(), daemon_id_};
+        if (!old.session_id.empty()) sessions_.erase(old.session_id);
+        old.session_id.clear();
+        old.sink = nullptr;
+        MarkFailed(*job, rank, record.host, record.pid, record.reason, record.epoch);
+        std::shared_ptr<JobCoordinator> c = job->coordinator;
+        Spawn(WorkerPool::Kind::kShort,
+              [this, c, record, holder] { ReportGone(c, record, holder); });
+      }
+    }
+    if (bad.ok() && job != nullptr) {
       bool live = false;
       for (const auto& [r, rec] : job->ranks) {
         live |= rec.local && (rec.joining || rec.info.state() == v1::RANK_STATE_ALIVE);
       }
-      if (live) {
+      // A new generation, or the same id after an abort once its ranks are
+      // gone: start afresh.
+      bool restart = job->generation != req.generation() || !job->abort_reason.empty();
+      if (!restart) {
+        // (same attempt: ValidateJoin below decides)
+      } else if (live) {
         bad = absl::FailedPreconditionError(
-            absl::StrCat("job '", id.job_id(), "' generation ", job->generation,
-                         " still has live ranks on this daemon; rank ", rank,
-                         " asked for generation ", req.generation()));
+            job->generation != req.generation()
+                ? absl::StrCat("job '", id.job_id(), "' generation ", job->generation,
+                               " still has live ranks on this daemon; rank ", rank,
+                               " asked for generation ", req.generation())
+                : absl::StrCat("job '", id.job_id(), "' was aborted (", job->abort_reason,
+                               ") and still has live ranks on this daemon"));
       } else {
         ReleaseSegments(*job, "the job was restarted");
         if (job->coordinator != nullptr) job->coordinator->Cancel();
@@ -355,11 +392,17 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
           absl::MutexLock lock(&mu_);
           Job* j = FindJob(job_id);
           if (j == nullptr) return;
-          MarkFailed(*j, f.rank, f.host, f.pid, f.reason);
+          MarkFailed(*j, f.rank, f.host, f.pid, f.reason, f.epoch);
         });
       }
       job->idle_since = absl::InfiniteFuture();
       Rank& r = job->ranks[rank];
+      const bool took_over =
+          r.info.state() == v1::RANK_STATE_FAILED || r.info.state() == v1::RANK_STATE_LEFT;
+      const int restarts = took_over ? r.info.restarts() + 1 : 0;
+      if (!r.session_id.empty()) sessions_.erase(r.session_id);
+      r = Rank{};
+      r.info.set_restarts(restarts);
       r.local = true;
       r.joining = true;
       r.sink = sink;
@@ -392,7 +435,16 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
   std::string job_id = id.job_id();
   Spawn(WorkerPool::Kind::kShort, [this, coordinator, me, world, job_id, rank, session_id,
                                    done = std::move(done)] {
-    absl::Status published = coordinator->PublishRank(world, me);
+    absl::StatusOr<bool> took_over = coordinator->PublishRank(world, me);
+    absl::Status published = took_over.status();
+    // A process taking over a rank of a job past its start joins the job's
+    // next epoch before it forms groups.
+    int64_t latest = 0;
+    if (published.ok() && *took_over) {
+      absl::StatusOr<int64_t> epoch = coordinator->LatestEpoch();
+      published = epoch.status();
+      if (epoch.ok()) latest = *epoch;
+    }
     v1::Registered registered;
     {
       absl::MutexLock lock(&mu_);
@@ -413,9 +465,20 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
       } else {
         rec->joining = false;
         rec->info.set_state(v1::RANK_STATE_ALIVE);
+        if (*took_over) {
+          rec->info.set_epoch(latest);
+          if (rec->info.restarts() == 0) rec->info.set_restarts(1);
+          registered.set_rejoin_epoch(latest + 1);
+          job->replaced_since.insert(rank);
+          if (job->first_failure == absl::InfiniteFuture()) job->first_failure = absl::Now();
+        }
         registered.set_session_id(session_id);
         registered.set_daemon_host(options_.hostname);
-        MLOG(INFO) << "job " << job_id << ": rank " << rank << " registered (pid " << me.pid << ")";
+        MLOG(INFO) << "job " << job_id << ": rank " << rank << " registered (pid " << me.pid << ")"
+                   << (*took_over ? absl::StrCat(", taking over from a process that is gone; it "
+                                                 "joins epoch ",
+                                                 latest + 1)
+                                  : "");
       }
     }
     if (published.ok()) {
@@ -437,6 +500,13 @@ void Registry::Leave(const std::string& session_id) {
   if (it->second.info.state() == v1::RANK_STATE_ALIVE) {
     it->second.info.set_state(v1::RANK_STATE_LEFT);
     MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
+    std::shared_ptr<JobCoordinator> coordinator = job->coordinator;
+    RemoteRank holder{it->first, it->second.info.host(), it->second.info.pid(), daemon_id_};
+    Spawn(WorkerPool::Kind::kShort, [coordinator, holder] {
+      if (absl::Status s = coordinator->MarkGone(holder); !s.ok()) {
+        MLOG(WARNING) << "cannot record that rank " << holder.rank << " left: " << s.message();
+      }
+    });
     if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
     InterruptWaits(*job);
   }
@@ -467,7 +537,8 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
       return;
     }
     if (r.info.state() != v1::RANK_STATE_ALIVE) return;  // left in order, or already failed
-    record = FailureRecord{rank, r.info.host(), r.info.pid(), ""};
+    record = FailureRecord{rank, r.info.host(), r.info.pid(), "",
+                           std::max(r.info.epoch(), r.joining_epoch)};
     coordinator = job->coordinator;
   }
   std::string job_id = job_id_of_session;
@@ -485,20 +556,33 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
       absl::MutexLock lock(&mu_);
       Job* job = FindJob(job_id);
       if (job == nullptr || stopping_) return;
-      MarkFailed(*job, record.rank, record.host, record.pid, record.reason);
+      MarkFailed(*job, record.rank, record.host, record.pid, record.reason, record.epoch);
     }
-    absl::Status reported = coordinator->ReportFailure(record);
-    if (!reported.ok()) {
-      MLOG(WARNING) << "cannot publish the failure of rank " << record.rank << ": "
-                    << reported.message();
-    }
+    ReportGone(coordinator, record, RemoteRank{record.rank, record.host, record.pid, daemon_id_});
   });
 }
 
+void Registry::ReportGone(std::shared_ptr<JobCoordinator> coordinator, FailureRecord record,
+                          RemoteRank holder) {
+  absl::Status reported = coordinator->ReportFailure(record);
+  if (reported.ok()) reported = coordinator->MarkGone(holder);
+  if (!reported.ok()) {
+    MLOG(WARNING) << "cannot publish the failure of rank " << record.rank << ": "
+                  << reported.message();
+  }
+}
+
 void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t pid,
-                          const std::string& reason) {
+                          const std::string& reason, int64_t epoch) {
+  if (epoch < job.epoch) return;  // an epoch the job has left behind
+  auto held = job.ranks.find(rank);
+  if (held != job.ranks.end() && held->second.info.pid() != 0 && pid != 0 &&
+      held->second.info.pid() != pid &&
+      (held->second.joining || held->second.info.state() == v1::RANK_STATE_ALIVE)) {
+    return;  // another process holds the rank now
+  }
   Rank& r = job.ranks[rank];
-  if (r.info.state() == v1::RANK_STATE_FAILED) return;
+  if (r.info.state() == v1::RANK_STATE_FAILED && r.info.pid() == pid) return;
   if (r.info.host().empty()) {
     r.info.mutable_rank()->set_job_id(job.id);
     r.info.mutable_rank()->set_global_rank(rank);
@@ -507,9 +591,15 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
     r.info.set_world_size(job.world_size);
     r.info.set_generation(job.generation);
   }
+  if (r.info.pid() != pid) {
+    r.info.set_host(host);
+    r.info.set_pid(pid);
+  }
   r.info.set_state(v1::RANK_STATE_FAILED);
   r.info.set_failure(reason);
   std::string what = absl::StrCat(DescribeRank(r.info), " failed: ", reason);
+  job.failed_since.push_back(what);
+  if (job.first_failure == absl::InfiniteFuture()) job.first_failure = absl::Now();
   MLOG(WARNING) << "job " << job.id << ": " << what;
   for (auto& [name, g] : job.groups) {
     if (std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) continue;
@@ -585,6 +675,8 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
   bool start_waiter = false;
   std::shared_ptr<JobCoordinator> coordinator;
   std::string spec;
+  int64_t epoch = 0;
+  std::vector<std::function<void()>> later;  // outside the lock
   std::vector<GroupDone> immediate;
   absl::StatusOr<v1::GroupInfo> immediate_result = absl::UnknownError("unset");
   {
@@ -607,9 +699,31 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
     }
     if (bad.ok()) {
       spec = GroupSpec(ranks, backend, local_sync);
+      epoch = job->ranks[caller].info.epoch();
       auto [it, created] = job->groups.try_emplace(req.name());
       Group& g = it->second;
-      if (created) {
+      if (!created && g.info.epoch() > epoch) {
+        bad = absl::FailedPreconditionError(
+            absl::StrCat("group '", req.name(), "' was re-formed under epoch ", g.info.epoch(),
+                         "; rank ", caller, " is in epoch ", epoch, " (call Reconfigure first)"));
+      } else if (!created && g.info.epoch() < epoch) {
+        ResetGroup(*job, g, epoch, &later);  // its first creation in this epoch
+        g.ranks = ranks;
+        g.info.set_backend(backend);
+        g.info.set_tag(req.tag());
+        g.info.set_local_synchronization(local_sync);
+        g.timeout = TimeoutOf(req.options().timeout(), kDefaultGroupTimeout);
+        g.info.set_timeout_millis(absl::ToInt64Milliseconds(g.timeout));
+        g.required.clear();
+        if (local_sync) {
+          g.required = ranks;
+        } else {
+          for (int r = 0; r < job->world_size; ++r) g.required.push_back(r);
+        }
+      }
+      if (!bad.ok()) {
+        // refused above
+      } else if (created) {
         g.ranks = ranks;
         g.timeout = TimeoutOf(req.options().timeout(), kDefaultGroupTimeout);
         if (local_sync) {
@@ -625,6 +739,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
         g.info.set_state(v1::GROUP_STATE_FORMING);
         g.info.set_local_synchronization(local_sync);
         g.info.set_timeout_millis(absl::ToInt64Milliseconds(g.timeout));
+        g.info.set_epoch(epoch);
       } else if (GroupSpec(g.ranks, g.info.backend(), g.info.local_synchronization()) != spec) {
         bad = absl::InvalidArgumentError(
             absl::StrCat("group '", req.name(), "' already exists as {",
@@ -653,6 +768,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
       }
     }
   }
+  for (auto& f : later) f();
   if (!bad.ok()) {
     done(bad);
     return;
@@ -663,32 +779,36 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
   std::string name = req.name();
   // Every caller publishes its own arrival; the first local caller also
   // waits for the others on behalf of all local ranks (fan-in).
-  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, name, spec, caller, start_waiter] {
-    absl::Status s = coordinator->PublishGroupSpec(name, spec);
-    if (s.ok()) s = coordinator->Arrive(absl::StrCat("group/", name, "/arrived"), {caller});
-    if (!s.ok()) {
-      std::vector<GroupDone> failed;
-      {
-        absl::MutexLock lock(&mu_);
-        Job* job = FindJob(job_id);
-        if (job != nullptr && job->groups.count(name) != 0) {
-          Group& g = job->groups[name];
-          if (g.failure.ok() && !g.formed) g.failure = s;
-          for (auto& [r, d] : g.waiting) failed.push_back(std::move(d));
-          g.waiting.clear();
-          if (!g.formed) g.info.set_state(v1::GROUP_STATE_BROKEN);
-        }
-      }
-      for (auto& d : failed) d(s);
-      return;
-    }
-    if (start_waiter) {
-      Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name] { FormGroup(job_id, name); });
-    }
-  });
+  Spawn(WorkerPool::Kind::kShort,
+        [this, coordinator, job_id, name, spec, caller, start_waiter, epoch] {
+          const std::string path = GroupPath(epoch, name);
+          absl::Status s = coordinator->PublishGroupSpec(path, name, spec);
+          if (s.ok()) s = coordinator->Arrive(path + "/arrived", {caller});
+          if (!s.ok()) {
+            std::vector<GroupDone> failed;
+            {
+              absl::MutexLock lock(&mu_);
+              Job* job = FindJob(job_id);
+              if (job != nullptr && job->groups.count(name) != 0 &&
+                  job->groups[name].info.epoch() == epoch) {
+                Group& g = job->groups[name];
+                if (g.failure.ok() && !g.formed) g.failure = s;
+                for (auto& [r, d] : g.waiting) failed.push_back(std::move(d));
+                g.waiting.clear();
+                if (!g.formed) g.info.set_state(v1::GROUP_STATE_BROKEN);
+              }
+            }
+            for (auto& d : failed) d(s);
+            return;
+          }
+          if (start_waiter) {
+            Spawn(WorkerPool::Kind::kBlocking,
+                  [this, job_id, name, epoch] { FormGroup(job_id, name, epoch); });
+          }
+        });
 }
 
-void Registry::FormGroup(std::string job_id, std::string name) {
+void Registry::FormGroup(std::string job_id, std::string name, int64_t epoch) {
   std::shared_ptr<JobCoordinator> coordinator;
   std::vector<int> required, members;
   absl::Duration timeout;
@@ -697,6 +817,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
     Job* job = FindJob(job_id);
     if (job == nullptr || job->groups.count(name) == 0) return;
     Group& g = job->groups[name];
+    if (g.info.epoch() != epoch) return;  // re-formed meanwhile
     coordinator = job->coordinator;
     required = g.required;
     members = g.ranks;
@@ -704,7 +825,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
   }
   std::string what = absl::StrCat("formation of group '", name, "'");
   absl::Status s = coordinator->AwaitArrivals(
-      absl::StrCat("group/", name, "/arrived"), required, absl::Now() + timeout, what,
+      GroupPath(epoch, name) + "/arrived", required, absl::Now() + timeout, what,
       [this, &job_id, &name, &required] { return AbortReason(job_id, name, required); });
   std::map<int, RemoteRank> infos;
   if (s.ok()) {
@@ -723,6 +844,7 @@ void Registry::FormGroup(std::string job_id, std::string name) {
     Job* job = FindJob(job_id);
     if (job == nullptr || job->groups.count(name) == 0) return;
     Group& g = job->groups[name];
+    if (g.info.epoch() != epoch) return;  // re-formed meanwhile: its waiters were told
     if (s.ok()) {
       g.formed = true;
       if (g.info.state() == v1::GROUP_STATE_FORMING) g.info.set_state(v1::GROUP_STATE_READY);
@@ -766,6 +888,7 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
   std::vector<int> members;
   absl::Duration timeout;
   bool start_waiter = false;
+  std::string path;
   absl::Status bad;
   {
     absl::MutexLock lock(&mu_);
@@ -810,6 +933,8 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
               coordinator = job->coordinator;
               members = g.ranks;
               timeout = TimeoutOf(req.timeout(), g.timeout);
+              path =
+                  absl::StrCat(GroupPath(g.info.epoch(), req.name()), "/barrier/", req.sequence());
             }
           }
         }
@@ -823,31 +948,31 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
   std::string job_id = req.caller().job_id();
   std::string name = req.name();
   int64_t seq = req.sequence();
-  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, name, seq, caller, members, timeout,
-                                   start_waiter] {
-    absl::Status s = coordinator->Arrive(absl::StrCat("group/", name, "/barrier/", seq), {caller});
-    if (s.ok() && !start_waiter) return;
-    if (s.ok()) {
-      Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name, seq, members, timeout] {
-        RunBarrier(job_id, name, seq, members, timeout);
-      });
-      return;
-    }
-    std::vector<StatusDone> failed;
-    {
-      absl::MutexLock lock(&mu_);
-      Job* job = FindJob(job_id);
-      if (job == nullptr || job->groups.count(name) == 0) return;
-      auto& b = job->groups[name].barriers[seq];
-      for (auto& [r, d] : b.waiting) failed.push_back(std::move(d));
-      b.waiting.clear();
-    }
-    for (auto& d : failed) d(s);
-  });
+  Spawn(WorkerPool::Kind::kShort,
+        [this, coordinator, job_id, name, seq, caller, members, timeout, start_waiter, path] {
+          absl::Status s = coordinator->Arrive(path, {caller});
+          if (s.ok() && !start_waiter) return;
+          if (s.ok()) {
+            Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name, seq, members, timeout, path] {
+              RunBarrier(job_id, name, seq, members, timeout, path);
+            });
+            return;
+          }
+          std::vector<StatusDone> failed;
+          {
+            absl::MutexLock lock(&mu_);
+            Job* job = FindJob(job_id);
+            if (job == nullptr || job->groups.count(name) == 0) return;
+            auto& b = job->groups[name].barriers[seq];
+            for (auto& [r, d] : b.waiting) failed.push_back(std::move(d));
+            b.waiting.clear();
+          }
+          for (auto& d : failed) d(s);
+        });
 }
 
 void Registry::RunBarrier(std::string job_id, std::string name, int64_t sequence,
-                          std::vector<int> members, absl::Duration timeout) {
+                          std::vector<int> members, absl::Duration timeout, std::string path) {
   std::shared_ptr<JobCoordinator> coordinator;
   {
     absl::MutexLock lock(&mu_);
@@ -857,7 +982,7 @@ void Registry::RunBarrier(std::string job_id, std::string name, int64_t sequence
   }
   std::string what = absl::StrCat("barrier ", sequence, " on group '", name, "'");
   absl::Status s = coordinator->AwaitArrivals(
-      absl::StrCat("group/", name, "/barrier/", sequence), members, absl::Now() + timeout, what,
+      path, members, absl::Now() + timeout, what,
       [this, &job_id, &name, &members] { return AbortReason(job_id, name, members); });
   std::vector<StatusDone> waiting;
   {
@@ -917,6 +1042,154 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
   }
   InterruptWaits(*job);
   return absl::OkStatus();
+}
+
+void Registry::ResetGroup(Job& job, Group& g, int64_t epoch,
+                          std::vector<std::function<void()>>* later) {
+  const std::string name = g.info.name();
+  absl::Status gone = absl::AbortedError(absl::StrCat(
+      "group '", name, "' is re-formed under epoch ", epoch, " of job '", job.id, "'"));
+  for (auto& [r, d] : g.waiting) later->push_back([d = std::move(d), gone] { d(gone); });
+  for (auto& [seq, b] : g.barriers) {
+    for (auto& [r, d] : b.waiting) later->push_back([d = std::move(d), gone] { d(gone); });
+  }
+  if (g.segment != nullptr) {
+    g.segment->Abort(std::string(gone.message()));
+    GroupSegment::Unlink(g.segment->name());
+  }
+  if (observer_ != nullptr) {
+    // The engine's communicators of the old epoch go (they were aborted
+    // when the group broke); the new epoch's are made on first use.
+    for (int r : g.arrived_local) observer_->GroupDestroyed(job.id, name, r);
+  }
+  Group fresh;
+  fresh.info.set_job_id(job.id);
+  fresh.info.set_generation(job.generation);
+  fresh.info.set_name(name);
+  fresh.info.set_state(v1::GROUP_STATE_FORMING);
+  fresh.info.set_epoch(epoch);
+  g = std::move(fresh);
+}
+
+void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
+                           ReconfigureDone done) {
+  const int caller = req.caller().global_rank();
+  const int64_t epoch = req.epoch();
+  std::shared_ptr<JobCoordinator> coordinator;
+  std::vector<int> everyone;
+  absl::Duration timeout;
+  absl::Status bad;
+  {
+    absl::MutexLock lock(&mu_);
+    auto j = CallerJob(req.caller(), who);
+    if (!j.ok()) {
+      bad = j.status();
+    } else {
+      Job* job = *j;
+      Rank& r = job->ranks[caller];
+      if (epoch != r.info.epoch() + 1) {
+        bad = absl::InvalidArgumentError(
+            absl::StrCat("rank ", caller, " is in epoch ", r.info.epoch(), " of job '", job->id,
+                         "': it can join epoch ", r.info.epoch() + 1, ", not ", epoch));
+      } else if (r.joining_epoch != 0) {
+        bad = absl::AlreadyExistsError(
+            absl::StrCat("rank ", caller, " is already joining epoch ", r.joining_epoch));
+      } else if (!job->abort_reason.empty()) {
+        bad = absl::AbortedError(absl::StrCat("job aborted: ", job->abort_reason));
+      } else {
+        r.joining_epoch = epoch;
+        coordinator = job->coordinator;
+        for (int i = 0; i < job->world_size; ++i) everyone.push_back(i);
+        timeout = TimeoutOf(req.timeout(), kDefaultGroupTimeout);
+      }
+    }
+  }
+  if (!bad.ok()) {
+    done(bad);
+    return;
+  }
+  const std::string job_id = req.caller().job_id();
+  Spawn(WorkerPool::Kind::kBlocking, [this, coordinator, job_id, caller, epoch, everyone, timeout,
+                                      done = std::move(done)] {
+    const std::string key = absl::StrCat("epoch/", epoch, "/arrived");
+    const std::string what = absl::StrCat("epoch ", epoch, " of job '", job_id, "'");
+    absl::Status s = coordinator->Arrive(key, {caller});
+    // Failures of the old epoch do not end the wait (their replacements
+    // are what it waits for); an abort, shutdown or the caller's own end do.
+    if (s.ok()) {
+      s = coordinator->AwaitArrivals(key, everyone, absl::Now() + timeout, what, [&]() {
+        absl::MutexLock lock(&mu_);
+        if (stopping_) return std::string("musterd is shutting down");
+        Job* job = FindJob(job_id);
+        if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
+        if (!job->abort_reason.empty()) return absl::StrCat("job aborted: ", job->abort_reason);
+        auto it = job->ranks.find(caller);
+        if (it == job->ranks.end() || it->second.joining_epoch != epoch ||
+            it->second.info.state() != v1::RANK_STATE_ALIVE) {
+          return absl::StrCat("rank ", caller, " left or failed");
+        }
+        return std::string();
+      });
+    }
+    absl::StatusOr<std::map<int, RemoteRank>> holders = absl::UnknownError("unset");
+    if (s.ok()) {
+      holders = coordinator->FetchRanks(everyone);
+      s = holders.status();
+    }
+    if (s.ok()) s = coordinator->SetLatestEpoch(epoch);
+    v1::ReconfigureResponse response;
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      auto it = job != nullptr ? job->ranks.find(caller) : decltype(job->ranks.end()){};
+      if (job == nullptr || it == job->ranks.end() || it->second.joining_epoch != epoch) {
+        if (s.ok()) s = absl::AbortedError(absl::StrCat("rank ", caller, " left during ", what));
+      } else {
+        it->second.joining_epoch = 0;
+        if (s.ok()) {
+          it->second.info.set_epoch(epoch);
+          if (epoch > job->epoch) {
+            job->epoch = epoch;
+            v1::Reconfiguration& record = job->reconfigurations.emplace_back();
+            record.set_epoch(epoch);
+            for (const std::string& f : job->failed_since) record.add_failed(f);
+            for (int r : job->replaced_since) record.add_replaced(r);
+            if (job->first_failure != absl::InfiniteFuture()) {
+              record.set_took_millis(absl::ToInt64Milliseconds(absl::Now() - job->first_failure));
+            }
+            job->failed_since.clear();
+            job->replaced_since.clear();
+            job->first_failure = absl::InfiniteFuture();
+            MLOG(INFO) << "job " << job_id << ": epoch " << epoch << " formed by all "
+                       << everyone.size() << " ranks (" << record.took_millis()
+                       << " ms after the first failure)";
+          }
+          // Ranks that failed or left are alive again where another process
+          // now holds them.
+          for (auto r = job->ranks.begin(); r != job->ranks.end();) {
+            const v1::RankInfo& info = r->second.info;
+            bool dead =
+                info.state() == v1::RANK_STATE_FAILED || info.state() == v1::RANK_STATE_LEFT;
+            auto holder = holders->find(r->first);
+            if (dead && !r->second.joining && holder != holders->end() &&
+                holder->second.pid != info.pid()) {
+              if (!r->second.session_id.empty()) sessions_.erase(r->second.session_id);
+              r = job->ranks.erase(r);
+            } else {
+              ++r;
+            }
+          }
+          response.set_epoch(epoch);
+          response.set_world_size(job->world_size);
+        }
+      }
+    }
+    if (s.ok()) {
+      done(response);
+    } else {
+      done(s);
+    }
+  });
 }
 
 bool Registry::IsLiveLocalRank(const std::string& job_id, int global_rank) {
@@ -990,6 +1263,8 @@ std::vector<v1::JobInfo> Registry::ListJobs(const Caller& who) {
     info.set_world_size(job.world_size);
     info.set_generation(job.generation);
     info.set_uid(job.owner_uid);
+    info.set_epoch(job.epoch);
+    for (const v1::Reconfiguration& r : job.reconfigurations) *info.add_reconfigurations() = r;
     int local = 0, alive = 0, failed = 0;
     for (const auto& [r, rec] : job.ranks) {
       if (rec.local) ++local;
@@ -1027,6 +1302,7 @@ std::vector<v1::GroupInfo> Registry::ListGroups(const std::string& job_id, const
           m.set_state("remote");
           continue;
         }
+        m.set_restarts(it->second.info.restarts());
         switch (it->second.info.state()) {
           case v1::RANK_STATE_ALIVE:
             m.set_state(it->second.local ? "alive" : "remote");

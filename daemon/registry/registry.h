@@ -165,6 +165,12 @@ class Registry {
   absl::Status CheckAccess(const std::string& job_id, const Caller& caller);
 
   void CreateGroup(const v1::CreateGroupRequest& request, const Caller& caller, GroupDone done);
+  using ReconfigureDone = std::function<void(absl::StatusOr<v1::ReconfigureResponse>)>;
+  // Elastic jobs: the caller joins the job's next epoch (see
+  // Groups.Reconfigure); `done` runs once every world rank joined it.
+  // Groups are then re-created under it by the same CreateGroup calls.
+  void Reconfigure(const v1::ReconfigureRequest& request, const Caller& caller,
+                   ReconfigureDone done);
   absl::Status DestroyGroup(const v1::DestroyGroupRequest& request, const Caller& caller);
   void Barrier(const v1::BarrierRequest& request, const Caller& caller, StatusDone done);
   absl::Status AbortGroup(const std::string& job_id, const std::string& name,
@@ -192,6 +198,7 @@ class Registry {
     bool joining = false;  // registration in flight
     std::string session_id;
     SessionSink* sink = nullptr;
+    int64_t joining_epoch = 0;  // the epoch a Reconfigure of it is joining (0: none)
   };
   struct BarrierState {
     bool waiter_started = false;
@@ -228,6 +235,13 @@ class Registry {
     int64_t owner_uid = -1;  // the user the job's ranks run as
     // Since when no local rank is alive or joining (InfiniteFuture: some is).
     absl::Time idle_since = absl::InfiniteFuture();
+    // Elastic jobs: the latest epoch a local rank joined, how each came
+    // about, and what happened since the last one.
+    int64_t epoch = 0;
+    std::vector<v1::Reconfiguration> reconfigurations;
+    absl::Time first_failure = absl::InfiniteFuture();
+    std::vector<std::string> failed_since;
+    std::set<int> replaced_since;
   };
 
   // Runs `fn` on the registry's worker pool.
@@ -257,17 +271,30 @@ class Registry {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks a rank failed and breaks its groups; pushes RankFailed to the
   // job's other local ranks.
+  // `epoch`: the epoch the failed process was in; failures of an epoch the
+  // job left behind, or of a process that no longer holds the rank, are
+  // ignored.
   void MarkFailed(Job& job, int rank, const std::string& host, int64_t pid,
-                  const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void FormGroup(std::string job_id, std::string name);
+                  const std::string& reason, int64_t epoch) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Publishes the failure of local rank `rank` (its record) in the job's
+  // store, and that its process is gone (a new one may take the rank over).
+  void ReportGone(std::shared_ptr<JobCoordinator> coordinator, FailureRecord record,
+                  RemoteRank holder);
+  // Starts group `g` afresh under `epoch` (a rank re-creates it after a
+  // reconfiguration): its waiters fail, its segment and communicators go.
+  // Callbacks to run outside the lock go to `later`.
+  void ResetGroup(Job& job, Group& g, int64_t epoch, std::vector<std::function<void()>>* later)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void FormGroup(std::string job_id, std::string name, int64_t epoch);
   // Creates the shared-memory segment of a formed group if all its members
   // are local ranks; records why not otherwise.
   void AttachSegment(Job& job, Group& group) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Aborts (with `reason`) and unlinks every segment of `job`.
   static void ReleaseSegments(Job& job, const std::string& reason,
                               AbortKind kind = AbortKind::kAborted);
+  // `path`: the barrier's keys in the job's store.
   void RunBarrier(std::string job_id, std::string name, int64_t sequence, std::vector<int> members,
-                  absl::Duration timeout);
+                  absl::Duration timeout, std::string path);
   static std::string DescribeRank(const v1::RankInfo& info);
 
   const RegistryOptions options_;

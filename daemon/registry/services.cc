@@ -319,4 +319,17 @@ grpc::ServerUnaryReactor* GroupsService::Barrier(grpc::CallbackServerContext* co
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GroupsService::Reconfigure(grpc::CallbackServerContext* context,
+                                                     const v1::ReconfigureRequest* request,
+                                                     v1::ReconfigureResponse* response) {
+  ADMIT_OR_FINISH(caller, context, request);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->Reconfigure(*request, *caller,
+                         [this, reactor, response](absl::StatusOr<v1::ReconfigureResponse> r) {
+                           if (r.ok()) *response = std::move(*r);
+                           reactor->Finish(ToGrpc(WhileStopping(registry_, r.status())));
+                         });
+  return reactor;
+}
+
 }  // namespace muster

@@ -69,6 +69,9 @@ class GroupsService final : public v1::Groups::CallbackService {
   grpc::ServerUnaryReactor* Barrier(grpc::CallbackServerContext* context,
                                     const v1::BarrierRequest* request,
                                     v1::BarrierResponse* response) override;
+  grpc::ServerUnaryReactor* Reconfigure(grpc::CallbackServerContext* context,
+                                        const v1::ReconfigureRequest* request,
+                                        v1::ReconfigureResponse* response) override;
 
  private:
   Registry* registry_;

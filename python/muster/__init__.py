@@ -859,6 +859,22 @@ class World(_Handle):
     def job_id(self):
         return lib().muster_world_job_id(self._handle).decode()
 
+    @property
+    def epoch(self):
+        """The job epoch this rank is in (0 at start, +1 per reconfigure)."""
+        return lib().muster_world_epoch(self._handle)
+
+    def reconfigure(self, timeout=None):
+        """Elastic jobs: after a member died (collectives failed ABORTED),
+        joins the job's next epoch with the other ranks (the survivors call
+        it; a replacement process does it inside init()) and forms every
+        group this rank holds again under it; Group objects stay valid.
+        Returns the new epoch."""
+        epoch = ctypes.c_int64(0)
+        _check(lib().muster_world_reconfigure(self._handle, _timeout_s(timeout),
+                                              ctypes.byref(epoch)))
+        return epoch.value
+
     def failures(self):
         """Failures of other ranks this rank was told about."""
         n = lib().muster_world_failures(self._handle, None, 0)
@@ -943,6 +959,13 @@ def init(rank=None, world_size=None, local_rank=None, local_world_size=None, mas
 def world():
     """The World joined by init(), or None."""
     return _default_world
+
+
+def reconfigure(timeout=None):
+    """World.reconfigure() on the default World (see muster.init)."""
+    if _default_world is None:
+        raise FailedPreconditionError(9, "muster.reconfigure(): muster.init() was not called")
+    return _default_world.reconfigure(timeout)
 
 
 def is_initialized():

@@ -103,6 +103,8 @@ _SIGNATURES = {
     "muster_world_local_rank": (c_int, [c_void_p]),
     "muster_world_local_size": (c_int, [c_void_p]),
     "muster_world_generation": (c_int64, [c_void_p]),
+    "muster_world_epoch": (c_int64, [c_void_p]),
+    "muster_world_reconfigure": (c_int, [c_void_p, c_double, POINTER(c_int64)]),
     "muster_world_job_id": (c_char_p, [c_void_p]),
     "muster_world_group": (c_void_p, [c_void_p]),
     "muster_world_failures": (c_size_t, [c_void_p, c_char_p, c_size_t]),

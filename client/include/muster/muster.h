@@ -160,6 +160,14 @@ int muster_world_local_rank(const muster_world* world);
 int muster_world_local_size(const muster_world* world);
 int64_t muster_world_generation(const muster_world* world);
 const char* muster_world_job_id(const muster_world* world);
+/* The job epoch this rank is in (0 at start; see muster_world_reconfigure). */
+int64_t muster_world_epoch(const muster_world* world);
+/* Elastic jobs (World::Reconfigure): after a member died, the survivors call
+   it, and so does muster_world_init in the process that replaces it; every
+   world rank joins the job's next epoch and every group this rank holds is
+   formed again under it (handles stay valid). timeout_s 0: the world's
+   timeout; negative: none. *epoch (may be NULL) receives the new epoch. */
+int muster_world_reconfigure(muster_world* world, double timeout_s, int64_t* epoch);
 /* A new reference to the world group. */
 muster_group* muster_world_group(muster_world* world);
 /* Copies the failures of other ranks this rank was told about, one message

@@ -277,6 +277,9 @@ class World {
 
   const std::string& job_id() const;
   int64_t generation() const;
+  // The job epoch this rank is in: 0 at start, one more after each
+  // Reconfigure.
+  int64_t epoch() const;
   int rank() const;
   int world_size() const;
   int local_rank() const;
@@ -297,6 +300,20 @@ class World {
   NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists,
                             GroupOptions options = {});
   absl::Status DestroyProcessGroup(ProcessGroup& group);
+
+  // Elastic jobs. After a member of the job died (its groups broke with
+  // ABORTED), the survivors call Reconfigure, and so does World::Init in
+  // the process that replaces it (same RANK, e.g. `muster-run
+  // --restart-policy rank`): every world rank joins the job's next epoch,
+  // then every group this rank holds is formed again under it with the
+  // same name, ranks and options (world group first, then the others in
+  // creation order), so the ProcessGroup handles stay valid. A replacement
+  // must create the same groups in the same order before its first
+  // collective on them. Call it when no other thread uses this World's
+  // groups and no collective is pending; collectives pending on the old
+  // epoch fail. Returns the new epoch; DEADLINE_EXCEEDED (naming the ranks
+  // that did not join within `timeout`, zero: the World's timeout).
+  absl::StatusOr<int64_t> Reconfigure(absl::Duration timeout = absl::ZeroDuration());
 
   // The job's store (the musterd at MASTER_ADDR:MASTER_PORT), namespaced
   // to this job attempt.

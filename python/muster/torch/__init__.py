@@ -122,6 +122,17 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     build().monitored_barrier(_backend(group), timeout_s)
 
 
+def reconfigure(timeout=None):
+    """Elastic jobs with the "muster" backend: after a member died (a
+    collective raised), the survivors call this, and a replacement process
+    (same RANK) does the same inside init_process_group; every rank joins
+    the job's next epoch and every muster group is formed again under it,
+    so torch's group objects stay valid. Returns the new epoch.
+    `timeout`: a timedelta (default: the world's timeout)."""
+    timeout_s = 0.0 if timeout is None else _timeout_seconds(timeout)
+    return build().reconfigure(timeout_s)
+
+
 def _register():
     if BACKEND_NAME.upper() in getattr(dist.Backend, "_plugins", {}):
         return

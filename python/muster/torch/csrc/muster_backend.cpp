@@ -1348,6 +1348,30 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Whether this process already joined muster's job.");
   m.def(
+      "reconfigure",
+      [](double timeout_s) {
+        muster_world* w;
+        {
+          std::lock_guard<std::mutex> lock(muster_torch::world_mu);
+          w = muster_torch::world == nullptr ? nullptr : muster_world_retain(muster_torch::world);
+        }
+        TORCH_CHECK(w != nullptr, "muster: reconfigure(): no process group uses muster yet");
+        int64_t epoch = 0;
+        int code;
+        {
+          py::gil_scoped_release release;
+          code = muster_world_reconfigure(w, timeout_s, &epoch);
+        }
+        std::string message = code == MUSTER_OK ? "" : muster_last_error();
+        muster_world_release(w);
+        if (code != MUSTER_OK) {
+          throw muster_torch::MakeError(
+              c10::str("muster: reconfigure failed: ", muster_torch::Describe(code, message)));
+        }
+        return epoch;
+      },
+      py::arg("timeout_s"));
+  m.def(
       "create_backend",
       [](int group_rank, int group_size, const std::string& group_id,
          const std::vector<int64_t>& global_ranks, double timeout_s, const py::dict& world) {
