@@ -409,11 +409,11 @@ int RunJobs(const CtlOptions& options) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& j : resp.jobs()) {
-    rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.epoch()),
-                    absl::StrCat(j.world_size()), absl::StrCat(j.num_local_ranks()), j.state(),
-                    absl::StrCat(j.uid())});
+    rows.push_back({j.job_id(), absl::StrCat(j.generation()), absl::StrCat(j.world_size()),
+                    absl::StrCat(j.num_local_ranks()), j.state(), absl::StrCat(j.uid()),
+                    absl::StrCat(j.epoch())});
   }
-  PrintTable({"JOB", "GEN", "EPOCH", "WORLD", "LOCAL_RANKS", "STATE", "UID"}, rows);
+  PrintTable({"JOB", "GEN", "WORLD", "LOCAL_RANKS", "STATE", "UID", "EPOCH"}, rows);
   // How each epoch after the first came about (elastic jobs).
   for (const auto& j : resp.jobs()) {
     for (const auto& r : j.reconfigurations()) {

@@ -88,8 +88,32 @@ def _create_backend(opts, pg_options=None):
     if not ext.world_joined():
         world = _options.world_init_options(rank, size, world_name, timeout_s, os.environ,
                                             _daemon_store_port)
-    return ext.create_backend(opts.group_rank, opts.group_size, str(opts.group_id), ranks,
-                              timeout_s, world)
+    backend = ext.create_backend(opts.group_rank, opts.group_size, str(opts.group_id), ranks,
+                                 timeout_s, world)
+    if _TORCH_MAJOR < 2 and ext.epoch() > 0:
+        _rejoin_store_barrier(opts.store, size)
+    return backend
+
+
+def _rejoin_store_barrier(store, world_size):
+    """torch 1.13 ends init_process_group and new_group with a store-based
+    barrier that waits until the group's counter equals the world size. A
+    process that replaced a failed rank (muster epoch > 0) creates groups the
+    survivors passed that barrier for long ago: it would count to
+    world size + 1 and wait forever. Take one count back first, so that its
+    own makes the world size again. A barrier the survivors have not all
+    passed (a group new to every rank) is left alone. (Two replacements of
+    one torch 1.13 job creating the same group at once can still disagree.)"""
+    c10d = dist.distributed_c10d
+    key = f"{c10d.STORE_BASED_BARRIER_PREFIX}:{c10d._group_count}"
+    base = getattr(store, "underlying_store", store)
+    for _ in range(100):
+        count = base.add(key, 0)
+        if count < world_size:
+            return
+        now = base.compare_set(key, str(count), str(count - 1))
+        if int(now) == count - 1:
+            return
 
 
 def _backend(group):
@@ -120,6 +144,12 @@ def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
     del wait_all_ranks
     timeout_s = 0.0 if timeout is None else _timeout_seconds(timeout)
     build().monitored_barrier(_backend(group), timeout_s)
+
+
+def epoch():
+    """The job epoch this process is in: 0 at start, +1 per reconfigure; a
+    process that replaced a failed rank starts past 0 (-1 before joining)."""
+    return build().epoch()
 
 
 def reconfigure(timeout=None):

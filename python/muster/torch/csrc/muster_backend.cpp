@@ -1348,6 +1348,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       },
       "Whether this process already joined muster's job.");
   m.def(
+      "epoch",
+      [] {
+        std::lock_guard<std::mutex> lock(muster_torch::world_mu);
+        return muster_torch::world == nullptr ? int64_t{-1}
+                                              : muster_world_epoch(muster_torch::world);
+      },
+      "The job epoch this process is in (-1 before it joined the job).");
+  m.def(
       "reconfigure",
       [](double timeout_s) {
         muster_world* w;
