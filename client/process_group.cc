@@ -847,9 +847,12 @@ void ProcessGroup::Impl::CreateBackends(const std::map<std::string, std::string>
       o.local_address = *address;
     }
     // Gloo's keys keep their historical prefix; other backends get their own.
+    // A group formed again under a later job epoch connects afresh (no
+    // member may read the addresses of an earlier epoch).
     std::string prefix =
         absl::StrCat(backend == "gloo" || backend == "shm" ? "muster-gloo" : "muster-" + backend,
-                     "/", world_.job_id, "/", world_.generation, "/", name_);
+                     "/", world_.job_id, "/", world_.generation, "/",
+                     info.epoch() > 0 ? absl::StrCat("e", info.epoch(), "/") : "", name_);
     InitOptions w = world_;
     absl::Duration timeout = timeout_;
     o.connect_store = [w, timeout, prefix]() -> absl::StatusOr<std::shared_ptr<Store>> {
