@@ -59,14 +59,17 @@ def synchronize(model, optimizer, done):
 
 
 def main():
+    print(f"BOOT rank={os.environ.get('RANK')} pid={os.getpid()} t_us={time.time_ns() // 1000}",
+          flush=True)
     steps = int(os.environ.get("ELASTIC_STEPS", "20"))
     kill_rank = int(os.environ.get("ELASTIC_KILL_RANK", "-1"))
     kill_step = int(os.environ.get("ELASTIC_KILL_STEP", "-1"))
     restarts = int(os.environ.get("MUSTER_RESTART_COUNT", "0"))
+    first_process = restarts == 0 and int(os.environ.get("MUSTER_GENERATION", "0")) == 0
     dist.init_process_group("muster")
     rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"START rank={rank} pid={os.getpid()} epoch={mt.epoch()} restarts={restarts}",
-          flush=True)
+    print(f"START rank={rank} pid={os.getpid()} epoch={mt.epoch()} restarts={restarts} "
+          f"t_us={time.time_ns() // 1000}", flush=True)
 
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
@@ -97,14 +100,15 @@ def main():
             start = time.perf_counter()
             epoch = mt.reconfigure()
             ms = (time.perf_counter() - start) * 1000
-            print(f"RECONFIGURED rank={rank} epoch={epoch} took_ms={ms:.0f}", flush=True)
+            print(f"RECONFIGURED rank={rank} epoch={epoch} took_ms={ms:.0f} "
+                  f"t_us={time.time_ns() // 1000}", flush=True)
             done, root = synchronize(model, optimizer, done)
             print(f"RESUME rank={rank} after step {done} from rank {root}", flush=True)
             continue
         optimizer.step()
         done = step
-        if rank == kill_rank and step == kill_step and restarts == 0:
-            print(f"KILL rank={rank} step={step}", flush=True)
+        if rank == kill_rank and step == kill_step and first_process:
+            print(f"KILL rank={rank} step={step} t_us={time.time_ns() // 1000}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
     d = digest(model)

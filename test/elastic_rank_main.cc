@@ -9,6 +9,7 @@
 // --restart-policy rank) does the same after Init.
 //
 // Lines it prints (one per event, wall-clock times in µs since the epoch):
+//   BOOT rank=R pid=P t_us=T                            main() entered
 //   START rank=R pid=P epoch=E restarts=K t_us=T        after Init
 //   KILL rank=R step=S t_us=T                           before its SIGKILL
 //   FAILED rank=R step=S: MESSAGE
@@ -16,7 +17,8 @@
 //   RESUME rank=R step=S from=ROOT
 //   FINAL rank=R total=X steps=S epoch=E pid=P
 // Options: --steps N (default 20), --kill-rank R and --kill-step S (rank R
-// kills itself with SIGKILL after step S, in its first process only),
+// kills itself with SIGKILL after step S, in the job's first process of
+// that rank only: MUSTER_RESTART_COUNT and MUSTER_GENERATION are 0),
 // --elements N (default 1024), --step-ms MS (pause per step, default 0).
 #include <signal.h>
 #include <unistd.h>
@@ -58,6 +60,10 @@ int main(int argc, char** argv) {
   const int elements = IntFlag(argc, argv, "--elements", 1024);
   const int step_ms = IntFlag(argc, argv, "--step-ms", 0);
   const int restarts = EnvInt("MUSTER_RESTART_COUNT");
+  const bool first_process = restarts == 0 && EnvInt("MUSTER_GENERATION") == 0;
+  std::printf("BOOT rank=%d pid=%d t_us=%lld\n", EnvInt("RANK"), ::getpid(),
+              static_cast<long long>(NowMicros()));
+  std::fflush(stdout);
 
   absl::StatusOr<std::unique_ptr<muster::World>> joined = muster::World::Init({});
   if (!joined.ok()) {
@@ -111,7 +117,7 @@ int main(int argc, char** argv) {
     if (s.ok()) {
       total += buffer[0];
       done = step;
-      if (rank == kill_rank && step == kill_step && restarts == 0) {
+      if (rank == kill_rank && step == kill_step && first_process) {
         std::printf("KILL rank=%d step=%d t_us=%lld\n", rank, step,
                     static_cast<long long>(NowMicros()));
         std::fflush(stdout);

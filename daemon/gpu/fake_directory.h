@@ -18,15 +18,19 @@ namespace muster {
 
 class FakeDirectory : public GpuGroupDirectory {
  public:
+  // Declares (or, under a later job epoch, re-forms: no longer broken)
+  // group `name`.
   void AddGroup(const std::string& name, std::vector<int> ranks,
                 absl::Duration timeout = absl::Seconds(20),
-                std::string backend = "cpu:gloo,cuda:nccl") {
+                std::string backend = "cpu:gloo,cuda:nccl", int64_t job_epoch = 0) {
     std::lock_guard<std::mutex> lock(mu_);
     GpuGroupView view;
     view.ranks = std::move(ranks);
     view.timeout = timeout;
     view.backend = std::move(backend);
+    view.job_epoch = job_epoch;
     groups_[name] = view;
+    broken_.erase(name);
   }
   absl::StatusOr<GpuGroupView> Lookup(const std::string&, const std::string& group,
                                       int global_rank) override {
@@ -51,6 +55,7 @@ class FakeDirectory : public GpuGroupDirectory {
     breaks_.push_back(group + ": " + reason);
   }
   absl::StatusOr<std::shared_ptr<Store>> JobStore(const std::string&) override { return store_; }
+  Store& store() { return *store_; }
   std::vector<std::string> breaks() {
     std::lock_guard<std::mutex> lock(mu_);
     return breaks_;
