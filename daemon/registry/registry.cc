@@ -291,8 +291,9 @@ absl::Status Registry::ValidateJoin(const Job& job, const v1::RegisterRequest& r
     return absl::AlreadyExistsError(
         absl::StrCat("rank ", rank, " of job '", id.job_id(), "' is already registered (host ",
                      other.host(), ", pid ", other.pid(), ", ",
-                     other.state() == v1::RANK_STATE_ALIVE ? "alive" : "no longer alive",
-                     "); a restarted job needs a new generation"));
+                     other.state() == v1::RANK_STATE_ALIVE ? "alive" : "still joining",
+                     "); a new process may take a rank over once its process failed or left, "
+                     "and a restarted job needs a new generation"));
   }
   return absl::OkStatus();
 }

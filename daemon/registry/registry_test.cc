@@ -55,6 +55,14 @@ struct Result {
   }
 };
 
+bool Eventually(const std::function<bool()>& condition) {
+  for (int i = 0; i < 500; ++i) {
+    if (condition()) return true;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return false;
+}
+
 // A registry whose job store is a StoreServer in this process.
 struct Fixture {
   std::unique_ptr<StoreServer> store;
@@ -233,6 +241,102 @@ TEST_CASE("registrations are checked against the job") {
   RecordingSink sink;
   f.registry->Register(f.Request(1, 2), stranger, &sink, r.callback());
   CHECK(r.Await().status().code() == absl::StatusCode::kPermissionDenied);
+}
+
+v1::ReconfigureRequest Reconfigure(int rank, int64_t epoch, absl::Duration timeout) {
+  v1::ReconfigureRequest req;
+  req.mutable_caller()->set_job_id("job");
+  req.mutable_caller()->set_global_rank(rank);
+  req.set_epoch(epoch);
+  req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
+  return req;
+}
+
+TEST_CASE(
+    "elastic: a new process takes over a failed rank, both join epoch 1 and the group forms "
+    "again under it; stale failures break nothing") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "world", absl::Seconds(30), false), f.caller,
+                          g0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "world", absl::Seconds(30), false), f.caller,
+                          g1.callback());
+  REQUIRE(g0.Await().ok());
+  REQUIRE(g1.Await().ok());
+
+  // Rank 1's process ends without leaving: its group breaks.
+  f.registry->Disconnected(f.sessions[1], f.sinks[1].get());
+  REQUIRE(Eventually([&] {
+    auto g = f.registry->GetGroup("job", "world", Caller::InProcess());
+    return g.ok() && g->state() == v1::GROUP_STATE_BROKEN;
+  }));
+  // A live rank cannot be taken over; rank 1 (failed) can, by another process.
+  CHECK(f.Register(0, 2).status().code() == absl::StatusCode::kAlreadyExists);
+  Caller replacement = f.caller;
+  replacement.pid = ::getpid() + 1000000;  // another process than the one that failed
+  f.sinks.push_back(std::make_unique<RecordingSink>());
+  Result<absl::StatusOr<v1::Registered>> joined;
+  f.registry->Register(f.Request(1, 2), replacement, f.sinks.back().get(), joined.callback());
+  REQUIRE(joined.Await().ok());
+  CHECK(joined.value->rejoin_epoch() == 1);
+
+  Result<absl::StatusOr<v1::ReconfigureResponse>> wrong;
+  f.registry->Reconfigure(Reconfigure(0, 2, absl::Seconds(1)), f.caller, wrong.callback());
+  CHECK(wrong.Await().status().code() == absl::StatusCode::kInvalidArgument);
+  CHECK(wrong.value.status().message().find("can join epoch 1, not 2") != std::string::npos);
+
+  Result<absl::StatusOr<v1::ReconfigureResponse>> e0, e1;
+  f.registry->Reconfigure(Reconfigure(0, 1, absl::Seconds(30)), f.caller, e0.callback());
+  CHECK_FALSE(e0.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));  // waits for 1
+  f.registry->Reconfigure(Reconfigure(1, 1, absl::Seconds(30)), replacement, e1.callback());
+  REQUIRE(e0.Await().ok());
+  REQUIRE(e1.Await().ok());
+  CHECK(e0.value->epoch() == 1);
+
+  // The group forms again, under epoch 1's keys.
+  Result<absl::StatusOr<v1::GroupInfo>> h0, h1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "world", absl::Seconds(30), false), f.caller,
+                          h0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "world", absl::Seconds(30), false), replacement,
+                          h1.callback());
+  REQUIRE(h0.Await().ok());
+  REQUIRE(h1.Await().ok());
+  CHECK(h0.value->epoch() == 1);
+  CHECK(h0.value->state() == v1::GROUP_STATE_READY);
+  CHECK(h1.value->members(1).pid() == replacement.pid);
+  LocalStore store(f.store.get());
+  CHECK(*store.Check({"muster/job/0/epoch/1/arrived/0", "muster/job/0/e1/group/world/arrived/1"}));
+  CHECK(*store.Get("muster/job/0/epoch", absl::Seconds(1)) == "1");
+
+  // A failure record of epoch 0 seen again (another daemon's late report)
+  // breaks nothing in epoch 1.
+  REQUIRE(store.Add("muster/job/0/failures", 1).ok());
+  auto n = store.Add("muster/job/0/failures", 0);
+  REQUIRE(n.ok());
+  REQUIRE(store
+              .Set(absl::StrCat("muster/job/0/failure/", *n),
+                   absl::StrCat("1\tnode-a\t", ::getpid(), "\t0\tan old death"))
+              .ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  CHECK(f.registry->GetGroup("job", "world", Caller::InProcess())->state() ==
+        v1::GROUP_STATE_READY);
+
+  std::vector<v1::JobInfo> jobs = f.registry->ListJobs(Caller::InProcess());
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].epoch() == 1);
+  REQUIRE(jobs[0].reconfigurations_size() == 1);
+  CHECK(jobs[0].reconfigurations(0).replaced_size() == 1);
+  CHECK(jobs[0].reconfigurations(0).replaced(0) == 1);
+  CHECK(jobs[0].reconfigurations(0).failed(0).find("rank 1") != std::string::npos);
+
+  // The next epoch cannot form without rank 1: the timeout names it.
+  Result<absl::StatusOr<v1::ReconfigureResponse>> alone;
+  f.registry->Reconfigure(Reconfigure(0, 2, absl::Milliseconds(200)), f.caller, alone.callback());
+  REQUIRE(alone.Await().status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(alone.value.status().message().find("epoch 2 of job 'job' timed out; ranks that never "
+                                            "arrived: 1") != std::string::npos);
 }
 
 TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {
