@@ -120,7 +120,7 @@ def main():
                       f"{figures[0]:.0f} ms (start-up {figures[1]:.0f} ms, excl. "
                       f"{figures[2]:.0f} ms)", file=sys.stderr, flush=True)
     print(f"4 ranks, one node, SIGKILL of rank 2; medians of {args.repeats} runs (ms)")
-    print(f"{'ranks':<14} {'policy':<6} {'recovery':>9} {'startup':>8} {'excl.':>7} "
+    print(f"{'ranks':<20} {'policy':<6} {'recovery':>9} {'startup':>8} {'excl.':>7} "
           f"{'job/rank (recovery)':>20}")
     for name, _, _ in cases:
         med = {p: [statistics.median(f[i] for f in results[(name, p)]) for i in range(3)]
@@ -128,7 +128,7 @@ def main():
         for policy in ("rank", "job"):
             r, s, e = med[policy]
             ratio = f"{med['job'][0] / med['rank'][0]:.2f}x" if policy == "job" else ""
-            print(f"{name:<14} {policy:<6} {r:>9.0f} {s:>8.0f} {e:>7.0f} {ratio:>20}")
+            print(f"{name:<20} {policy:<6} {r:>9.0f} {s:>8.0f} {e:>7.0f} {ratio:>20}")
 
 
 if __name__ == "__main__":
