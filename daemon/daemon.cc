@@ -8,8 +8,10 @@
 
 #include <cstring>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "backends/shm/segment.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
@@ -19,6 +21,8 @@
 #include "daemon/admin_service.h"
 #include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/gpu/gpu_service.h"
+#include "daemon/metrics/metrics_server.h"
+#include "daemon/metrics/metrics_text.h"
 #include "daemon/ready_file.h"
 #include "daemon/registry/registry.h"
 #include "daemon/registry/services.h"
@@ -220,8 +224,35 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                                  options.access.token.empty() ? ")" : ", token)")
                            : "");
 
+  if (!options.metrics_listen.empty()) {
+    std::string host;
+    int port = 0;
+    size_t colon = options.metrics_listen.rfind(':');
+    if (colon == std::string::npos ||
+        !absl::SimpleAtoi(options.metrics_listen.substr(colon + 1), &port) || port < 0 ||
+        port > 65535) {
+      daemon->Shutdown();
+      return absl::InvalidArgumentError(absl::StrCat("--metrics-listen='", options.metrics_listen,
+                                                     "' is not ADDR:PORT (port 0: any free)"));
+    }
+    host = options.metrics_listen.substr(0, colon);
+    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+      host = host.substr(1, host.size() - 2);
+    }
+    Daemon* d = daemon.get();
+    auto metrics = MetricsServer::Start(host, port, [d] { return d->RenderMetrics(); });
+    if (!metrics.ok()) {
+      daemon->Shutdown();
+      return metrics.status();
+    }
+    daemon->metrics_server_ = std::move(*metrics);
+    MLOG(INFO) << "serving Prometheus metrics on http://"
+               << JoinHostPort(host, daemon->metrics_server_->port()) << "/metrics";
+  }
+
   if (!options.ready_file.empty()) {
     ReadyInfo info;
+    info.metrics_port = daemon->metrics_port();
     info.pid = ::getpid();
     info.grpc_port = daemon->grpc_port_;
     info.store_port = daemon->store_port();
@@ -267,6 +298,129 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
   return s;
 }
 
+int Daemon::metrics_port() const {
+  return metrics_server_ != nullptr ? metrics_server_->port() : 0;
+}
+
+namespace {
+
+// A group's backend config as a label: muster's own configs as they are
+// (few), anything naming a third party's backend as "third_party" (a user
+// chooses those names: they must not make label values unbounded).
+std::string BackendLabel(const std::string& config) {
+  for (absl::string_view part : absl::StrSplit(config, ',')) {
+    absl::string_view name = part.substr(part.find(':') + 1);
+    if (name != "gloo" && name != "shm" && name != "nccl") return "third_party";
+  }
+  return config;
+}
+
+}  // namespace
+
+std::string Daemon::RenderMetrics() const {
+  MetricsText m;
+  m.Family("muster_build_info", "gauge", "musterd's version (the value is 1).");
+  m.Sample("muster_build_info", {{"version", kVersion}}, 1);
+  m.Family("muster_uptime_seconds", "gauge", "Seconds since musterd started.");
+  m.Sample("muster_uptime_seconds", absl::ToDoubleSeconds(absl::Now() - start_time_));
+  if (metrics_server_ != nullptr) {
+    m.Family("muster_metrics_scrapes_total", "counter", "Scrapes of /metrics served.");
+    m.Sample("muster_metrics_scrapes_total", static_cast<double>(metrics_server_->scrapes()));
+  }
+  if (store_ != nullptr) {
+    StoreServer::Stats stats = store_->stats();
+    m.Family("muster_store_keys", "gauge", "Keys in musterd's store.");
+    m.Sample("muster_store_keys", static_cast<double>(stats.keys));
+    m.Family("muster_store_value_bytes", "gauge", "Bytes of keys and values in the store.");
+    m.Sample("muster_store_value_bytes", static_cast<double>(stats.bytes));
+    m.Family("muster_store_connections", "gauge", "Open store connections.");
+    m.Sample("muster_store_connections", {{"auth", "any"}}, static_cast<double>(stats.connections));
+    m.Sample("muster_store_connections", {{"auth", "pending"}},
+             static_cast<double>(stats.unauthenticated_connections));
+    m.Family("muster_store_memory_bytes", "gauge",
+             "Bytes charged to the store's memory budget (buffers, waits, replies).");
+    m.Sample("muster_store_memory_bytes", static_cast<double>(stats.memory_bytes));
+    m.Family("muster_store_refused_total", "counter", "Store connections or requests refused.");
+    m.Sample("muster_store_refused_total", {{"reason", "max_connections"}},
+             static_cast<double>(stats.refused_connections));
+    m.Sample("muster_store_refused_total", {{"reason", "max_unauthenticated"}},
+             static_cast<double>(stats.refused_unauthenticated));
+    m.Sample("muster_store_refused_total", {{"reason", "auth_timeout"}},
+             static_cast<double>(stats.auth_timeouts));
+    m.Sample("muster_store_refused_total", {{"reason", "memory"}},
+             static_cast<double>(stats.refused_for_memory));
+    const StoreMetrics& ops = store_->metrics();
+    m.Family("muster_store_operations_total", "counter",
+             "Requests from store clients (torch's and muster's protocol), by operation.");
+    for (int i = 0; i < StoreMetrics::kOps; ++i) {
+      m.Sample("muster_store_operations_total", {{"op", StoreMetrics::OpLabel(i)}},
+               static_cast<double>(ops.requests[i].value()));
+    }
+    m.Family("muster_store_operation_duration_seconds", "histogram",
+             "Time a store request took on the store's loop, parsed to reply queued (not a "
+             "wait's waiting).");
+    m.HistogramSamples("muster_store_operation_duration_seconds", {},
+                       ops.request_seconds.snapshot());
+    m.Family("muster_store_log_writable", "gauge",
+             "1 while the store's durability log can be written (or there is none), else 0.");
+    m.Sample("muster_store_log_writable", stats.log_error.empty() ? 1 : 0);
+  }
+  if (registry_ != nullptr) {
+    Registry::Counts counts = registry_->counts();
+    Registry::Metrics r = registry_->metrics();
+    m.Family("muster_sessions", "gauge", "Rank sessions attached to this musterd.");
+    m.Sample("muster_sessions", counts.sessions);
+    m.Family("muster_jobs", "gauge", "Jobs this musterd holds, by state.");
+    for (const auto& [state, n] : r.jobs_by_state) m.Sample("muster_jobs", {{"state", state}}, n);
+    m.Family("muster_ranks", "gauge", "This musterd's ranks, by state.");
+    for (const auto& [state, n] : r.ranks_by_state) m.Sample("muster_ranks", {{"state", state}}, n);
+    m.Family("muster_groups", "gauge", "Process groups this musterd holds, by state.");
+    for (const auto& [state, n] : r.groups_by_state) {
+      m.Sample("muster_groups", {{"state", state}}, n);
+    }
+    std::map<std::string, int64_t> by_backend;
+    for (const auto& [config, n] : r.collectives_by_backend) by_backend[BackendLabel(config)] += n;
+    m.Family("muster_segment_collectives", "gauge",
+             "Collectives this musterd's ranks completed in the shared memory of the groups that "
+             "exist now, by the group's backend config.");
+    for (const auto& [backend, n] : by_backend) {
+      m.Sample("muster_segment_collectives", {{"backend", backend}}, static_cast<double>(n));
+    }
+    m.Family("muster_rank_failures_total", "counter",
+             "Ranks of this musterd's jobs that failed (reported by any daemon).");
+    m.Sample("muster_rank_failures_total", static_cast<double>(r.rank_failures));
+    m.Family("muster_group_breaks_total", "counter", "Groups broken, by cause.");
+    for (const auto& [cause, n] : r.group_breaks) {
+      m.Sample("muster_group_breaks_total", {{"cause", cause}}, static_cast<double>(n));
+    }
+    m.Family("muster_reconfigurations_total", "counter",
+             "Epochs formed by elastic jobs after a rank was replaced.");
+    m.Sample("muster_reconfigurations_total", static_cast<double>(r.reconfigurations));
+  }
+  if (gpu_service_ != nullptr) {
+    v1::ListCommunicatorsResponse gpu = gpu_service_->AllCommunicators();
+    std::map<std::string, int> by_state = {
+        {"initializing", 0}, {"ready", 0}, {"aborted", 0}, {"failed", 0}};
+    uint64_t launched = 0, completed = 0;
+    for (const auto& c : gpu.communicators()) {
+      if (by_state.count(c.state())) ++by_state[c.state()];
+      launched += c.launched();
+      completed += c.completed();
+    }
+    m.Family("muster_gpu_communicators", "gauge", "musterd's NCCL communicators, by state.");
+    for (const auto& [state, n] : by_state) {
+      m.Sample("muster_gpu_communicators", {{"state", state}}, n);
+    }
+    m.Family("muster_gpu_collectives", "gauge",
+             "GPU collectives of the communicators that exist now, launched and completed.");
+    m.Sample("muster_gpu_collectives", {{"stage", "launched"}}, static_cast<double>(launched));
+    m.Sample("muster_gpu_collectives", {{"stage", "completed"}}, static_cast<double>(completed));
+    m.Family("muster_gpu_available", "gauge", "1 if GPU collectives can run here, else 0.");
+    m.Sample("muster_gpu_available", gpu.unavailable().empty() ? 1 : 0);
+  }
+  return m.text();
+}
+
 void Daemon::Shutdown() {
   {
     absl::MutexLock lock(&shutdown_mu_);
@@ -292,6 +446,7 @@ void Daemon::Shutdown() {
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
+  metrics_server_.reset();
   if (server_ != nullptr) {
     MLOG(INFO) << "shutting down: waiting up to " << absl::FormatDuration(options_.shutdown_grace)
                << " for in-flight RPCs";

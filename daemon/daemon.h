@@ -34,6 +34,7 @@ class UnixListener;
 class GroupsService;
 class Registry;
 class GpuService;
+class MetricsServer;
 class GpuRuntime;
 class SessionService;
 class SocketLock;
@@ -77,6 +78,9 @@ struct DaemonOptions {
   // default places (see daemon/gpu/gpu_runtime_loader.h).
   std::string gpu_plugin;
   std::function<std::unique_ptr<GpuRuntime>()> gpu_runtime;
+  // "ADDR:PORT" to serve Prometheus metrics on (GET /metrics; port 0: a
+  // free one, see metrics_port()); "" = off.
+  std::string metrics_listen;
 };
 
 class Daemon {
@@ -93,6 +97,10 @@ class Daemon {
   int grpc_port() const { return grpc_port_; }
   int store_port() const { return store_ != nullptr ? store_->port() : 0; }
   const std::string& socket_path() const { return options_.socket_path; }
+  // 0 when /metrics is off.
+  int metrics_port() const;
+  // The /metrics text (Prometheus text format 0.0.4).
+  std::string RenderMetrics() const;
   // What the Status RPC returns.
   muster::v1::StatusResponse Snapshot() const;
 
@@ -113,6 +121,7 @@ class Daemon {
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<GroupsService> groups_service_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsServer> metrics_server_;
 
   absl::Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

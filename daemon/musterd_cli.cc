@@ -235,6 +235,11 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddBool("store-fsync", &options.store.fsync,
                 "With --state-dir: fsync the log before acknowledging writes (survives power\n"
                 "loss, slower). Without it writes survive a crash of musterd, not of the host.");
+  flags.AddString("metrics-listen", &options.metrics_listen,
+                  "Serve Prometheus metrics (GET /metrics, text format) on ADDR:PORT, e.g.\n"
+                  "127.0.0.1:9464; port 0 picks a free one (\"metrics_port\" in --ready-file).\n"
+                  "Off by default. Plain HTTP without authentication: bind it to an address\n"
+                  "only your monitoring reaches.");
   flags.AddString("gpu-plugin", &options.gpu_plugin,
                   "The CUDA/NCCL plugin (libmuster_cuda.so) that runs GPU collectives. Empty:\n"
                   "next to musterd, the Bazel output tree, then /usr/lib/muster. Without it (or\n"

@@ -23,8 +23,9 @@ std::string ReadyInfoToJson(const ReadyInfo& info) {
       .Key("socket")
       .String(info.socket)
       .Key("version")
-      .String(info.version)
-      .EndObject();
+      .String(info.version);
+  if (info.metrics_port > 0) w.Key("metrics_port").Int(info.metrics_port);
+  w.EndObject();
   return w.str() + "\n";
 }
 

@@ -12,8 +12,8 @@
 #include <string>
 
 #include "backends/nccl/gpu_runtime.h"
-#include "daemon/gpu/nccl_engine.h"
 #include "daemon/access/access_policy.h"
+#include "daemon/gpu/nccl_engine.h"
 #include "daemon/registry/registry.h"
 #include "proto/gpu.grpc.pb.h"
 
@@ -44,6 +44,9 @@ class GpuService final : public v1::Gpu::CallbackService,
   grpc::ServerUnaryReactor* ListCommunicators(grpc::CallbackServerContext* context,
                                               const v1::ListCommunicatorsRequest* request,
                                               v1::ListCommunicatorsResponse* response) override;
+
+  // Every communicator of every job (for /metrics).
+  v1::ListCommunicatorsResponse AllCommunicators() { return engine_->List(""); }
 
   // GpuGroupDirectory
   absl::StatusOr<GpuGroupView> Lookup(const std::string& job_id, const std::string& group,

@@ -600,11 +600,13 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
   r.info.set_failure(reason);
   std::string what = absl::StrCat(DescribeRank(r.info), " failed: ", reason);
   job.failed_since.push_back(what);
+  ++rank_failures_;
   if (job.first_failure == absl::InfiniteFuture()) job.first_failure = absl::Now();
   MLOG(WARNING) << "job " << job.id << ": " << what;
   for (auto& [name, g] : job.groups) {
     if (std::find(g.ranks.begin(), g.ranks.end(), rank) == g.ranks.end()) continue;
     if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
+    if (g.info.state() != v1::GROUP_STATE_BROKEN) ++group_breaks_["member_failed"];
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     if (g.info.broken_reason().empty()) g.info.set_broken_reason(what);
     if (g.segment != nullptr) g.segment->Abort(what);
@@ -1033,6 +1035,7 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
     return absl::NotFoundError(absl::StrCat("no group '", name, "' in job '", job_id, "'"));
   }
   it->second.abort_reason = reason.empty() ? "aborted by the operator" : reason;
+  if (it->second.info.state() != v1::GROUP_STATE_BROKEN) ++group_breaks_["aborted"];
   it->second.info.set_state(v1::GROUP_STATE_BROKEN);
   it->second.info.set_broken_reason(absl::StrCat("aborted: ", it->second.abort_reason));
   if (it->second.segment != nullptr) {
@@ -1151,6 +1154,7 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
           it->second.info.set_epoch(epoch);
           if (epoch > job->epoch) {
             job->epoch = epoch;
+            ++reconfigurations_;
             v1::Reconfiguration& record = job->reconfigurations.emplace_back();
             record.set_epoch(epoch);
             for (const std::string& f : job->failed_since) record.add_failed(f);
@@ -1223,6 +1227,7 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
   job->abort_reason = reason.empty() ? "aborted by the operator" : reason;
   for (auto& [name, g] : job->groups) {
     if (g.info.state() == v1::GROUP_STATE_DESTROYED) continue;
+    if (g.info.state() != v1::GROUP_STATE_BROKEN) ++group_breaks_["aborted"];
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     g.info.set_broken_reason(absl::StrCat("job aborted: ", job->abort_reason));
     if (g.segment != nullptr) g.segment->Abort(absl::StrCat("job aborted: ", job->abort_reason));
@@ -1374,6 +1379,59 @@ void Registry::ReleaseSegments(Job& job, const std::string& reason, AbortKind ki
     g.segment->Abort(reason, kind);
     GroupSegment::Unlink(g.segment->name());
   }
+}
+
+Registry::Metrics Registry::metrics() {
+  absl::MutexLock lock(&mu_);
+  Metrics m;
+  for (const char* state : {"running", "failed", "aborted", "finished"}) m.jobs_by_state[state] = 0;
+  for (const char* state : {"alive", "left", "failed", "joining"}) m.ranks_by_state[state] = 0;
+  for (const char* state : {"forming", "ready", "broken", "destroyed"}) {
+    m.groups_by_state[state] = 0;
+  }
+  for (const auto& [id, job] : jobs_) {
+    int alive = 0, failed = 0;
+    for (const auto& [r, rec] : job.ranks) {
+      if (rec.info.state() == v1::RANK_STATE_FAILED) ++failed;
+      if (!rec.local) continue;
+      if (rec.joining) {
+        ++m.ranks_by_state["joining"];
+        continue;
+      }
+      switch (rec.info.state()) {
+        case v1::RANK_STATE_ALIVE:
+          ++alive;
+          ++m.ranks_by_state["alive"];
+          break;
+        case v1::RANK_STATE_LEFT:
+          ++m.ranks_by_state["left"];
+          break;
+        case v1::RANK_STATE_FAILED:
+          ++m.ranks_by_state["failed"];
+          break;
+        default:
+          break;
+      }
+    }
+    ++m.jobs_by_state[!job.abort_reason.empty() ? "aborted"
+                      : failed > 0              ? "failed"
+                      : alive > 0               ? "running"
+                                                : "finished"];
+    for (const auto& [name, g] : job.groups) {
+      ++m.groups_by_state[GroupStateName(g.info.state())];
+      if (g.segment == nullptr) continue;
+      int64_t& n = m.collectives_by_backend[g.info.backend()];
+      for (size_t i = 0; i < g.shm_ranks.size(); ++i) {
+        n += static_cast<int64_t>(
+            const_cast<GroupSegment&>(*g.segment).rank(static_cast<int>(i)).completed.load());
+      }
+    }
+  }
+  m.rank_failures = rank_failures_;
+  m.reconfigurations = reconfigurations_;
+  m.group_breaks = group_breaks_;
+  for (const char* cause : {"member_failed", "aborted"}) m.group_breaks.emplace(cause, 0);
+  return m;
 }
 
 Registry::Counts Registry::counts() {

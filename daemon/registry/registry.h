@@ -191,6 +191,20 @@ class Registry {
   };
   Counts counts();
 
+  // What /metrics shows of the registry (bounded label values only).
+  struct Metrics {
+    std::map<std::string, int> jobs_by_state;   // running, failed, aborted, finished
+    std::map<std::string, int> ranks_by_state;  // this daemon's ranks: alive, left, failed, joining
+    std::map<std::string, int> groups_by_state;  // forming, ready, broken, destroyed
+    // Collectives this daemon's ranks completed in the node-local segments
+    // of the groups that exist now (a gauge: a removed group's go with it).
+    std::map<std::string, int64_t> collectives_by_backend;
+    uint64_t rank_failures = 0;                    // ranks of jobs here that failed (any daemon's)
+    uint64_t reconfigurations = 0;                 // epochs formed (elastic jobs)
+    std::map<std::string, uint64_t> group_breaks;  // by cause: member_failed, aborted
+  };
+  Metrics metrics();
+
  private:
   struct Rank {
     v1::RankInfo info;
@@ -309,6 +323,10 @@ class Registry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<WorkerPool> pool_;
   std::thread reaper_;
+  // For metrics(); guarded by mu_.
+  uint64_t rank_failures_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t reconfigurations_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<std::string, uint64_t> group_breaks_ ABSL_GUARDED_BY(mu_);
 };
 
 // Validates a job id: 1-128 of [A-Za-z0-9_.-].

@@ -1168,7 +1168,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     if (ReadsUnloggedWrite(req)) c.depend_epoch = epoch_;
     ConnContext ctx(this, c);
+    const int64_t start = absl::GetCurrentTimeNanos();
+    const wire::Op op = req.op;
     dispatcher_.Execute(req, ctx);
+    metrics_.Record(op, static_cast<double>(absl::GetCurrentTimeNanos() - start) * 1e-9);
   }
 
   // Whether the reply to read request `req` may depend on a write of this
@@ -1199,6 +1202,11 @@ class StoreServer::Impl : public StoreServer::Loop {
   const StoreServerOptions options_;
   KvStore kv_;
   StoreDispatcher dispatcher_;
+
+ public:
+  StoreMetrics metrics_;
+
+ private:
   std::unique_ptr<StoreLog> log_;
   int listen_fd_ = -1;
   int epoll_fd_ = -1;
@@ -1281,6 +1289,7 @@ absl::StatusOr<std::unique_ptr<StoreServer>> StoreServer::Start(StoreServerOptio
 StoreServer::~StoreServer() { Stop(); }
 void StoreServer::Stop() { impl_->Stop(); }
 StoreServer::Stats StoreServer::stats() const { return impl_->stats(); }
+const StoreMetrics& StoreServer::metrics() const { return impl_->metrics_; }
 bool StoreServer::Post(std::function<void(Loop&)> task) { return impl_->Post(std::move(task)); }
 
 }  // namespace muster

@@ -55,6 +55,7 @@
 #include "common/store_wire.h"
 #include "daemon/store/cidr.h"
 #include "daemon/store/kv_store.h"
+#include "daemon/store/store_metrics.h"
 
 namespace muster {
 
@@ -145,6 +146,8 @@ class StoreServer {
     uint64_t refused_for_memory = 0;  // requests failed by a memory limit
   };
   Stats stats() const;
+  // Requests by operation and their service time (see StoreMetrics).
+  const StoreMetrics& metrics() const;
 
   // Runs `task` on the loop thread; false if the server has stopped.
   bool Post(std::function<void(Loop&)> task);

@@ -1,0 +1,166 @@
+#include "daemon/metrics/metrics_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "common/logging.h"
+
+namespace muster {
+namespace {
+
+constexpr size_t kMaxRequestBytes = 8 << 10;
+constexpr absl::Duration kRequestTimeout = absl::Seconds(5);
+
+void WriteAll(int fd, const std::string& data) {
+  size_t sent = 0;
+  absl::Time deadline = absl::Now() + kRequestTimeout;
+  while (sent < data.size()) {
+    ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sent += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return;
+    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0) return;
+    pollfd p{fd, POLLOUT, 0};
+    ::poll(&p, 1, left);
+  }
+}
+
+std::string Response(const std::string& status, const std::string& type, const std::string& body) {
+  return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
+                      "\r\nContent-Length: ", body.size(), "\r\nConnection: close\r\n\r\n", body);
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
+    const std::string& host, int port, std::function<std::string()> render) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  std::string service = absl::StrCat(port);
+  int rc = ::getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found);
+  if (rc != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--metrics-listen: cannot resolve '", host, "': ", ::gai_strerror(rc)));
+  }
+  int fd = -1;
+  std::string why;
+  for (addrinfo* a = found; a != nullptr && fd < 0; a = a->ai_next) {
+    fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) continue;
+    int one = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+      why = std::strerror(errno);
+      ::close(fd);
+      fd = -1;
+    }
+  }
+  ::freeaddrinfo(found);
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("--metrics-listen: cannot listen on ", host, ":", port, ": ", why));
+  }
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  int actual =
+      ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                                        : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  int wake = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+  if (wake < 0) {
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("eventfd: ", std::strerror(errno)));
+  }
+  return std::unique_ptr<MetricsServer>(new MetricsServer(fd, wake, actual, std::move(render)));
+}
+
+MetricsServer::MetricsServer(int listen_fd, int wake_fd, int port,
+                             std::function<std::string()> render)
+    : listen_fd_(listen_fd), wake_fd_(wake_fd), port_(port), render_(std::move(render)) {
+  thread_ = std::thread([this] { Serve(); });
+}
+
+MetricsServer::~MetricsServer() {
+  uint64_t one = 1;
+  (void)!::write(wake_fd_, &one, sizeof(one));
+  if (thread_.joinable()) thread_.join();
+  ::close(listen_fd_);
+  ::close(wake_fd_);
+}
+
+void MetricsServer::Serve() {
+  while (true) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      MLOG(ERROR) << "metrics: poll failed: " << std::strerror(errno);
+      return;
+    }
+    if (fds[1].revents != 0) return;
+    int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) continue;
+    HandleConnection(fd);
+    ::close(fd);
+  }
+}
+
+void MetricsServer::HandleConnection(int fd) {
+  std::string request;
+  absl::Time deadline = absl::Now() + kRequestTimeout;
+  while (!absl::StrContains(request, "\r\n\r\n") && !absl::StrContains(request, "\n\n")) {
+    if (request.size() > kMaxRequestBytes) {
+      WriteAll(fd, Response("431 Request Header Fields Too Large", "text/plain", "too large\n"));
+      return;
+    }
+    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+    if (left <= 0) return;  // a client that does not finish its request
+    pollfd fds[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    if (::poll(fds, 2, left) <= 0) continue;
+    if (fds[1].revents != 0) return;
+    char buf[2048];
+    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) return;
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return;
+    }
+    request.append(buf, static_cast<size_t>(n));
+  }
+  std::string line = request.substr(0, request.find_first_of("\r\n"));
+  size_t sp1 = line.find(' ');
+  size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
+  std::string method = line.substr(0, sp1);
+  std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
+  std::string path = target.substr(0, target.find('?'));
+  if (method != "GET" && method != "HEAD") {
+    WriteAll(fd, Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n"));
+    return;
+  }
+  if (path != "/metrics") {
+    WriteAll(fd, Response("404 Not Found", "text/plain", "only /metrics is served here\n"));
+    return;
+  }
+  ++scrapes_;
+  std::string body = render_();
+  std::string reply = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body);
+  if (method == "HEAD") reply.resize(reply.size() - body.size());
+  WriteAll(fd, reply);
+}
+
+}  // namespace muster
