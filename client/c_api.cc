@@ -333,10 +333,21 @@ const char* muster_world_job_id(const muster_world* w) {
   return w == nullptr ? "" : w->job_id.c_str();
 }
 int64_t muster_world_epoch(const muster_world* w) { return w == nullptr ? -1 : w->world->epoch(); }
-int muster_world_reconfigure(muster_world* w, double timeout_s, int64_t* epoch) {
+int muster_world_pending_joins(muster_world* w, int32_t* waiting) {
+  if (w == nullptr || waiting == nullptr) return InvalidArgument("world or waiting is null");
+  return Guarded([&] {
+    absl::StatusOr<int> n = w->world->PendingJoins();
+    if (n.ok()) *waiting = *n;
+    return FromStatus(n.status());
+  });
+}
+int muster_world_reconfigure(muster_world* w, double timeout_s, int allow_shrink, int64_t* epoch) {
   if (w == nullptr) return InvalidArgument("world is null");
   return Guarded([&] {
-    absl::StatusOr<int64_t> e = w->world->Reconfigure(Seconds(timeout_s, absl::ZeroDuration()));
+    muster::World::ReconfigureOptions o;
+    o.timeout = Seconds(timeout_s, absl::ZeroDuration());
+    o.allow_shrink = allow_shrink != 0;
+    absl::StatusOr<int64_t> e = w->world->Reconfigure(o);
     if (e.ok() && epoch != nullptr) *epoch = *e;
     return FromStatus(e.status());
   });

@@ -794,17 +794,19 @@ std::vector<std::shared_ptr<Work>> ProcessGroup::BatchISendIRecv(
 void ProcessGroup::Impl::RegisterSdkBackends() { RegisterSdkBackendsOnce(); }
 
 std::shared_ptr<ProcessGroup> ProcessGroup::Impl::Create(
-    std::shared_ptr<WorldSession> session, const InitOptions& world, const std::vector<int>& ranks,
-    const std::map<std::string, std::string>& config, const v1::GroupInfo& info) {
-  auto impl = std::make_unique<Impl>(std::move(session), world, ranks, info);
+    std::shared_ptr<WorldSession> session, const InitOptions& world, int slot,
+    const std::vector<int>& ranks, const std::map<std::string, std::string>& config,
+    const v1::GroupInfo& info) {
+  auto impl = std::make_unique<Impl>(std::move(session), world, slot, ranks, info);
   impl->CreateBackends(config, info);
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
-ProcessGroup::Impl::Impl(std::shared_ptr<WorldSession> session, const InitOptions& world,
+ProcessGroup::Impl::Impl(std::shared_ptr<WorldSession> session, const InitOptions& world, int slot,
                          const std::vector<int>& ranks, const v1::GroupInfo& info)
     : session_(std::move(session)),
       world_(world),
+      slot_(slot),
       name_(info.name()),
       tag_(info.tag()),
       backend_(info.backend()),
@@ -1097,7 +1099,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
         }
         return response;
       };
-      GpuStatusCheck status_check = [stub, job = world_.job_id, rank = world_.rank,
+      GpuStatusCheck status_check = [stub, job = world_.job_id, rank = slot_,
                                      group = name_](uint64_t sequence) -> absl::Status {
         grpc::ClientContext context;
         context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
@@ -1113,8 +1115,8 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
         }
         return absl::OkStatus();
       };
-      gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_.job_id, world_.rank,
-                                       name_, std::move(status_check), deadline);
+      gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_.job_id, slot_, name_,
+                                       std::move(status_check), deadline);
     }
     path = gpu_;
   }
@@ -1159,7 +1161,7 @@ absl::Status ProcessGroup::Impl::Barrier(absl::Duration timeout) {
   }
   v1::BarrierRequest req;
   req.mutable_caller()->set_job_id(world_.job_id);
-  req.mutable_caller()->set_global_rank(world_.rank);
+  req.mutable_caller()->set_global_rank(slot_);
   req.set_name(name_);
   req.set_sequence(sequence);
   if (timeout > absl::ZeroDuration()) {

@@ -99,10 +99,13 @@ class ProcessGroup::Impl {
   // before a backend config is parsed.
   static void RegisterSdkBackends();
   // The group musterd formed (`info`, its reply to CreateGroup) of the
-  // global `ranks`, as this rank of the World with `world` options sees it,
-  // with a backend for each device of `config` (the parsed backend config).
+  // global `ranks`, as this rank of the World with `world` options sees it
+  // (world.rank and world.world_size: this epoch's), with a backend for
+  // each device of `config` (the parsed backend config). `slot`: the rank
+  // musterd knows this process by (its registration's; the same as
+  // world.rank unless an elastic job shrank).
   static std::shared_ptr<ProcessGroup> Create(std::shared_ptr<WorldSession> session,
-                                              const InitOptions& world,
+                                              const InitOptions& world, int slot,
                                               const std::vector<int>& ranks,
                                               const std::map<std::string, std::string>& config,
                                               const v1::GroupInfo& info);
@@ -111,7 +114,7 @@ class ProcessGroup::Impl {
   // over the group formed again under the next epoch).
   static void Swap(ProcessGroup& a, ProcessGroup& b) { std::swap(a.impl_, b.impl_); }
 
-  Impl(std::shared_ptr<WorldSession> session, const InitOptions& world,
+  Impl(std::shared_ptr<WorldSession> session, const InitOptions& world, int slot,
        const std::vector<int>& ranks, const v1::GroupInfo& info);
   // Stops the executor, ends the backends (pending point to point fails
   // CANCELLED) and fails the queued collectives with CANCELLED.
@@ -182,6 +185,7 @@ class ProcessGroup::Impl {
 
   const std::shared_ptr<WorldSession> session_;
   const InitOptions world_;  // the World's options (job, rank, store, timeout)
+  const int slot_;           // the caller id in requests to musterd
   std::string name_, tag_, backend_;
   std::vector<int> ranks_;
   int rank_ = -1;

@@ -133,6 +133,7 @@ absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   if (!stream_->Read(&reply) || !reply.has_registered()) return Finish("registration");
   session_id_ = reply.registered().session_id();
   rejoin_epoch_ = reply.registered().rejoin_epoch();
+  rejoin_grows_ = reply.registered().rejoin_grows();
   int64_t pid = reply.registered().daemon_pid();
   daemon_ = pid > 0 ? absl::StrCat("musterd (pid ", pid, ", unix:", o.socket, ")")
                     : absl::StrCat("musterd (unix:", o.socket, ")");
@@ -285,10 +286,15 @@ const std::string& World::job_id() const { return impl_->options().job_id; }
 int64_t World::generation() const { return impl_->options().generation; }
 int64_t World::epoch() const { return impl_->epoch(); }
 absl::StatusOr<int64_t> World::Reconfigure(absl::Duration timeout) {
-  return impl_->Reconfigure(timeout);
+  return impl_->Reconfigure(timeout, /*allow_shrink=*/false);
 }
-int World::rank() const { return impl_->options().rank; }
-int World::world_size() const { return impl_->options().world_size; }
+absl::StatusOr<int64_t> World::Reconfigure(ReconfigureOptions options) {
+  return impl_->Reconfigure(options.timeout, options.allow_shrink);
+}
+absl::StatusOr<int> World::PendingJoins() { return impl_->PendingJoins(); }
+std::vector<int> World::members() const { return impl_->members(); }
+int World::rank() const { return impl_->rank(); }
+int World::world_size() const { return impl_->world_size(); }
 int World::local_rank() const { return impl_->options().local_rank; }
 int World::local_world_size() const { return impl_->options().local_world_size; }
 ProcessGroup& World::world_group() { return impl_->world_group(); }
@@ -321,7 +327,25 @@ absl::Status World::session_status() const { return impl_->session_status(); }
 
 // World::Impl.
 
-World::Impl::Impl(InitOptions options) : options_(std::move(options)) {}
+World::Impl::Impl(InitOptions options) : options_(std::move(options)) {
+  for (int r = 0; r < options_.world_size; ++r) members_.push_back(r);
+}
+
+int World::Impl::rank() const {
+  absl::MutexLock lock(&mu_);
+  auto it = std::find(members_.begin(), members_.end(), options_.rank);
+  return it == members_.end() ? -1 : static_cast<int>(it - members_.begin());
+}
+
+int World::Impl::world_size() const {
+  absl::MutexLock lock(&mu_);
+  return static_cast<int>(members_.size());
+}
+
+std::vector<int> World::Impl::members() const {
+  absl::MutexLock lock(&mu_);
+  return members_;
+}
 
 World::Impl::~Impl() {
   if (session_ != nullptr) session_->Close();
@@ -333,15 +357,25 @@ absl::Status World::Impl::Start() {
       session_->Open(options_, [this](const absl::Status& gone) { OnDaemonGone(gone); }));
   if (int64_t rejoin = session_->rejoin_epoch(); rejoin > 0) {
     // This process took over a rank of a running (or finished) job: it
-    // joins the job's next epoch with the others.
-    RETURN_IF_ERROR(JoinEpoch(rejoin, options_.timeout));
+    // joins the job's next epoch with the others. An epoch that formed
+    // without it (the others shrank meanwhile) leaves it for the next one,
+    // which the others form once they see it waiting (PendingJoins). Into a
+    // world that shrank it joins with the ranks alive; else every rank of
+    // the job comes back (a replacement, or the job run again).
+    absl::Time give_up = absl::Now() + options_.timeout;
+    for (int64_t epoch = rejoin;; ++epoch) {
+      absl::Status joined = JoinEpoch(epoch, give_up - absl::Now(), session_->rejoin_grows());
+      if (joined.ok()) break;
+      if (!absl::IsFailedPrecondition(joined) || absl::Now() >= give_up) return joined;
+    }
   }
-  std::vector<int> all(options_.world_size);
-  for (int r = 0; r < options_.world_size; ++r) all[r] = r;
+  std::vector<int> all(world_size());
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) all[r] = r;
   GroupOptions world_options;
   world_options.backend = options_.backend;
   world_options.timeout = options_.timeout;
-  ASSIGN_OR_RETURN(world_group_, CreateGroup(all, world_options, options_.world_group_name));
+  ASSIGN_OR_RETURN(world_group_,
+                   CreateGroup(all, world_options, options_.world_group_name, /*world=*/true));
   return absl::OkStatus();
 }
 
@@ -351,8 +385,20 @@ std::string World::Impl::NextGroupName() {
 }
 
 absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::CreateGroup(
-    const std::vector<int>& ranks, const GroupOptions& options, const std::string& name) {
-  ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> group, FormGroup(ranks, options, name));
+    const std::vector<int>& ranks, const GroupOptions& options, const std::string& name,
+    bool world) {
+  std::vector<int> slots;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int r : ranks) {
+      if (r < 0 || r >= static_cast<int>(members_.size())) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "rank ", r, " in group '", name, "' is outside the world of size ", members_.size()));
+      }
+      slots.push_back(members_[r]);
+    }
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> group, FormGroup(slots, options, name));
   // From now on the daemon's end breaks the group; if it already ended,
   // the group is of no use.
   {
@@ -361,7 +407,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::CreateGroup(
         std::remove_if(groups_.begin(), groups_.end(),
                        [](const HeldGroup& g) { return g.destroyed || g.group.expired(); }),
         groups_.end());
-    groups_.push_back(HeldGroup{group, ranks, options, name});
+    groups_.push_back(HeldGroup{group, slots, options, name, world});
   }
   if (absl::Status gone = session_->status(); !gone.ok()) {
     ProcessGroup::Impl::Of(*group).BreakForDaemon(gone);
@@ -370,17 +416,35 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::CreateGroup(
   return group;
 }
 
-absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::vector<int>& ranks,
+absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::vector<int>& slots,
                                                                      const GroupOptions& options,
                                                                      const std::string& name) {
   ProcessGroup::Impl::RegisterSdkBackends();
+  // What this rank is in this epoch: its rank among the members, and the
+  // group's ranks the same way.
+  InitOptions epoch_options = options_;
+  std::vector<int> ranks;
+  {
+    absl::MutexLock lock(&mu_);
+    auto self = std::find(members_.begin(), members_.end(), options_.rank);
+    epoch_options.rank = self == members_.end() ? -1 : static_cast<int>(self - members_.begin());
+    epoch_options.world_size = static_cast<int>(members_.size());
+    for (int slot : slots) {
+      auto it = std::find(members_.begin(), members_.end(), slot);
+      if (it == members_.end()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("group '", name, "': rank ", slot, " is not in this epoch"));
+      }
+      ranks.push_back(static_cast<int>(it - members_.begin()));
+    }
+  }
   auto config =
       BackendRegistry::Global().Parse(options.backend.empty() ? options_.backend : options.backend);
   if (!config.ok()) return config.status();
   v1::CreateGroupRequest req;
   req.mutable_caller()->set_job_id(options_.job_id);
   req.mutable_caller()->set_global_rank(options_.rank);
-  for (int r : ranks) req.add_ranks(r);
+  for (int slot : slots) req.add_ranks(slot);
   req.set_name(name);
   req.set_tag(options.tag);
   req.mutable_options()->set_backend(FormatBackendConfig(*config));
@@ -393,15 +457,17 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::
                                  timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
                                    return session_->groups()->CreateGroup(context, req, &resp);
                                  }));
-  return ProcessGroup::Impl::Create(session_, options_, ranks, *config, resp.group());
+  return ProcessGroup::Impl::Create(session_, epoch_options, options_.rank, ranks, *config,
+                                    resp.group());
 }
 
-absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout) {
+absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   v1::ReconfigureRequest req;
   req.mutable_caller()->set_job_id(options_.job_id);
   req.mutable_caller()->set_global_rank(options_.rank);
   req.set_epoch(epoch);
+  req.set_allow_shrink(allow_shrink);
   req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
   v1::ReconfigureResponse resp;
   RETURN_IF_ERROR(session_->Call(absl::StrCat("reconfigure (join epoch ", epoch, ")"),
@@ -410,7 +476,20 @@ absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout) {
                                  }));
   absl::MutexLock lock(&mu_);
   epoch_ = resp.epoch();
+  members_.assign(resp.members().begin(), resp.members().end());
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> World::Impl::PendingJoins() {
+  v1::PendingJoinsRequest req;
+  req.mutable_caller()->set_job_id(options_.job_id);
+  req.mutable_caller()->set_global_rank(options_.rank);
+  v1::PendingJoinsResponse resp;
+  RETURN_IF_ERROR(
+      session_->Call("pending joins", absl::Seconds(30), [&](grpc::ClientContext* context) {
+        return session_->groups()->PendingJoins(context, req, &resp);
+      }));
+  return resp.waiting();
 }
 
 int64_t World::Impl::epoch() const {
@@ -418,8 +497,13 @@ int64_t World::Impl::epoch() const {
   return epoch_;
 }
 
-absl::StatusOr<int64_t> World::Impl::Reconfigure(absl::Duration timeout) {
-  RETURN_IF_ERROR(JoinEpoch(epoch() + 1, timeout));
+absl::StatusOr<int64_t> World::Impl::Reconfigure(absl::Duration timeout, bool allow_shrink) {
+  RETURN_IF_ERROR(JoinEpoch(epoch() + 1, timeout, allow_shrink));
+  std::vector<int> members;
+  {
+    absl::MutexLock lock(&mu_);
+    members = members_;
+  }
   std::vector<std::pair<std::shared_ptr<ProcessGroup>, HeldGroup>> held;
   {
     absl::MutexLock lock(&groups_mu_);
@@ -429,8 +513,24 @@ absl::StatusOr<int64_t> World::Impl::Reconfigure(absl::Duration timeout) {
     }
   }
   for (auto& [group, how] : held) {
-    ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> fresh,
-                     FormGroup(how.ranks, how.options, how.name));
+    // The world group spans the new epoch's members; another keeps those of
+    // its members still in the job (a shrink drops the others).
+    std::vector<int> slots;
+    if (how.world) {
+      slots = members;
+    } else {
+      for (int slot : how.slots) {
+        if (std::find(members.begin(), members.end(), slot) != members.end()) slots.push_back(slot);
+      }
+    }
+    if (slots.empty()) continue;
+    ASSIGN_OR_RETURN(std::shared_ptr<ProcessGroup> fresh, FormGroup(slots, how.options, how.name));
+    {
+      absl::MutexLock lock(&groups_mu_);
+      for (HeldGroup& g : groups_) {
+        if (g.group.lock() == group) g.slots = slots;
+      }
+    }
     // The caller's handle now runs the new epoch's group; the old one's
     // backends and executor go with `fresh`.
     ProcessGroup::Impl::Swap(*group, *fresh);
@@ -467,7 +567,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::NewGroup(std::vector<
 
 absl::StatusOr<std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
 World::Impl::NewSubgroups(int group_size, GroupOptions options) {
-  const int world_size = options_.world_size;
+  const int world_size = this->world_size();
   if (group_size <= 0 || world_size % group_size != 0) {
     return absl::InvalidArgumentError(absl::StrCat(
         "group size ", group_size, " must be positive and divide the world size ", world_size));
@@ -484,7 +584,7 @@ World::Impl::NewSubgroups(int group_size, GroupOptions options) {
 absl::StatusOr<std::pair<std::shared_ptr<ProcessGroup>, std::vector<std::shared_ptr<ProcessGroup>>>>
 World::Impl::NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists,
                                        GroupOptions options) {
-  const int world_size = options_.world_size;
+  const int world_size = this->world_size();
   std::vector<int> owner(world_size, -1);
   for (size_t i = 0; i < rank_lists.size(); ++i) {
     for (int r : rank_lists[i]) {

@@ -77,6 +77,7 @@ class WorldSession {
   // Registered.rejoin_epoch: non-zero when this rank took over from a
   // process that is gone (it joins that epoch before forming groups).
   int64_t rejoin_epoch() const { return rejoin_epoch_; }
+  bool rejoin_grows() const { return rejoin_grows_; }
   std::shared_ptr<grpc::Channel> channel() { return channel_; }
 
  private:
@@ -98,6 +99,7 @@ class WorldSession {
       stream_;
   std::string session_id_;
   int64_t rejoin_epoch_ = 0;
+  bool rejoin_grows_ = false;
   std::string daemon_;  // "musterd (pid P, unix:SOCKET)", set before the reader starts
   std::thread reader_;
   mutable absl::Mutex mu_;
@@ -138,7 +140,13 @@ class World::Impl {
   NewSubgroupsByEnumeration(const std::vector<std::vector<int>>& rank_lists, GroupOptions options);
   absl::Status DestroyProcessGroup(ProcessGroup& group);
   int64_t epoch() const;
-  absl::StatusOr<int64_t> Reconfigure(absl::Duration timeout);
+  // This epoch's rank and world size (the registration's until a shrink),
+  // and the registration ranks of the members in dense-rank order.
+  int rank() const;
+  int world_size() const;
+  std::vector<int> members() const;
+  absl::StatusOr<int64_t> Reconfigure(absl::Duration timeout, bool allow_shrink);
+  absl::StatusOr<int> PendingJoins();
   absl::StatusOr<std::shared_ptr<Store>> store();
   std::vector<std::string> failures() const;
   absl::Status session_status() const;
@@ -148,15 +156,20 @@ class World::Impl {
   void OnDaemonGone(const absl::Status& gone);
   // Forms a group through musterd and keeps it for Reconfigure and
   // OnDaemonGone.
+  // `ranks`: this epoch's; `world`: the world group (it spans every member
+  // after a reconfiguration).
   absl::StatusOr<std::shared_ptr<ProcessGroup>> CreateGroup(const std::vector<int>& ranks,
                                                             const GroupOptions& options,
-                                                            const std::string& name);
-  // Forms a group through musterd (in this rank's epoch).
-  absl::StatusOr<std::shared_ptr<ProcessGroup>> FormGroup(const std::vector<int>& ranks,
+                                                            const std::string& name,
+                                                            bool world = false);
+  // Forms a group of the given registration ranks through musterd (in this
+  // rank's epoch).
+  absl::StatusOr<std::shared_ptr<ProcessGroup>> FormGroup(const std::vector<int>& slots,
                                                           const GroupOptions& options,
                                                           const std::string& name);
-  // Joins job epoch `epoch` through musterd.
-  absl::Status JoinEpoch(int64_t epoch, absl::Duration timeout);
+  // Joins job epoch `epoch` through musterd; its members become this
+  // World's.
+  absl::Status JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink = false);
   std::string NextGroupName();
 
   const InitOptions options_;
@@ -168,14 +181,17 @@ class World::Impl {
   int64_t group_counter_ ABSL_GUARDED_BY(mu_) = 0;
   std::shared_ptr<Store> store_ ABSL_GUARDED_BY(mu_);
   int64_t epoch_ ABSL_GUARDED_BY(mu_) = 0;
+  // Registration ranks of this epoch's members, in dense-rank order.
+  std::vector<int> members_ ABSL_GUARDED_BY(mu_);
   // Every group this World created (the world group first), in creation
   // order, with what formed it: for OnDaemonGone and Reconfigure. Expired
   // and destroyed ones are dropped as new ones come.
   struct HeldGroup {
     std::weak_ptr<ProcessGroup> group;
-    std::vector<int> ranks;
+    std::vector<int> slots;  // registration ranks of its members
     GroupOptions options;
     std::string name;
+    bool world = false;
     bool destroyed = false;
   };
   absl::Mutex groups_mu_;

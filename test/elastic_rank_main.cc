@@ -15,11 +15,16 @@
 //   FAILED rank=R step=S: MESSAGE
 //   RECONFIGURED rank=R epoch=E t_us=T took_ms=M        Reconfigure returned
 //   RESUME rank=R step=S from=ROOT
-//   FINAL rank=R total=X steps=S epoch=E pid=P
+//   FINAL rank=R total=X steps=S epoch=E pid=P world=N
+//   GREW rank=R epoch=E world=N                          admitted waiting processes
 // Options: --steps N (default 20), --kill-rank R and --kill-step S (rank R
 // kills itself with SIGKILL after step S, in the job's first process of
 // that rank only: MUSTER_RESTART_COUNT and MUSTER_GENERATION are 0),
-// --elements N (default 1024), --step-ms MS (pause per step, default 0).
+// --elements N (default 1024), --step-ms MS (pause per step, default 0),
+// --shrink 1 (reconfigure with allow_shrink: the world shrinks to the ranks
+// alive; before every step the rank asks whether a process waits to join,
+// and if so all reconfigure to admit it). Every step's result is checked
+// against the world size of its epoch (exit 7 if wrong).
 #include <signal.h>
 #include <unistd.h>
 
@@ -59,6 +64,7 @@ int main(int argc, char** argv) {
   const int kill_step = IntFlag(argc, argv, "--kill-step", -1);
   const int elements = IntFlag(argc, argv, "--elements", 1024);
   const int step_ms = IntFlag(argc, argv, "--step-ms", 0);
+  const bool shrink = IntFlag(argc, argv, "--shrink", 0) != 0;
   const int restarts = EnvInt("MUSTER_RESTART_COUNT");
   const bool first_process = restarts == 0 && EnvInt("MUSTER_GENERATION") == 0;
   std::printf("BOOT rank=%d pid=%d t_us=%lld\n", EnvInt("RANK"), ::getpid(),
@@ -71,7 +77,7 @@ int main(int argc, char** argv) {
     return 3;
   }
   muster::World& world = **joined;
-  const int rank = world.rank();
+  int rank = world.rank();
   std::printf("START rank=%d pid=%d epoch=%lld restarts=%d t_us=%lld\n", rank, ::getpid(),
               static_cast<long long>(world.epoch()), restarts, static_cast<long long>(NowMicros()));
   std::fflush(stdout);
@@ -109,12 +115,44 @@ int main(int argc, char** argv) {
 
   std::vector<float> buffer(elements);
   int reconfigurations = 0;
+  muster::World::ReconfigureOptions how;
+  how.allow_shrink = shrink;
   while (done < steps) {
     const int step = done + 1;
+    if (shrink) {
+      // Admit processes waiting to join (all ranks ask at the same step, so
+      // all reconfigure together: the answer is agreed by an all_reduce).
+      absl::StatusOr<int> waiting = world.PendingJoins();
+      std::vector<int32_t> any = {waiting.ok() ? *waiting : 0};
+      muster::Tensor w{any.data(), 1, muster::DType::kInt32};
+      if (world.world_group().AllReduce(w, muster::ReduceOp::kMax)->Wait().ok() && any[0] > 0) {
+        absl::StatusOr<int64_t> epoch = world.Reconfigure(how);
+        if (!epoch.ok()) {
+          std::fprintf(stderr, "rank %d: growing failed: %s\n", rank,
+                       epoch.status().ToString().c_str());
+          return 6;
+        }
+        rank = world.rank();
+        std::printf("GREW rank=%d epoch=%lld world=%d\n", rank, static_cast<long long>(*epoch),
+                    world.world_size());
+        std::fflush(stdout);
+        if (absl::Status r = resynchronize(); !r.ok()) {
+          std::fprintf(stderr, "rank %d: resynchronizing failed: %s\n", rank, r.ToString().c_str());
+          return 4;
+        }
+        continue;
+      }
+    }
     for (float& x : buffer) x = static_cast<float>(step * (rank + 1));
     muster::Tensor t{buffer.data(), buffer.size(), muster::DType::kFloat32};
     absl::Status s = world.world_group().AllReduce(t)->Wait();
     if (s.ok()) {
+      const int n = world.world_size();
+      if (buffer[0] != static_cast<float>(step * n * (n + 1) / 2)) {
+        std::fprintf(stderr, "rank %d: step %d got %g in a world of %d\n", rank, step, buffer[0],
+                     n);
+        return 7;
+      }
       total += buffer[0];
       done = step;
       if (rank == kill_rank && step == kill_step && first_process) {
@@ -130,23 +168,25 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     if (++reconfigurations > 3) return 5;
     absl::Time start = absl::Now();
-    absl::StatusOr<int64_t> epoch = world.Reconfigure();
+    absl::StatusOr<int64_t> epoch = world.Reconfigure(how);
     if (!epoch.ok()) {
       std::fprintf(stderr, "rank %d: reconfigure failed: %s\n", rank,
                    epoch.status().ToString().c_str());
       return 6;
     }
-    std::printf("RECONFIGURED rank=%d epoch=%lld t_us=%lld took_ms=%lld\n", rank,
+    rank = world.rank();
+    std::printf("RECONFIGURED rank=%d epoch=%lld t_us=%lld took_ms=%lld world=%d\n", rank,
                 static_cast<long long>(*epoch), static_cast<long long>(NowMicros()),
-                static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)));
+                static_cast<long long>(absl::ToInt64Milliseconds(absl::Now() - start)),
+                world.world_size());
     std::fflush(stdout);
     if (absl::Status r = resynchronize(); !r.ok()) {
       std::fprintf(stderr, "rank %d: resynchronizing failed: %s\n", rank, r.ToString().c_str());
       return 4;
     }
   }
-  std::printf("FINAL rank=%d total=%.0f steps=%d epoch=%lld pid=%d\n", rank, total, done,
-              static_cast<long long>(world.epoch()), ::getpid());
+  std::printf("FINAL rank=%d total=%.0f steps=%d epoch=%lld pid=%d world=%d\n", rank, total, done,
+              static_cast<long long>(world.epoch()), ::getpid(), world.world_size());
   std::fflush(stdout);
   return 0;
 }

@@ -161,5 +161,85 @@ TEST_CASE("a finished job id runs again on a persistent daemon (a fresh epoch, s
   CHECK(absl::StrContains(ranks->out, "\"restarts\":1"));
 }
 
+TEST_CASE(
+    "shrink and grow: a world of 4 loses rank 3 and goes on as 3; a new process for rank 3 is "
+    "admitted at the next epoch and the world is 4 again") {
+  auto daemon = TestDaemon::Start();
+  REQUIRE(daemon.ok());
+  const int steps = 80;
+  auto env = [&](int rank, int restarts) {
+    return std::map<std::string, std::string>{
+        {"RANK", absl::StrCat(rank)},
+        {"WORLD_SIZE", "4"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", absl::StrCat((*daemon)->store_port())},
+        {"MUSTER_SOCKET", (*daemon)->socket_path()},
+        {"MUSTER_JOB_ID", "shrinkgrow"},
+        {"MUSTER_RESTART_COUNT", absl::StrCat(restarts)},
+    };
+  };
+  std::vector<std::string> args = {ElasticRank(), "--steps", absl::StrCat(steps), "--shrink", "1",
+                                   "--step-ms",   "20"};
+  std::vector<std::unique_ptr<TempDir>> dirs;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    dirs.push_back(std::make_unique<TempDir>());
+    auto p = Subprocess::Start(args, dirs.back()->path(), env(rank, 0));
+    REQUIRE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  auto eventually = [](const std::function<bool()>& condition) {
+    for (int i = 0; i < 1200; ++i) {
+      if (condition()) return true;
+      absl::SleepFor(absl::Milliseconds(25));
+    }
+    return false;
+  };
+  REQUIRE(eventually([&] { return absl::StrContains(ranks[3]->Stdout(), "START rank=3"); }));
+  absl::SleepFor(absl::Milliseconds(400));  // some steps in a world of 4
+  REQUIRE(ranks[3]->Signal(SIGKILL).ok());
+  (void)ranks[3]->Wait(absl::Seconds(10));
+  // The survivors go on as a world of 3.
+  for (int rank = 0; rank < 3; ++rank) {
+    INFO("rank " << rank << ": " << ranks[rank]->Stdout() << ranks[rank]->Stderr());
+    REQUIRE(eventually([&] {
+      return absl::StrContains(ranks[rank]->Stdout(), "epoch=1") &&
+             absl::StrContains(ranks[rank]->Stdout(), "world=3");
+    }));
+  }
+  absl::SleepFor(absl::Milliseconds(300));  // some steps in a world of 3
+  // A new process for rank 3 joins; the others admit it at their next step.
+  dirs.push_back(std::make_unique<TempDir>());
+  auto newcomer = Subprocess::Start(args, dirs.back()->path(), env(3, 1));
+  REQUIRE(newcomer.ok());
+  std::string all;
+  for (int rank = 0; rank < 3; ++rank) {
+    auto exit = ranks[rank]->Wait(absl::Seconds(90));
+    REQUIRE(exit.ok());
+    INFO(ranks[rank]->Stdout() << ranks[rank]->Stderr());
+    CHECK(exit->code == 0);
+    all += ranks[rank]->Stdout();
+  }
+  auto exit = (*newcomer)->Wait(absl::Seconds(30));
+  REQUIRE(exit.ok());
+  INFO((*newcomer)->Stdout() << (*newcomer)->Stderr());
+  CHECK(exit->code == 0);
+  all += (*newcomer)->Stdout();
+  INFO(all);
+  RankLines lines = Parse(all);
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(lines.pids[rank].size() == 1u);  // the killed process's output is not in `all`
+    CHECK(absl::StrContains(lines.finals[rank], absl::StrCat("steps=", steps, " epoch=2")));
+  }
+  CHECK(std::regex_search(all, std::regex("FINAL rank=3 [^\n]* world=4")));
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(absl::StrContains(all, absl::StrCat("GREW rank=", rank, " epoch=2 world=4")));
+    CHECK(absl::StrContains(all, absl::StrCat("RECONFIGURED rank=", rank, " epoch=1")));
+    CHECK(lines.final_pid[rank] == ranks[rank]->pid());
+  }
+  CHECK(std::regex_search((*newcomer)->Stdout(), std::regex("START rank=3 pid=[0-9]+ epoch=2")));
+}
+
 }  // namespace
 }  // namespace muster::testing

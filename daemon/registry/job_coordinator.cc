@@ -245,6 +245,15 @@ absl::StatusOr<int64_t> JobCoordinator::LatestEpoch() {
   return epoch;
 }
 
+absl::StatusOr<std::vector<int>> JobCoordinator::Members(int64_t epoch) {
+  const std::string key = absl::StrCat("epoch/", epoch, "/members");
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(bool present, store->Check({prefix_ + key}));
+  Release(std::move(store));
+  if (!present) return std::vector<int>{};
+  return Decide(key, {});  // reads what the first proposer fixed
+}
+
 absl::Status JobCoordinator::SetLatestEpoch(int64_t epoch) {
   ASSIGN_OR_RETURN(auto store, Acquire());
   RETURN_IF_ERROR(store->Set(prefix_ + "epoch", absl::StrCat(epoch)));
@@ -303,6 +312,43 @@ absl::Status JobCoordinator::AwaitArrivals(const std::string& key, const std::ve
   Release(std::move(store));
   return absl::DeadlineExceededError(
       absl::StrCat(what, " timed out; ranks that never arrived: ", absl::StrJoin(missing, ", ")));
+}
+
+absl::StatusOr<std::vector<int>> JobCoordinator::Present(const std::string& key,
+                                                         const std::vector<int>& ranks) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  std::vector<int> present;
+  for (int r : ranks) {
+    ASSIGN_OR_RETURN(bool here, store->Check({absl::StrCat(prefix_, key, "/", r)}));
+    if (here) present.push_back(r);
+  }
+  Release(std::move(store));
+  return present;
+}
+
+absl::StatusOr<int64_t> JobCoordinator::Count(const std::string& key, int64_t delta) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(int64_t n, store->Add(prefix_ + key, delta));
+  Release(std::move(store));
+  return n;
+}
+
+absl::StatusOr<std::vector<int>> JobCoordinator::Decide(const std::string& key,
+                                                        const std::vector<int>& ranks) {
+  ASSIGN_OR_RETURN(auto store, Acquire());
+  ASSIGN_OR_RETURN(std::string fixed,
+                   store->CompareSet(prefix_ + key, "", absl::StrJoin(ranks, ",")));
+  Release(std::move(store));
+  std::vector<int> decided;
+  for (absl::string_view part : absl::StrSplit(fixed, ',', absl::SkipEmpty())) {
+    int r;
+    if (!absl::SimpleAtoi(part, &r)) {
+      return absl::DataLossError(
+          absl::StrCat("job ", job_id_, ": bad record ", key, "='", fixed, "'"));
+    }
+    decided.push_back(r);
+  }
+  return decided;
 }
 
 absl::StatusOr<std::map<int, RemoteRank>> JobCoordinator::FetchRanks(

@@ -101,6 +101,8 @@ class JobCoordinator {
   absl::Status MarkGone(const RemoteRank& rank);
   // The latest epoch every world rank joined (0 before any reconfiguration).
   absl::StatusOr<int64_t> LatestEpoch();
+  // The members fixed for `epoch` (empty if none were: epoch 0).
+  absl::StatusOr<std::vector<int>> Members(int64_t epoch);
   // Records `epoch` as joined by every world rank.
   absl::Status SetLatestEpoch(int64_t epoch);
   // Compares a group's definition with what other daemons published under
@@ -115,6 +117,13 @@ class JobCoordinator {
   absl::Status AwaitArrivals(const std::string& key, const std::vector<int>& ranks,
                              absl::Time deadline, const std::string& what,
                              const std::function<std::string()>& abort_reason);
+  // Which of `ranks` arrived under `key` now.
+  absl::StatusOr<std::vector<int>> Present(const std::string& key, const std::vector<int>& ranks);
+  // Adds `delta` to the counter `key` and returns it (0: reads it).
+  absl::StatusOr<int64_t> Count(const std::string& key, int64_t delta);
+  // Proposes `ranks` as the value of `key`; returns what the first
+  // proposer fixed there.
+  absl::StatusOr<std::vector<int>> Decide(const std::string& key, const std::vector<int>& ranks);
   // Host/pid of the given ranks, as published.
   absl::StatusOr<std::map<int, RemoteRank>> FetchRanks(const std::vector<int>& ranks);
   absl::Status ReportFailure(const FailureRecord& failure);

@@ -381,6 +381,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
         fresh.id = id.job_id();
         fresh.generation = req.generation();
         fresh.world_size = req.world_size();
+        for (int r = 0; r < fresh.world_size; ++r) fresh.members.push_back(r);
         fresh.master = req.master_store_address();
         fresh.owner_uid = who.uid;
         fresh.coordinator = std::make_shared<JobCoordinator>(
@@ -441,10 +442,16 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
     // A process taking over a rank of a job past its start joins the job's
     // next epoch before it forms groups.
     int64_t latest = 0;
+    bool grows = false;
     if (published.ok() && *took_over) {
       absl::StatusOr<int64_t> epoch = coordinator->LatestEpoch();
       published = epoch.status();
       if (epoch.ok()) latest = *epoch;
+    }
+    if (published.ok() && *took_over && latest > 0) {
+      absl::StatusOr<std::vector<int>> members = coordinator->Members(latest);
+      published = members.status();
+      if (members.ok()) grows = !members->empty() && static_cast<int>(members->size()) < world;
     }
     v1::Registered registered;
     {
@@ -470,6 +477,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
           rec->info.set_epoch(latest);
           if (rec->info.restarts() == 0) rec->info.set_restarts(1);
           registered.set_rejoin_epoch(latest + 1);
+          registered.set_rejoin_grows(grows);
           job->replaced_since.insert(rank);
           if (job->first_failure == absl::InfiniteFuture()) job->first_failure = absl::Now();
         }
@@ -694,6 +702,14 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
       }
     }
     if (bad.ok()) bad = ValidateGroupRanks(ranks, job->world_size, req.name());
+    for (int r : ranks) {
+      if (!bad.ok()) break;
+      if (std::find(job->members.begin(), job->members.end(), r) == job->members.end()) {
+        bad = absl::InvalidArgumentError(absl::StrCat("rank ", r, " in group '", req.name(),
+                                                      "' is not in epoch ", job->epoch, " of job '",
+                                                      job->id, "'"));
+      }
+    }
     bool local_sync = req.options().local_synchronization();
     if (bad.ok() && local_sync && std::find(ranks.begin(), ranks.end(), caller) == ranks.end()) {
       bad = absl::InvalidArgumentError(
@@ -721,7 +737,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
         if (local_sync) {
           g.required = ranks;
         } else {
-          for (int r = 0; r < job->world_size; ++r) g.required.push_back(r);
+          g.required = job->members;
         }
       }
       if (!bad.ok()) {
@@ -732,7 +748,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
         if (local_sync) {
           g.required = ranks;
         } else {
-          for (int r = 0; r < job->world_size; ++r) g.required.push_back(r);
+          g.required = job->members;
         }
         g.info.set_job_id(job->id);
         g.info.set_generation(job->generation);
@@ -1075,10 +1091,29 @@ void Registry::ResetGroup(Job& job, Group& g, int64_t epoch,
   g = std::move(fresh);
 }
 
+std::vector<int> Registry::LiveSlots(const Job& job) {
+  std::vector<int> live;
+  for (int slot = 0; slot < job.world_size; ++slot) {
+    auto it = job.ranks.find(slot);
+    if (it != job.ranks.end() && !it->second.joining &&
+        (it->second.info.state() == v1::RANK_STATE_FAILED ||
+         it->second.info.state() == v1::RANK_STATE_LEFT)) {
+      continue;  // its process is gone (a new one would have replaced the entry)
+    }
+    if (it == job.ranks.end() &&
+        std::find(job.members.begin(), job.members.end(), slot) == job.members.end()) {
+      continue;  // left out of the current epoch, and no process came back for it
+    }
+    live.push_back(slot);
+  }
+  return live;
+}
+
 void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
                            ReconfigureDone done) {
   const int caller = req.caller().global_rank();
   const int64_t epoch = req.epoch();
+  const bool allow_shrink = req.allow_shrink();
   std::shared_ptr<JobCoordinator> coordinator;
   std::vector<int> everyone;
   absl::Duration timeout;
@@ -1114,30 +1149,72 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
   }
   const std::string job_id = req.caller().job_id();
   Spawn(WorkerPool::Kind::kBlocking, [this, coordinator, job_id, caller, epoch, everyone, timeout,
-                                      done = std::move(done)] {
+                                      allow_shrink, done = std::move(done)] {
     const std::string key = absl::StrCat("epoch/", epoch, "/arrived");
     const std::string what = absl::StrCat("epoch ", epoch, " of job '", job_id, "'");
+    const absl::Time deadline = absl::Now() + timeout;
+    // Why the wait should end, other than its arrivals: an abort, shutdown,
+    // the caller's own end; with allow_shrink also a change in which ranks
+    // are alive (the wait starts over for the new set).
+    std::vector<int> expected = everyone;
+    bool live_changed = false;
+    auto interrupted = [&]() -> std::string {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return "musterd is shutting down";
+      Job* job = FindJob(job_id);
+      if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
+      if (!job->abort_reason.empty()) return absl::StrCat("job aborted: ", job->abort_reason);
+      auto it = job->ranks.find(caller);
+      if (it == job->ranks.end() || it->second.joining_epoch != epoch ||
+          it->second.info.state() != v1::RANK_STATE_ALIVE) {
+        return absl::StrCat("rank ", caller, " left or failed");
+      }
+      if (allow_shrink && LiveSlots(*job) != expected) {
+        live_changed = true;
+        return "the ranks alive changed";
+      }
+      return std::string();
+    };
     absl::Status s = coordinator->Arrive(key, {caller});
-    // Failures of the old epoch do not end the wait (their replacements
-    // are what it waits for); an abort, shutdown or the caller's own end do.
-    if (s.ok()) {
-      s = coordinator->AwaitArrivals(key, everyone, absl::Now() + timeout, what, [&]() {
-        absl::MutexLock lock(&mu_);
-        if (stopping_) return std::string("musterd is shutting down");
-        Job* job = FindJob(job_id);
-        if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
-        if (!job->abort_reason.empty()) return absl::StrCat("job aborted: ", job->abort_reason);
-        auto it = job->ranks.find(caller);
-        if (it == job->ranks.end() || it->second.joining_epoch != epoch ||
-            it->second.info.state() != v1::RANK_STATE_ALIVE) {
-          return absl::StrCat("rank ", caller, " left or failed");
+    if (s.ok()) s = coordinator->Count(absl::StrCat("epoch/", epoch, "/count"), 1).status();
+    std::vector<int> candidates = everyone;
+    if (s.ok() && !allow_shrink) {
+      // Every rank of the job comes back (failed ones replaced).
+      s = coordinator->AwaitArrivals(key, everyone, deadline, what, interrupted);
+    } else if (s.ok()) {
+      // Every rank alive arrives; then whoever is there forms the epoch.
+      while (true) {
+        {
+          absl::MutexLock lock(&mu_);
+          Job* job = FindJob(job_id);
+          expected = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
         }
-        return std::string();
-      });
+        live_changed = false;
+        s = coordinator->AwaitArrivals(key, expected, deadline, what, interrupted);
+        if (!(absl::IsAborted(s) && live_changed)) break;
+      }
+      if (s.ok()) {
+        absl::StatusOr<std::vector<int>> present = coordinator->Present(key, everyone);
+        s = present.status();
+        if (present.ok()) candidates = *present;
+      }
+    }
+    // The first to decide fixes the epoch's members for every rank.
+    std::vector<int> members;
+    if (s.ok()) {
+      absl::StatusOr<std::vector<int>> decided =
+          coordinator->Decide(absl::StrCat("epoch/", epoch, "/members"), candidates);
+      s = decided.status();
+      if (decided.ok()) members = *decided;
+    }
+    if (s.ok() && std::find(members.begin(), members.end(), caller) == members.end()) {
+      s = absl::FailedPreconditionError(absl::StrCat(what, " formed without rank ", caller,
+                                                     " (members ", absl::StrJoin(members, ","),
+                                                     "); join epoch ", epoch + 1));
     }
     absl::StatusOr<std::map<int, RemoteRank>> holders = absl::UnknownError("unset");
     if (s.ok()) {
-      holders = coordinator->FetchRanks(everyone);
+      holders = coordinator->FetchRanks(members);
       s = holders.status();
     }
     if (s.ok()) s = coordinator->SetLatestEpoch(epoch);
@@ -1150,10 +1227,15 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
         if (s.ok()) s = absl::AbortedError(absl::StrCat("rank ", caller, " left during ", what));
       } else {
         it->second.joining_epoch = 0;
+        if (absl::IsFailedPrecondition(s)) {
+          // Left out: the rank may join the next epoch.
+          it->second.info.set_epoch(epoch);
+        }
         if (s.ok()) {
           it->second.info.set_epoch(epoch);
           if (epoch > job->epoch) {
             job->epoch = epoch;
+            job->members = members;
             ++reconfigurations_;
             v1::Reconfiguration& record = job->reconfigurations.emplace_back();
             record.set_epoch(epoch);
@@ -1165,9 +1247,9 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
             job->failed_since.clear();
             job->replaced_since.clear();
             job->first_failure = absl::InfiniteFuture();
-            MLOG(INFO) << "job " << job_id << ": epoch " << epoch << " formed by all "
-                       << everyone.size() << " ranks (" << record.took_millis()
-                       << " ms after the first failure)";
+            MLOG(INFO) << "job " << job_id << ": epoch " << epoch << " formed by " << members.size()
+                       << " of " << job->world_size << " ranks (" << absl::StrJoin(members, ",")
+                       << "; " << record.took_millis() << " ms after the first failure)";
           }
           // Ranks that failed or left are alive again where another process
           // now holds them.
@@ -1185,7 +1267,8 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
             }
           }
           response.set_epoch(epoch);
-          response.set_world_size(job->world_size);
+          response.set_world_size(static_cast<int>(members.size()));
+          for (int m : members) response.add_members(m);
         }
       }
     }
@@ -1194,6 +1277,33 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
     } else {
       done(s);
     }
+  });
+}
+
+void Registry::PendingJoins(const v1::PendingJoinsRequest& req, const Caller& who,
+                            std::function<void(absl::StatusOr<v1::PendingJoinsResponse>)> done) {
+  std::shared_ptr<JobCoordinator> coordinator;
+  int64_t next = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    auto j = CallerJob(req.caller(), who);
+    if (!j.ok()) {
+      done(j.status());
+      return;
+    }
+    coordinator = (*j)->coordinator;
+    next = (*j)->ranks[req.caller().global_rank()].info.epoch() + 1;
+  }
+  Spawn(WorkerPool::Kind::kShort, [coordinator, next, done = std::move(done)] {
+    absl::StatusOr<int64_t> n = coordinator->Count(absl::StrCat("epoch/", next, "/count"), 0);
+    if (!n.ok()) {
+      done(n.status());
+      return;
+    }
+    v1::PendingJoinsResponse response;
+    response.set_next_epoch(next);
+    response.set_waiting(static_cast<int32_t>(*n));
+    done(response);
   });
 }
 

@@ -171,6 +171,9 @@ class Registry {
   // Groups are then re-created under it by the same CreateGroup calls.
   void Reconfigure(const v1::ReconfigureRequest& request, const Caller& caller,
                    ReconfigureDone done);
+  // How many processes wait to join the caller's next epoch.
+  void PendingJoins(const v1::PendingJoinsRequest& request, const Caller& caller,
+                    std::function<void(absl::StatusOr<v1::PendingJoinsResponse>)> done);
   absl::Status DestroyGroup(const v1::DestroyGroupRequest& request, const Caller& caller);
   void Barrier(const v1::BarrierRequest& request, const Caller& caller, StatusDone done);
   absl::Status AbortGroup(const std::string& job_id, const std::string& name,
@@ -252,6 +255,9 @@ class Registry {
     // Elastic jobs: the latest epoch a local rank joined, how each came
     // about, and what happened since the last one.
     int64_t epoch = 0;
+    // The ranks (registration ranks: "slots") in the current epoch, in the
+    // order of their dense ranks: all of them until a shrink.
+    std::vector<int> members;
     std::vector<v1::Reconfiguration> reconfigurations;
     absl::Time first_failure = absl::InfiniteFuture();
     std::vector<std::string> failed_since;
@@ -294,6 +300,9 @@ class Registry {
   // store, and that its process is gone (a new one may take the rank over).
   void ReportGone(std::shared_ptr<JobCoordinator> coordinator, FailureRecord record,
                   RemoteRank holder);
+  // The job's slots whose processes may still take part: not known failed
+  // or left, and in the current epoch or held by a process again.
+  static std::vector<int> LiveSlots(const Job& job);
   // Starts group `g` afresh under `epoch` (a rank re-creates it after a
   // reconfiguration): its waiters fail, its segment and communicators go.
   // Callbacks to run outside the lock go to `later`.

@@ -332,4 +332,17 @@ grpc::ServerUnaryReactor* GroupsService::Reconfigure(grpc::CallbackServerContext
   return reactor;
 }
 
+grpc::ServerUnaryReactor* GroupsService::PendingJoins(grpc::CallbackServerContext* context,
+                                                      const v1::PendingJoinsRequest* request,
+                                                      v1::PendingJoinsResponse* response) {
+  ADMIT_OR_FINISH(caller, context, request);
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  registry_->PendingJoins(*request, *caller,
+                          [this, reactor, response](absl::StatusOr<v1::PendingJoinsResponse> r) {
+                            if (r.ok()) *response = std::move(*r);
+                            reactor->Finish(ToGrpc(WhileStopping(registry_, r.status())));
+                          });
+  return reactor;
+}
+
 }  // namespace muster

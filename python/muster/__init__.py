@@ -864,16 +864,25 @@ class World(_Handle):
         """The job epoch this rank is in (0 at start, +1 per reconfigure)."""
         return lib().muster_world_epoch(self._handle)
 
-    def reconfigure(self, timeout=None):
+    def reconfigure(self, timeout=None, allow_shrink=False):
         """Elastic jobs: after a member died (collectives failed ABORTED),
         joins the job's next epoch with the other ranks (the survivors call
         it; a replacement process does it inside init()) and forms every
         group this rank holds again under it; Group objects stay valid.
+        allow_shrink: form it with the ranks alive (and new ones that
+        joined) instead of waiting for every rank; rank and size change.
         Returns the new epoch."""
         epoch = ctypes.c_int64(0)
         _check(lib().muster_world_reconfigure(self._handle, _timeout_s(timeout),
-                                              ctypes.byref(epoch)))
+                                              1 if allow_shrink else 0, ctypes.byref(epoch)))
         return epoch.value
+
+    def pending_joins(self):
+        """How many processes wait to join the job's next epoch (call
+        reconfigure() to admit them)."""
+        n = ctypes.c_int32(0)
+        _check(lib().muster_world_pending_joins(self._handle, ctypes.byref(n)))
+        return n.value
 
     def failures(self):
         """Failures of other ranks this rank was told about."""
@@ -961,11 +970,11 @@ def world():
     return _default_world
 
 
-def reconfigure(timeout=None):
+def reconfigure(timeout=None, allow_shrink=False):
     """World.reconfigure() on the default World (see muster.init)."""
     if _default_world is None:
         raise FailedPreconditionError(9, "muster.reconfigure(): muster.init() was not called")
-    return _default_world.reconfigure(timeout)
+    return _default_world.reconfigure(timeout, allow_shrink)
 
 
 def is_initialized():

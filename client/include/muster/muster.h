@@ -166,8 +166,14 @@ int64_t muster_world_epoch(const muster_world* world);
    it, and so does muster_world_init in the process that replaces it; every
    world rank joins the job's next epoch and every group this rank holds is
    formed again under it (handles stay valid). timeout_s 0: the world's
-   timeout; negative: none. *epoch (may be NULL) receives the new epoch. */
-int muster_world_reconfigure(muster_world* world, double timeout_s, int64_t* epoch);
+   timeout; negative: none. allow_shrink: form the epoch with the ranks alive
+   (and new ones that joined) instead of every rank; muster_world_rank and
+   muster_world_size change then. *epoch (may be NULL) receives the new
+   epoch. */
+int muster_world_reconfigure(muster_world* world, double timeout_s, int allow_shrink,
+                             int64_t* epoch);
+/* How many processes wait to join the job's next epoch (*waiting). */
+int muster_world_pending_joins(muster_world* world, int32_t* waiting);
 /* A new reference to the world group. */
 muster_group* muster_world_group(muster_world* world);
 /* Copies the failures of other ranks this rank was told about, one message

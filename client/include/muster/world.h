@@ -314,6 +314,23 @@ class World {
   // epoch fail. Returns the new epoch; DEADLINE_EXCEEDED (naming the ranks
   // that did not join within `timeout`, zero: the World's timeout).
   absl::StatusOr<int64_t> Reconfigure(absl::Duration timeout = absl::ZeroDuration());
+  // With allow_shrink, the epoch forms with the ranks alive (and any new
+  // process that joined by then: the world grows back) instead of waiting
+  // for every rank: world_size() changes and ranks are dense again (rank()
+  // is this process's place among members()); groups keep their surviving
+  // members, renumbered. A process that takes over a rank left out of the
+  // world joins at the next epoch: the others see it in PendingJoins() and
+  // call Reconfigure to admit it.
+  struct ReconfigureOptions {
+    absl::Duration timeout = absl::ZeroDuration();
+    bool allow_shrink = false;
+  };
+  absl::StatusOr<int64_t> Reconfigure(ReconfigureOptions options);
+  // How many processes wait to join this job's next epoch.
+  absl::StatusOr<int> PendingJoins();
+  // The registration rank (RANK) of each member of this epoch, in the
+  // order of their ranks (0..world_size()-1 until a shrink).
+  std::vector<int> members() const;
 
   // The job's store (the musterd at MASTER_ADDR:MASTER_PORT), namespaced
   // to this job attempt.

@@ -1368,7 +1368,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         int code;
         {
           py::gil_scoped_release release;
-          code = muster_world_reconfigure(w, timeout_s, &epoch);
+          // torch's groups have a fixed size: every rank comes back.
+          code = muster_world_reconfigure(w, timeout_s, /*allow_shrink=*/0, &epoch);
         }
         std::string message = code == MUSTER_OK ? "" : muster_last_error();
         muster_world_release(w);
