@@ -9,9 +9,11 @@ daemon/, client/), else <repo>/bazel-bin. Ranks run with this interpreter
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -99,3 +101,29 @@ def torch_backend():
     if p.returncode != 0:
         pytest.fail(f"building the torch backend failed:\n{p.stdout}")
     return p.stdout.strip().splitlines()[-1]
+
+
+# ---- a musterd of the test's own (tests that start ranks themselves) ----
+
+
+@pytest.fixture
+def musterd(tmp_path):
+    sock, ready = tmp_path / "musterd.sock", tmp_path / "ready.json"
+    p = subprocess.Popen([binary("daemon/musterd"), f"--socket={sock}", "--store-port=0",
+                          "--grpc-port=0", "--listen=127.0.0.1", f"--ready-file={ready}",
+                          "--log-level=warning"], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 15
+        while not ready.exists():
+            assert p.poll() is None, "musterd exited"
+            assert time.monotonic() < deadline, "musterd did not become ready"
+            time.sleep(0.02)
+        yield str(sock), json.loads(ready.read_text())
+    finally:
+        p.send_signal(signal.SIGTERM)
+        try:
+            p.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()

@@ -14,29 +14,6 @@ import pytest
 from conftest import TESTS, Job, binary, rank_env
 
 
-@pytest.fixture
-def musterd(tmp_path):
-    sock, ready = tmp_path / "musterd.sock", tmp_path / "ready.json"
-    p = subprocess.Popen([binary("daemon/musterd"), f"--socket={sock}", "--store-port=0",
-                          "--grpc-port=0", "--listen=127.0.0.1", f"--ready-file={ready}",
-                          "--log-level=warning"], stdout=subprocess.DEVNULL,
-                         stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
-    try:
-        deadline = time.monotonic() + 15
-        while not ready.exists():
-            assert p.poll() is None, "musterd exited"
-            assert time.monotonic() < deadline, "musterd did not become ready"
-            time.sleep(0.02)
-        yield str(sock), json.loads(ready.read_text())
-    finally:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def test_torchrun_with_a_running_musterd(torch_backend, musterd, tmp_path):
     sock, info = musterd
     env = rank_env({"MUSTER_SOCKET": sock})
