@@ -1081,8 +1081,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
       absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
       if (!driver.ok()) return Failed(driver.status());
       std::shared_ptr<v1::Gpu::Stub> stub = v1::Gpu::NewStub(session_->channel());
-      // Creating the communicator may take up to the group timeout.
-      const absl::Duration deadline = timeout_ + absl::Seconds(10);
+      // musterd answers within the group timeout twice over: waiting for
+      // the node's other members to issue the collective, then creating
+      // the communicator (first call).
+      const absl::Duration deadline = 2 * timeout_ + absl::Seconds(10);
       GpuTransport transport = [stub, deadline](const v1::GpuCollectiveRequest& request)
           -> absl::StatusOr<v1::GpuCollectiveResponse> {
         grpc::ClientContext context;
@@ -1111,7 +1113,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
         return absl::OkStatus();
       };
       gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_.job_id, world_.rank,
-                                       name_, std::move(status_check), deadline);
+                                       name_, std::move(status_check), deadline, timeout_);
     }
     path = gpu_;
   }
