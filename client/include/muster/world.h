@@ -93,7 +93,9 @@ struct Tensor {
   DType dtype = DType::kFloat32;
   Device device = Device::kCpu;
   // CUDA tensors: the stream (a cudaStream_t / CUstream) the collective is
-  // ordered on; null is the legacy default stream.
+  // ordered on; null is the legacy default stream. On "nccl" the collective
+  // is queued on it; a third party's "cuda" backend gets the tensors once
+  // the work queued on it before the call finished (backends/communicator.h).
   void* stream = nullptr;
   size_t bytes() const { return count * DTypeSize(dtype); }
 };
