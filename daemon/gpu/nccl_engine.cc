@@ -816,6 +816,7 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
     round.decided = true;
     table_cv_.notify_all();
   }
+  const absl::Time spin_until = absl::Now() + absl::Microseconds(100);
   while (!round.decided && table->broken.empty()) {
     bool failed;
     std::string error;
@@ -845,6 +846,15 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
       table_cv_.notify_all();
       directory_->BreakGroup(slot.job, slot.group, reason);
       return absl::DeadlineExceededError(message);
+    }
+    // The others are usually a few microseconds away (ranks issue a
+    // collective together): yield the CPU to them for a while before
+    // sleeping, whose wake-up costs a scheduler round trip.
+    if (absl::Now() < spin_until) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+      continue;
     }
     table_cv_.wait_until(lock, absl::ToChronoTime(deadline));
   }
