@@ -3,6 +3,7 @@
 // Work::Impl, and the list/bytes variants of the collectives built on the
 // contiguous Communicator ones.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -694,9 +695,36 @@ absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("monitored_barrier needs a positive timeout");
   }
-  absl::Time deadline = absl::Now() + timeout;
-  return impl_->Submit([deadline](Communicator& c, absl::Time) { return c.Barrier(deadline); })
-      ->Wait();
+  const absl::Time deadline = absl::Now() + timeout;
+  // The barrier runs on the group's communicator, after this rank's earlier
+  // collectives: a member that does not come in time fails it on every
+  // member, naming who (and breaks the group, as any collective that timed
+  // out). Meanwhile every member also checks in with musterd, which records
+  // arrivals out of band: when this rank's own earlier collective is stuck
+  // the barrier cannot even start here, and musterd's record names the
+  // members that never came, at the barrier's timeout.
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<Work> work = impl_->Submit([deadline, started](Communicator& c, absl::Time) {
+    started->store(true);
+    return c.Barrier(deadline);
+  });
+  impl_->Expedite();
+  absl::Status arrived = impl_->Barrier(timeout);
+  if (started->load() || (arrived.ok() && work->IsCompleted())) {
+    // It ran with the deadline: it ends soon after it, saying why.
+    return work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()) + absl::Seconds(2));
+  }
+  if (!arrived.ok()) {
+    return absl::Status(arrived.code(), absl::StrCat("monitored_barrier on group '", name(),
+                                                     "': ", arrived.message()));
+  }
+  absl::Status s = work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (work->IsCompleted()) return s;
+  return absl::DeadlineExceededError(
+      absl::StrCat("monitored_barrier on group '", name(),
+                   "': every member arrived, but this rank's "
+                   "collectives queued before the barrier did not complete within ",
+                   absl::FormatDuration(timeout)));
 }
 
 std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {

@@ -648,6 +648,34 @@ TEST_CASE(
                             "mbarrier world 800 error DEADLINE_EXCEEDED: barrier #1 on group "
                             "'world' timed out waiting for ranks 2, 3 to arrive"));
   }
+  {
+    // Rank 0's all_reduce before the barrier is stuck (the others never
+    // call it): its monitored barrier still gives up at its own timeout,
+    // naming who musterd did not see, not when the all_reduce ends.
+    Job job(*daemon, "monitoredstuck", 4);
+    std::map<std::string, std::string> env = {{"MUSTER_TEST_INIT_TIMEOUT_MS", "6000"}};
+    job.Start(0, "init;pending world;mbarrier world 800", env);
+    job.Start(1, "init;sleep 1500;mbarrier world 800", env);
+    job.Start(2, "init;sleep 3000", env);
+    job.Start(3, "init;sleep 3000", env);
+    std::string out = job.WaitAll();
+    INFO(out);
+    CHECK(absl::StrContains(out,
+                            "rank 0: mbarrier world 800 error DEADLINE_EXCEEDED: "
+                            "monitored_barrier on group 'world': barrier 1 on group 'world' "
+                            "timed out; ranks that never arrived: 1, 2, 3"));
+    bool seen = false;
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      if (!absl::StartsWith(line, "rank 0: mbarrier")) continue;
+      int64_t elapsed = -1;
+      size_t at = line.find("elapsed_ms=");
+      REQUIRE(at != absl::string_view::npos);
+      CHECK(absl::SimpleAtoi(line.substr(at + 11), &elapsed));
+      CHECK(elapsed < 1500);
+      seen = true;
+    }
+    CHECK(seen);
+  }
   CHECK(daemon->process().Running());
 }
 

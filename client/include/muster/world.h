@@ -217,7 +217,9 @@ class ProcessGroup {
   std::shared_ptr<Work> CollectiveBarrier();
   // c10d's monitored_barrier: a barrier that gives up after `timeout`
   // with DEADLINE_EXCEEDED naming every member that did not arrive (the
-  // group is then aborted, as for any collective that timed out).
+  // group is then aborted, as for any collective that timed out). Members
+  // also check in with musterd, so a rank whose earlier collective is stuck
+  // still fails at `timeout`, naming the members musterd never saw.
   absl::Status MonitoredBarrier(absl::Duration timeout);
   // Byte blobs of different sizes per rank ("object" collectives).
   std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
