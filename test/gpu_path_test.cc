@@ -100,6 +100,24 @@ class FakeCudaDriver : public CudaDriver {
   std::vector<std::string> log_;
 };
 
+// What musterd's gRPC service does with a request: the engine's answer
+// once it launched (or failed) the collective. `seen` (if any) looks at
+// each request first.
+GpuTransport EngineTransport(NcclEngine& engine,
+                             std::function<void(const v1::GpuCollectiveRequest&)> seen = nullptr) {
+  return [&engine, seen](
+             const v1::GpuCollectiveRequest& request) -> absl::StatusOr<v1::GpuCollectiveResponse> {
+    if (seen) seen(request);
+    std::promise<absl::StatusOr<uint64_t>> promise;
+    engine.Collective(request, [&](absl::StatusOr<uint64_t> s) { promise.set_value(s); });
+    absl::StatusOr<uint64_t> launched = promise.get_future().get();
+    if (!launched.ok()) return launched.status();
+    v1::GpuCollectiveResponse response;
+    response.set_launched(*launched);
+    return response;
+  };
+}
+
 Tensor Cuda(void* data, size_t count, DType dtype, uintptr_t stream = 7) {
   Tensor t;
   t.data = data;
@@ -159,17 +177,7 @@ TEST_CASE("GpuPath runs collectives through the NCCL engine and orders them on t
   directory.AddGroup("world", {0, 1});
   NcclEngine engine(&runtime, &directory);
   FakeCudaDriver driver;
-  GpuTransport transport =
-      [&engine](
-          const v1::GpuCollectiveRequest& request) -> absl::StatusOr<v1::GpuCollectiveResponse> {
-    std::promise<absl::StatusOr<uint64_t>> promise;
-    engine.Collective(request, [&](absl::StatusOr<uint64_t> s) { promise.set_value(s); });
-    absl::StatusOr<uint64_t> launched = promise.get_future().get();
-    if (!launched.ok()) return launched.status();
-    v1::GpuCollectiveResponse response;
-    response.set_launched(*launched);
-    return response;
-  };
+  GpuTransport transport = EngineTransport(engine);
   std::vector<std::vector<float>> data = {{1, 2, 3}, {10, 20, 30}};
   std::vector<std::vector<float>> gathered(2, std::vector<float>(6));
   std::vector<std::vector<float>> sendbuf = {{5}, {6}}, recvbuf = {{0}, {0}};
@@ -257,17 +265,9 @@ TEST_CASE("GpuPath sends the group timeout: a member that comes late fails it on
   NcclEngine engine(&runtime, &directory);
   FakeCudaDriver driver;
   std::vector<uint64_t> sent_timeouts(2);
-  GpuTransport transport =
-      [&](const v1::GpuCollectiveRequest& request) -> absl::StatusOr<v1::GpuCollectiveResponse> {
+  GpuTransport transport = EngineTransport(engine, [&](const v1::GpuCollectiveRequest& request) {
     sent_timeouts[request.caller().global_rank()] = request.timeout_millis();
-    std::promise<absl::StatusOr<uint64_t>> promise;
-    engine.Collective(request, [&](absl::StatusOr<uint64_t> s) { promise.set_value(s); });
-    absl::StatusOr<uint64_t> launched = promise.get_future().get();
-    if (!launched.ok()) return launched.status();
-    v1::GpuCollectiveResponse response;
-    response.set_launched(*launched);
-    return response;
-  };
+  });
   std::vector<std::vector<float>> data = {{1}, {2}};
   for (int r = 0; r < 2; ++r) driver.Allocate(data[r].data(), 4);
   std::vector<absl::Status> status(2);
