@@ -787,10 +787,18 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
   if (!kind.has_value()) return verdict;  // point to point: its pair only
   const int me = slot.group_rank;
   AgreementEntry mine;
-  mine.signature = MakeSignature(
-      0, *kind, static_cast<DType>(request.dtype()),
-      *kind == CollectiveKind::kAllToAll ? static_cast<uint64_t>(slot.group_size) : request.count(),
-      request.root(), static_cast<ReduceOp>(request.reduce_op()));
+  // A barrier has no dtype or count (whatever the request says); all_to_all's
+  // counts are its splits, compared below.
+  DType dtype = static_cast<DType>(request.dtype());
+  uint64_t count = request.count();
+  if (*kind == CollectiveKind::kBarrier) {
+    dtype = DType::kUInt8;
+    count = 0;
+  } else if (*kind == CollectiveKind::kAllToAll) {
+    count = static_cast<uint64_t>(slot.group_size);
+  }
+  mine.signature = MakeSignature(0, *kind, dtype, count, request.root(),
+                                 static_cast<ReduceOp>(request.reduce_op()));
   mine.send.assign(request.send_counts().begin(), request.send_counts().end());
   mine.recv.assign(request.recv_counts().begin(), request.recv_counts().end());
   mine.verdict = verdict;

@@ -279,6 +279,21 @@ TEST_CASE("members on the node that call different collectives all fail before l
   CHECK(directory.breaks().empty());
 }
 
+TEST_CASE("barriers agree whatever dtype and count their requests carry") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  auto barrier = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = r == 0 ? Request(ranks[r], "world", v1::GPU_BARRIER, DType::kFloat32, 0)
+                      : Request(ranks[r], "world", v1::GPU_BARRIER, DType::kUInt8, 1);
+    return Call(engine, req).status();
+  });
+  CHECK(barrier[0].ok());
+  CHECK(barrier[1].ok());
+}
+
 TEST_CASE("one member's bad request fails the collective on every member of the node") {
   FakeGpuRuntime runtime;
   FakeDirectory directory;
