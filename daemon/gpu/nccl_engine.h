@@ -32,15 +32,20 @@
 //    DEADLINE_EXCEEDED naming the global ranks that did not issue it, the
 //    group breaks through the directory with that reason (as the
 //    watchdog's), so a member that issues #n later gets ABORTED and no
-//    member gets OK for it. The communicator is created lazily, after the
-//    first agreement. Only node-local members are compared: members on
-//    other nodes are not (an exchange through the job store would cost a
-//    store round trip per collective); a mismatch with them reaches NCCL,
-//    which hangs or fails, and the watchdog's group timeout breaks the
-//    group. Cost: a rank's GPU call now returns once every member on its
-//    node issued that collective (before, once its own launch was
-//    enqueued), so a rank can no longer run ahead of its node's slowest
-//    member by more than the one call.
+//    member gets OK for it. A break from the registry, a failed slot, a
+//    member that destroys the group or leaves also fail the group's
+//    waiting and later agreements (ABORTED, with the reason); the table is
+//    forgotten once every member here destroyed the group or left. The
+//    communicator is created lazily, after the first agreement; the wait
+//    yields the CPU for up to 100 µs before it sleeps (members usually
+//    issue a collective together). Only node-local members are compared:
+//    members on other nodes are not (an exchange through the job store
+//    would cost a store round trip per collective); a mismatch with them
+//    reaches NCCL, which hangs or fails, and the watchdog's group timeout
+//    breaks the group. Cost: a rank's GPU call now returns once every
+//    member on its node issued that collective (before, once its own
+//    launch was enqueued), so a rank can no longer run ahead of its node's
+//    slowest member by more than the one call (docs/benchmarks.md).
 //  - a watchdog thread polls asynchronous NCCL errors and the watchdog
 //    events; an error, or a collective not finished within the group
 //    timeout, aborts the communicator (ncclCommAbort) and breaks the group
