@@ -349,6 +349,35 @@ TEST_CASE("a member on the node that does not issue a collective in time fails i
   CHECK(absl::StartsWith(directory.breaks()[0], "world: rank 0: all_reduce #1"));
 }
 
+TEST_CASE("a member that destroys the group or leaves ends the others' wait at once") {
+  for (bool leaves : {false, true}) {
+    FakeGpuRuntime runtime;
+    FakeDirectory directory;
+    directory.AddGroup("world", {0, 1}, absl::Seconds(20));
+    NcclEngine engine(&runtime, &directory);
+    FakeRank rank0(0);
+    std::vector<float> data(1, 1.0f);
+    auto req = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data.data(), 4);
+    std::thread gone([&] {
+      absl::SleepFor(absl::Milliseconds(200));  // rank 0 waits for rank 1 by now
+      if (leaves) {
+        engine.RankGone("job", 1);
+      } else {
+        engine.GroupDestroyed("job", "world", 1);
+      }
+    });
+    const absl::Time start = absl::Now();
+    absl::Status s = Call(engine, req).status();
+    gone.join();
+    INFO((leaves ? "leaves: " : "destroys: ") << s);
+    CHECK(absl::IsAborted(s));
+    CHECK(absl::StrContains(s.message(),
+                            leaves ? "rank 1 left the job" : "rank 1 destroyed group 'world'"));
+    CHECK(absl::Now() - start < absl::Seconds(5));
+  }
+}
+
 TEST_CASE(
     "a collective launches once every member on the node issued it; other nodes' are not "
     "waited for") {
