@@ -184,12 +184,16 @@ class EngineCommunicator : public Communicator {
     };
     auto answer = std::make_shared<Answer>();
     RankState* state = state_;
-    engine_->Collective(std::move(request), [state, answer](absl::StatusOr<uint64_t> launched) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      answer->done = true;
-      answer->status = launched.status();
-      state->cv.notify_all();
-    });
+    engine_->Collective(std::move(request),
+                        [state, answer](absl::StatusOr<uint64_t> launched) mutable {
+                          std::lock_guard<std::mutex> lock(state->mu);
+                          answer->done = true;
+                          answer->status = std::move(launched).status();
+                          state->cv.notify_all();
+                          // Released under the lock: this rank's thread frees
+                          // it, not the engine's worker when it drops `done`.
+                          answer.reset();
+                        });
     std::unique_lock<std::mutex> lock(state_->mu);
     while (true) {
       if (!state_->abort.ok()) return state_->abort;

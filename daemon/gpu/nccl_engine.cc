@@ -76,11 +76,17 @@ struct NcclEngine::Slot {
 
 namespace {
 
-// What one member published for one collective.
+// What one member published for one collective. The verdict is kept as
+// its parts: every member builds its own Status from them (an absl::Status
+// shared between threads is released in uninstrumented Abseil code, which
+// ThreadSanitizer cannot follow).
 struct AgreementEntry {
   OpSignature signature;
   std::vector<uint64_t> send, recv;  // all_to_all, elements per peer
-  absl::Status verdict;              // the member's own checks
+  // The member's own checks.
+  absl::StatusCode verdict_code = absl::StatusCode::kOk;
+  std::string verdict_message;
+  absl::Status verdict() const { return absl::Status(verdict_code, verdict_message); }
 };
 
 }  // namespace
@@ -96,7 +102,7 @@ struct NcclEngine::SignatureTable {
   struct Round {
     std::map<int, Entry> entries;  // by group rank
     bool decided = false;          // every member published, or it failed
-    absl::Status failure;          // why it failed (its waiters' answer)
+    std::string failure;           // why it failed (its waiters' DEADLINE_EXCEEDED)
     size_t consumed = 0;           // members that took a successful outcome
   };
   std::map<uint64_t, Round> rounds;
@@ -200,12 +206,12 @@ absl::Status CompareRound(const std::map<int, AgreementEntry>& entries, int me, 
           SignatureMismatch(me, mine.signature, j, theirs.signature));
     }
   }
-  if (!mine.verdict.ok()) return mine.verdict;
+  if (mine.verdict_code != absl::StatusCode::kOk) return mine.verdict();
   for (const auto& [j, theirs] : entries) {
-    if (!theirs.verdict.ok()) {
-      return absl::Status(theirs.verdict.code(),
+    if (theirs.verdict_code != absl::StatusCode::kOk) {
+      return absl::Status(theirs.verdict_code,
                           absl::StrCat(DescribeSignature(mine.signature), " failed on group rank ",
-                                       j, ": ", theirs.verdict.message()));
+                                       j, ": ", theirs.verdict_message));
     }
   }
   if (static_cast<CollectiveKind>(mine.signature.kind) != CollectiveKind::kAllToAll) {
@@ -698,13 +704,13 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   };
   absl::Status verdict = check();
   if (absl::Status agreed = Agree(slot, request, verdict, deadline); !agreed.ok()) {
-    return done(agreed);
+    return done(std::move(agreed));
   }
   if (!initialized) {
     InitComm(slot, request.pci_bus_id());
     if (!slot.init_status.ok()) return done(slot.init_status);
     plan = plan_with(slot.scratch);
-    if (!plan.ok()) return done(plan.status());
+    if (!plan.ok()) return done(std::move(plan).status());
   }
   void* comm = nullptr;
   {
@@ -801,7 +807,8 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
                                  static_cast<ReduceOp>(request.reduce_op()));
   mine.send.assign(request.send_counts().begin(), request.send_counts().end());
   mine.recv.assign(request.recv_counts().begin(), request.recv_counts().end());
-  mine.verdict = verdict;
+  mine.verdict_code = verdict.code();
+  mine.verdict_message = std::string(verdict.message());
   if (slot.local_group_ranks.size() <= 1) {
     // Nobody to wait for here (members on other nodes are not compared).
     return CompareRound({{me, mine}}, me, slot.group_size);
@@ -847,7 +854,7 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
                        " to issue it (GPU collectives launch once every member on the node "
                        "issued them)");
       round.decided = true;
-      round.failure = absl::DeadlineExceededError(message);
+      round.failure = message;
       const std::string reason = absl::StrCat("rank ", slot.global_rank, ": ", message);
       table->broken = reason;
       lock.unlock();
@@ -866,7 +873,7 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
     }
     table_cv_.wait_until(lock, absl::ToChronoTime(deadline));
   }
-  if (!round.failure.ok()) return round.failure;
+  if (!round.failure.empty()) return absl::DeadlineExceededError(round.failure);
   if (!round.decided) return absl::AbortedError(table->broken);
   absl::Status outcome = CompareRound(round.entries, me, slot.group_size);
   if (++round.consumed == table->local.size()) table->rounds.erase(n);
