@@ -182,6 +182,16 @@ TEST_CASE("a third-party CUDA backend runs only after the work queued on the ten
   CHECK(driver.live() == 0);  // the fences' events were destroyed
 }
 
+TEST_CASE("an empty CUDA tensor needs no fence") {
+  SetCudaDriverForTesting(&driver);
+  driver.released = false;
+  std::shared_ptr<ProcessGroup> group = OneRankGroup();
+  const size_t recorded = driver.recorded_on().size();
+  CHECK(group->AllReduce(Cuda(nullptr, 0, 0x55))->Wait(absl::Seconds(5)).ok());
+  CHECK(driver.recorded_on().size() == recorded);
+  driver.released = true;
+}
+
 TEST_CASE("a stream whose work never finishes fails the call at the group timeout") {
   SetCudaDriverForTesting(&driver);
   driver.released = false;

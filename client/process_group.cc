@@ -109,7 +109,8 @@ class StreamFence {
     auto fence = std::make_shared<StreamFence>(*driver);
     std::vector<void*> streams;
     for (const Tensor* t : tensors) {
-      if (t == nullptr || t->device != Device::kCuda) continue;
+      // (An empty tensor is not touched: nothing to wait for.)
+      if (t == nullptr || t->device != Device::kCuda || t->bytes() == 0) continue;
       if (std::find(streams.begin(), streams.end(), t->stream) != streams.end()) continue;
       // The event belongs to the context of the tensor's memory.
       absl::StatusOr<CudaDriver::Allocation> a = (*driver)->FindAllocation(t->data);
