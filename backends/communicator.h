@@ -7,6 +7,19 @@
 // this rank or failed (INVALID_ARGUMENT, FAILED_PRECONDITION for desync,
 // ABORTED, DEADLINE_EXCEEDED naming what it waited for).
 //
+// CUDA buffers (a backend registered for "cuda"): the SDK hands the
+// Communicator device pointers, never a stream. Its contract is the one a
+// CPU buffer has: when a method is called, the work the caller queued on
+// each tensor's stream before its call has finished (the SDK records an
+// event on those streams at the call and waits for it, bounded by the
+// call's deadline, before calling the Communicator on the group's
+// executor; a point-to-point call waits before it is posted), and when
+// the method returns (or PointToPoint's `done` runs) the backend has
+// finished with the buffers: anything it queued on its own streams is
+// complete. Work completes then, so the caller's later stream work sees
+// the result. (muster's own "nccl" runs in musterd and is ordered on the
+// stream instead; see client/gpu_path.h.)
+//
 // PointToPoint: the same group's sends and receives (c10d semantics:
 // matched by (peer, tag), in order per (peer, tag); a receive may take a
 // message from any source).

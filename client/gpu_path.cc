@@ -1,5 +1,7 @@
 #include "client/gpu_path.h"
 
+#include <algorithm>
+
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -62,7 +64,8 @@ absl::StatusOr<Device> TensorsDevice(const std::vector<const Tensor*>& tensors, 
 }
 
 GpuPath::GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
-                 std::string group, GpuStatusCheck status_check, absl::Duration call_timeout)
+                 std::string group, GpuStatusCheck status_check, absl::Duration call_timeout,
+                 absl::Duration group_timeout)
     : driver_(driver),
       transport_(std::move(transport)),
       status_check_(std::move(status_check)),
@@ -70,6 +73,7 @@ GpuPath::GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id,
       global_rank_(global_rank),
       group_(std::move(group)),
       call_timeout_(call_timeout),
+      group_timeout_(group_timeout),
       exporter_(driver) {}
 
 GpuPath::~GpuPath() {
@@ -154,6 +158,9 @@ absl::StatusOr<GpuPath::Launched> GpuPath::Run(const GpuCall& call) {
   request.set_ready_event(ready_handle_);
   request.set_done_event(done_handle_);
   request.set_sequence(++sequence_);
+  if (group_timeout_ > absl::ZeroDuration()) {
+    request.set_timeout_millis(std::max<int64_t>(1, absl::ToInt64Milliseconds(group_timeout_)));
+  }
 
   // The daemon's stream starts after the work already on ours...
   if (absl::Status s = driver_->RecordEvent(ready_, stream, context); !s.ok()) return s;

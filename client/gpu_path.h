@@ -10,8 +10,11 @@
 //    backend.
 //  - GpuPath, one per group: records an interprocess "ready" event on the
 //    tensors' stream, sends the request, and makes the stream wait on the
-//    "done" event the daemon recorded after the NCCL launch. The CPU does
-//    not wait for the GPU unless Work::Synchronize() asks. The first request
+//    "done" event the daemon recorded after the NCCL launch. The daemon
+//    launches once every member on its node issued the collective (it
+//    compares their signatures first), so a call returns when the node's
+//    members all made it; the CPU does not wait for the GPU unless
+//    Work::Synchronize() asks. The first request
 //    goes through gRPC; later ones through the communicator's shared-memory
 //    channel (GpuChannel) that the first reply names, falling back to gRPC
 //    if the channel closes.
@@ -98,9 +101,15 @@ class GpuPath {
   // transport's deadline bounds a gRPC one): a daemon that died never
   // answers there. A channel call that times out retires the channel (the
   // daemon may still read that request), so later requests use gRPC.
+  // `group_timeout` goes with every request (timeout_millis): how long
+  // musterd waits for the group's other members on the node to issue the
+  // collective before it fails it for all (DEADLINE_EXCEEDED here, ABORTED
+  // for a member that issues it later); zero: musterd uses the group's.
+  // Both deadlines must leave musterd time to answer past it.
   GpuPath(CudaDriver* driver, GpuTransport transport, std::string job_id, int global_rank,
           std::string group, GpuStatusCheck status_check = nullptr,
-          absl::Duration call_timeout = absl::Hours(1));
+          absl::Duration call_timeout = absl::Hours(1),
+          absl::Duration group_timeout = absl::ZeroDuration());
   ~GpuPath();
 
   struct Launched {
@@ -127,6 +136,7 @@ class GpuPath {
   const int global_rank_;
   const std::string group_;
   const absl::Duration call_timeout_;
+  const absl::Duration group_timeout_;
   absl::Mutex mu_;
   DeviceBufferExporter exporter_ ABSL_GUARDED_BY(mu_);
   uint64_t sequence_ ABSL_GUARDED_BY(mu_) = 0;

@@ -3,6 +3,7 @@
 // Work::Impl, and the list/bytes variants of the collectives built on the
 // contiguous Communicator ones.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <mutex>
 
@@ -95,6 +96,66 @@ void RegisterSdkBackendsOnce() {
 const char* DeviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 
 }  // namespace
+
+// The work queued on some CUDA streams up to one call: an event recorded
+// on each, waited for before an in-process backend's Communicator gets
+// the tensors (backends/communicator.h). Thread-compatible.
+class StreamFence {
+ public:
+  static absl::StatusOr<std::shared_ptr<StreamFence>> Record(
+      const std::vector<const Tensor*>& tensors) {
+    absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
+    if (!driver.ok()) return driver.status();
+    auto fence = std::make_shared<StreamFence>(*driver);
+    std::vector<void*> streams;
+    for (const Tensor* t : tensors) {
+      // (An empty tensor is not touched: nothing to wait for.)
+      if (t == nullptr || t->device != Device::kCuda || t->bytes() == 0) continue;
+      if (std::find(streams.begin(), streams.end(), t->stream) != streams.end()) continue;
+      // The event belongs to the context of the tensor's memory.
+      absl::StatusOr<CudaDriver::Allocation> a = (*driver)->FindAllocation(t->data);
+      if (!a.ok()) return a.status();
+      absl::StatusOr<void*> event = (*driver)->CreateEvent(a->context);
+      if (!event.ok()) return event.status();
+      fence->events_.push_back(*event);
+      if (absl::Status s = (*driver)->RecordEvent(*event, t->stream, a->context); !s.ok()) {
+        return s;
+      }
+      streams.push_back(t->stream);
+    }
+    return fence;
+  }
+  explicit StreamFence(CudaDriver* driver) : driver_(driver) {}
+  ~StreamFence() {
+    for (void* e : events_) driver_->DestroyEvent(e);
+  }
+  StreamFence(const StreamFence&) = delete;
+  StreamFence& operator=(const StreamFence&) = delete;
+
+  // Blocks until the GPU passed every event (DEADLINE_EXCEEDED at
+  // `deadline`).
+  absl::Status Wait(absl::Time deadline) {
+    int spins = 0;
+    for (void* e : events_) {
+      while (true) {
+        absl::StatusOr<bool> done = driver_->EventDone(e);
+        if (!done.ok()) return done.status();
+        if (*done) break;
+        if (absl::Now() > deadline) {
+          return absl::DeadlineExceededError(
+              "the work queued on the CUDA tensors' stream before the collective did not finish "
+              "in time");
+        }
+        if (++spins > 1000) absl::SleepFor(absl::Microseconds(50));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  CudaDriver* const driver_;
+  std::vector<void*> events_;
+};
 
 // Work: a handle over Work::Impl.
 
@@ -223,7 +284,7 @@ absl::Status ProcessGroup::Barrier(absl::Duration timeout) { return impl_->Barri
 
 std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scale) {
   if (absl::Status s = CheckTensor(t, "all_reduce"); !s.ok()) return Failed(s);
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "all_reduce", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_REDUCE;
@@ -265,7 +326,10 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
     }
     return last;
   }
-  return impl_->Submit(*device, [tensors, op](Communicator& c, absl::Time d) {
+  absl::StatusOr<std::shared_ptr<StreamFence>> fence =
+      impl_->FenceFor(*device, TensorPointers({}, tensors));
+  if (!fence.ok()) return Failed(fence.status());
+  return impl_->Submit(Routed{*device, *fence}, [tensors, op](Communicator& c, absl::Time d) {
     for (const Tensor& t : tensors) {
       if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
     }
@@ -275,7 +339,7 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
 
 std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
   if (absl::Status s = CheckTensor(t, "broadcast"); !s.ok()) return Failed(s);
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "broadcast", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_BROADCAST;
@@ -294,7 +358,7 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
   if (absl::Status s = CheckTensor(t, "reduce"); !s.ok()) return Failed(s);
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "reduce", {&t}, [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE;
@@ -320,7 +384,7 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
         "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "all_gather_into_tensor", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_GATHER;
@@ -342,7 +406,7 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
   if (absl::Status s = CheckList(outs, size(), in.count, in.dtype, "all_gather"); !s.ok()) {
     return Failed(s);
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "all_gather", TensorPointers({&in}, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_GATHER;
@@ -420,7 +484,7 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
     }
   }
   bool is_root = rank() == root;
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "gather", TensorPointers({&in}, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_GATHER;
@@ -452,7 +516,7 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       return Failed(s);
     }
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "scatter", TensorPointers({&out}, ins), [&] {
         GpuCall g;
         g.op = v1::GPU_SCATTER;
@@ -485,7 +549,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
         absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "reduce_scatter_tensor", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE_SCATTER;
@@ -509,7 +573,7 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
   if (absl::Status s = CheckList(ins, size(), out.count, out.dtype, "reduce_scatter"); !s.ok()) {
     return Failed(s);
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "reduce_scatter", TensorPointers({&out}, ins), [&] {
         GpuCall g;
         g.op = v1::GPU_REDUCE_SCATTER;
@@ -559,7 +623,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
   };
   if (absl::Status s = fill(in_splits, in.count, "input"); !s.ok()) return Failed(s);
   if (absl::Status s = fill(out_splits, out.count, "output"); !s.ok()) return Failed(s);
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "all_to_all_single", {&in, &out}, [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_TO_ALL;
@@ -593,7 +657,7 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
     send[i] = ins[i].count;
     recv[i] = outs[i].count;
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = impl_->Route(&on, "all_to_all", TensorPointers({}, ins, outs), [&] {
         GpuCall g;
         g.op = v1::GPU_ALL_TO_ALL;
@@ -632,9 +696,36 @@ absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
   if (timeout <= absl::ZeroDuration()) {
     return absl::InvalidArgumentError("monitored_barrier needs a positive timeout");
   }
-  absl::Time deadline = absl::Now() + timeout;
-  return impl_->Submit([deadline](Communicator& c, absl::Time) { return c.Barrier(deadline); })
-      ->Wait();
+  const absl::Time deadline = absl::Now() + timeout;
+  // The barrier runs on the group's communicator, after this rank's earlier
+  // collectives: a member that does not come in time fails it on every
+  // member, naming who (and breaks the group, as any collective that timed
+  // out). Meanwhile every member also checks in with musterd, which records
+  // arrivals out of band: when this rank's own earlier collective is stuck
+  // the barrier cannot even start here, and musterd's record names the
+  // members that never came, at the barrier's timeout.
+  auto started = std::make_shared<std::atomic<bool>>(false);
+  std::shared_ptr<Work> work = impl_->Submit([deadline, started](Communicator& c, absl::Time) {
+    started->store(true);
+    return c.Barrier(deadline);
+  });
+  impl_->Expedite();
+  absl::Status arrived = impl_->Barrier(timeout);
+  if (started->load() || (arrived.ok() && work->IsCompleted())) {
+    // It ran with the deadline: it ends soon after it, saying why.
+    return work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()) + absl::Seconds(2));
+  }
+  if (!arrived.ok()) {
+    return absl::Status(arrived.code(), absl::StrCat("monitored_barrier on group '", name(),
+                                                     "': ", arrived.message()));
+  }
+  absl::Status s = work->Wait(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+  if (work->IsCompleted()) return s;
+  return absl::DeadlineExceededError(
+      absl::StrCat("monitored_barrier on group '", name(),
+                   "': every member arrived, but this rank's "
+                   "collectives queued before the barrier did not complete within ",
+                   absl::FormatDuration(timeout)));
 }
 
 std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
@@ -1005,15 +1096,33 @@ absl::Status ProcessGroup::Impl::DeviceStatus(Device device, const char* what) c
   return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
 }
 
-std::shared_ptr<Work> ProcessGroup::Impl::Route(Device* device, const char* what,
+std::shared_ptr<Work> ProcessGroup::Impl::Route(Routed* routed, const char* what,
                                                 const std::vector<const Tensor*>& tensors,
                                                 const std::function<GpuCall()>& make_call) {
   absl::StatusOr<Device> on = TensorsDevice(tensors, what);
   if (!on.ok()) return Failed(on.status());
   if (absl::Status s = DeviceStatus(*on, what); !s.ok()) return Failed(s);
-  *device = *on;
+  routed->device = *on;
   if (*on == Device::kCuda && daemon_gpu_) return SubmitGpu(make_call());
+  absl::StatusOr<std::shared_ptr<StreamFence>> fence = FenceFor(*on, tensors);
+  if (!fence.ok()) return Failed(Annotate(fence.status(), what));
+  routed->fence = std::move(*fence);
   return nullptr;
+}
+
+absl::StatusOr<std::shared_ptr<StreamFence>> ProcessGroup::Impl::FenceFor(
+    Device device, const std::vector<const Tensor*>& tensors) const {
+  if (device != Device::kCuda || daemon_gpu_) return nullptr;
+  return StreamFence::Record(tensors);
+}
+
+std::shared_ptr<Work> ProcessGroup::Impl::Submit(const Routed& routed, Op op) {
+  if (routed.fence == nullptr) return Submit(routed.device, std::move(op));
+  return Submit(routed.device,
+                [fence = routed.fence, op = std::move(op)](Communicator& c, absl::Time deadline) {
+                  if (absl::Status s = fence->Wait(deadline); !s.ok()) return s;
+                  return op(c, deadline);
+                });
 }
 
 std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {
@@ -1027,7 +1136,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int pee
     return Failed(absl::UnimplementedError(
         "recv from any source: only CPU tensors (NCCL matches messages by peer)"));
   }
-  Device on = Device::kCpu;
+  Routed on;
   if (auto gpu = Route(&on, what, {&t}, [&] {
         // NCCL has no tags: messages between two ranks match in order.
         GpuCall g;
@@ -1047,6 +1156,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int pee
                                                         "' of group '", name_, "' has none")));
   }
   if (absl::Status s = p2p->Validate(send, *group_rank, tag); !s.ok()) return Failed(s);
+  // Posting starts the transfer: the stream's earlier work must be done.
+  if (on.fence != nullptr) {
+    if (absl::Status s = on.fence->Wait(absl::Now() + timeout_); !s.ok()) return Failed(s);
+  }
   std::shared_ptr<Work> work = Work::Impl::Create();
   p2p->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
             [work, this](absl::Status s, int source) {
@@ -1086,8 +1199,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
       absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
       if (!driver.ok()) return Failed(driver.status());
       std::shared_ptr<v1::Gpu::Stub> stub = v1::Gpu::NewStub(session_->channel());
-      // Creating the communicator may take up to the group timeout.
-      const absl::Duration deadline = timeout_ + absl::Seconds(10);
+      // musterd answers within the group timeout twice over: waiting for
+      // the node's other members to issue the collective, then creating
+      // the communicator (first call).
+      const absl::Duration deadline = 2 * timeout_ + absl::Seconds(10);
       GpuTransport transport = [stub, deadline](const v1::GpuCollectiveRequest& request)
           -> absl::StatusOr<v1::GpuCollectiveResponse> {
         grpc::ClientContext context;
@@ -1116,7 +1231,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
         return absl::OkStatus();
       };
       gpu_ = std::make_shared<GpuPath>(*driver, std::move(transport), world_.job_id, slot_, name_,
-                                       std::move(status_check), deadline);
+                                       std::move(status_check), deadline, timeout_);
     }
     path = gpu_;
   }

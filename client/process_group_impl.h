@@ -44,6 +44,18 @@
 namespace muster {
 
 class WorldSession;
+class StreamFence;
+
+// Where one call runs, as Route decided: the device of its tensors and, for
+// CUDA tensors handed to a backend that runs in this process (a third
+// party's "cuda" backend), the fence its Communicator waits for first: the
+// work queued on the tensors' streams before the call (see
+// backends/communicator.h).
+struct Routed {
+  Device device = Device::kCpu;
+  std::shared_ptr<StreamFence> fence;
+  operator Device() const { return device; }  // NOLINT: a Routed is its device
+};
 
 class Work::Impl {
  public:
@@ -135,6 +147,8 @@ class ProcessGroup::Impl {
 
   // Queues `op` for the communicator of the backend serving `device`.
   std::shared_ptr<Work> Submit(Device device, Op op);
+  // The same; `op` runs once the call's streams passed the fence (if any).
+  std::shared_ptr<Work> Submit(const Routed& routed, Op op);
   std::shared_ptr<Work> Submit(Op op) { return Submit(Device::kCpu, std::move(op)); }
   // Point to point through the backend's PointToPoint. `peer`: a global
   // rank, or -1 for a receive from any source.
@@ -145,11 +159,15 @@ class ProcessGroup::Impl {
   // whether the group has a backend for it (INVALID_ARGUMENT naming the
   // device and the group's config if not, or for mixed devices). Returns a
   // Work when the call is done with here (failed, or musterd's NCCL took
-  // it: SubmitGpu(make_call())); else nullptr with *device set, and the
-  // caller submits to that device's communicator.
-  std::shared_ptr<Work> Route(Device* device, const char* what,
+  // it: SubmitGpu(make_call())); else nullptr with *routed set, and the
+  // caller submits to that device's communicator (Submit(*routed, op)).
+  std::shared_ptr<Work> Route(Routed* routed, const char* what,
                               const std::vector<const Tensor*>& tensors,
                               const std::function<GpuCall()>& make_call);
+  // For CUDA `tensors` on an in-process "cuda" backend: events recorded
+  // now on their streams (null otherwise).
+  absl::StatusOr<std::shared_ptr<StreamFence>> FenceFor(
+      Device device, const std::vector<const Tensor*>& tensors) const;
   // OK if the group has a backend for `device`, else why not.
   absl::Status DeviceStatus(Device device, const char* what) const;
   // The group's "cuda" backend is musterd's NCCL (calls go through SubmitGpu).

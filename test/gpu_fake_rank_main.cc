@@ -20,6 +20,11 @@
 //   crash       exit at once without leaving the job (a dead rank)
 //   afterdeath  all_reduce until it fails; OK if ABORTED naming rank 1
 //   latency     2000 one-float all_reduces; prints "LATENCY p50_us=.. p90_us=.."
+//   desync      the last rank broadcasts while the others all_reduce: every
+//               rank FAILED_PRECONDITION naming both; then an all_reduce works
+//   late        NewGroup "short" (all ranks, 1 s timeout); the last rank
+//               all_reduces after 2.5 s: the others DEADLINE_EXCEEDED, it
+//               ABORTED, both naming the last rank
 //               (what the daemon path adds: the fake runtime does no work)
 #include <grpcpp/grpcpp.h>
 #include <unistd.h>
@@ -296,6 +301,36 @@ absl::Status Run(World& world, const std::string& step) {
   if (step == "crash") {
     std::fflush(stdout);
     ::_exit(9);
+  }
+  if (step == "desync") {
+    float* x = Device<float>(8);
+    absl::Status s = r == n - 1 ? g.Broadcast(Cuda(x, 8, DType::kFloat32), 0)->Wait()
+                                : g.AllReduce(Cuda(x, 8, DType::kFloat32))->Wait();
+    if (!absl::IsFailedPrecondition(s) || s.message().find("all_reduce #") == std::string::npos ||
+        s.message().find("broadcast #") == std::string::npos) {
+      return absl::InternalError(
+          absl::StrCat("expected FAILED_PRECONDITION naming both calls, got ", s.ToString()));
+    }
+    std::printf("desync: %s\n", s.ToString().c_str());
+    return g.AllReduce(Cuda(x, 8, DType::kFloat32))->Synchronize(absl::Seconds(30));
+  }
+  if (step == "late") {
+    GroupOptions options;
+    options.name = "short";
+    options.timeout = absl::Seconds(1);
+    std::vector<int> all(n);
+    std::iota(all.begin(), all.end(), 0);
+    auto group = world.NewGroup(all, options);
+    if (!group.ok()) return group.status();
+    float* x = Device<float>(4);
+    if (r == n - 1) absl::SleepFor(absl::Milliseconds(2500));
+    absl::Status s = (*group)->AllReduce(Cuda(x, 4, DType::kFloat32))->Wait();
+    std::printf("late: %s\n", s.ToString().c_str());
+    const bool named =
+        s.message().find(absl::StrCat("waiting for ranks ", n - 1)) != std::string::npos;
+    return Expect((r == n - 1 ? absl::IsAborted(s) : absl::IsDeadlineExceeded(s)) && named,
+                  absl::StrCat("expected ", r == n - 1 ? "ABORTED" : "DEADLINE_EXCEEDED",
+                               " naming rank ", n - 1, ", got ", s.ToString()));
   }
   if (step == "afterdeath") {
     float* x = Device<float>(4);

@@ -92,6 +92,22 @@ TEST_CASE("every collective on CUDA tensors runs through musterd on three real r
   }
 }
 
+TEST_CASE("ranks that call different GPU collectives, or one that comes late, fail on every rank") {
+  auto daemon = StartFakeGpuDaemon();
+  Ranks ranks;
+  const std::string steps = "allreduce,desync,allreduce,late";
+  StartRanks(ranks, *daemon, "disagree", {steps, steps});
+  for (auto& p : ranks.processes) {
+    auto exit = p->Wait(absl::Seconds(60));
+    REQUIRE(exit.ok());
+    INFO(p->Stdout() << p->Stderr());
+    CHECK(exit->code == 0);
+    for (absl::string_view step : absl::StrSplit(steps, ',')) {
+      CHECK(p->Stdout().find(absl::StrCat("STEP ", step, " OK")) != std::string::npos);
+    }
+  }
+}
+
 TEST_CASE("a rank that dies aborts the GPU communicators; the daemon serves the next job") {
   auto daemon = StartFakeGpuDaemon();
   {

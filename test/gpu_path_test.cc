@@ -100,6 +100,24 @@ class FakeCudaDriver : public CudaDriver {
   std::vector<std::string> log_;
 };
 
+// What musterd's gRPC service does with a request: the engine's answer
+// once it launched (or failed) the collective. `seen` (if any) looks at
+// each request first.
+GpuTransport EngineTransport(NcclEngine& engine,
+                             std::function<void(const v1::GpuCollectiveRequest&)> seen = nullptr) {
+  return [&engine, seen](
+             const v1::GpuCollectiveRequest& request) -> absl::StatusOr<v1::GpuCollectiveResponse> {
+    if (seen) seen(request);
+    std::promise<absl::StatusOr<uint64_t>> promise;
+    engine.Collective(request, [&](absl::StatusOr<uint64_t> s) { promise.set_value(s); });
+    absl::StatusOr<uint64_t> launched = promise.get_future().get();
+    if (!launched.ok()) return launched.status();
+    v1::GpuCollectiveResponse response;
+    response.set_launched(*launched);
+    return response;
+  };
+}
+
 Tensor Cuda(void* data, size_t count, DType dtype, uintptr_t stream = 7) {
   Tensor t;
   t.data = data;
@@ -159,17 +177,7 @@ TEST_CASE("GpuPath runs collectives through the NCCL engine and orders them on t
   directory.AddGroup("world", {0, 1});
   NcclEngine engine(&runtime, &directory);
   FakeCudaDriver driver;
-  GpuTransport transport =
-      [&engine](
-          const v1::GpuCollectiveRequest& request) -> absl::StatusOr<v1::GpuCollectiveResponse> {
-    std::promise<absl::StatusOr<uint64_t>> promise;
-    engine.Collective(request, [&](absl::StatusOr<uint64_t> s) { promise.set_value(s); });
-    absl::StatusOr<uint64_t> launched = promise.get_future().get();
-    if (!launched.ok()) return launched.status();
-    v1::GpuCollectiveResponse response;
-    response.set_launched(*launched);
-    return response;
-  };
+  GpuTransport transport = EngineTransport(engine);
   std::vector<std::vector<float>> data = {{1, 2, 3}, {10, 20, 30}};
   std::vector<std::vector<float>> gathered(2, std::vector<float>(6));
   std::vector<std::vector<float>> sendbuf = {{5}, {6}}, recvbuf = {{0}, {0}};
@@ -248,6 +256,49 @@ TEST_CASE("GpuPath runs collectives through the NCCL engine and orders them on t
   CHECK(count_prefix(daemon_log, "record ipc") == 6);
   CHECK(driver.markers_ == 6);
   CHECK(driver.destroyed_ == 6 + 4);  // the markers, then each path's two events
+}
+
+TEST_CASE("GpuPath sends the group timeout: a member that comes late fails it on every member") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1}, absl::Seconds(20));
+  NcclEngine engine(&runtime, &directory);
+  FakeCudaDriver driver;
+  std::vector<uint64_t> sent_timeouts(2);
+  GpuTransport transport = EngineTransport(engine, [&](const v1::GpuCollectiveRequest& request) {
+    sent_timeouts[request.caller().global_rank()] = request.timeout_millis();
+  });
+  std::vector<std::vector<float>> data = {{1}, {2}};
+  for (int r = 0; r < 2; ++r) driver.Allocate(data[r].data(), 4);
+  std::vector<absl::Status> status(2);
+  std::vector<absl::Duration> took(2);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      // Rank 0's group timeout is 300 ms; rank 1 comes after 800 ms.
+      GpuPath path(&driver, transport, "job", r, "world", nullptr, absl::Seconds(30),
+                   r == 0 ? absl::Milliseconds(300) : absl::Seconds(10));
+      if (r == 1) absl::SleepFor(absl::Milliseconds(800));
+      GpuCall call;
+      call.op = v1::GPU_ALL_REDUCE;
+      call.count = 1;
+      call.inputs = {Cuda(data[r].data(), 1, DType::kFloat32)};
+      const absl::Time start = absl::Now();
+      auto launched = path.Run(call);
+      took[r] = absl::Now() - start;
+      status[r] = launched.status();
+      if (launched.ok()) path.Release(launched->marker);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  CHECK(sent_timeouts[0] == 300);
+  CHECK(sent_timeouts[1] == 10000);
+  INFO("rank 0: " << status[0] << " after " << took[0] << "; rank 1: " << status[1]);
+  CHECK(absl::IsDeadlineExceeded(status[0]));
+  CHECK(status[0].message().find("timed out waiting for ranks 1") != std::string::npos);
+  CHECK(took[0] < absl::Milliseconds(700));
+  CHECK(absl::IsAborted(status[1]));
+  CHECK(status[1].message().find("timed out waiting for ranks 1") != std::string::npos);
 }
 
 TEST_CASE("Synchronize reports a collective that failed after it was enqueued") {

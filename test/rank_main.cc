@@ -756,15 +756,25 @@ int main(int argc, char** argv) {
         if (st.ok() && b[0] != g->size()) st = absl::InternalError("wrong async result");
       }
       report(step, st, "");
+    } else if (cmd == "pending") {
+      // pending GROUP: an all_reduce nobody waits for (it stays queued, or
+      // stuck, while later steps run).
+      auto g = groups.at(words[1]);
+      static std::vector<std::vector<int32_t>> buffers;
+      static std::vector<std::shared_ptr<muster::Work>> pending;
+      buffers.emplace_back(16, 1);
+      pending.push_back(g->AllReduce({buffers.back().data(), 16, muster::DType::kInt32}));
+      report(step, absl::OkStatus(), "");
     } else if (cmd == "mbarrier") {
       // mbarrier GROUP TIMEOUT_MS
+      // (The status first: arguments are evaluated in no particular order.)
       auto g = groups.at(words[1]);
-      report(step, g->MonitoredBarrier(absl::Milliseconds(std::stoi(words[2]))),
-             absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+      absl::Status st = g->MonitoredBarrier(absl::Milliseconds(std::stoi(words[2])));
+      report(step, st, absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
     } else if (cmd == "cbarrier") {
       auto g = groups.at(words[1]);
-      report(step, g->CollectiveBarrier()->Wait(),
-             absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
+      absl::Status st = g->CollectiveBarrier()->Wait();
+      report(step, st, absl::StrCat("elapsed_ms=", absl::ToInt64Milliseconds(absl::Now() - start)));
     } else if (cmd == "arloop" || cmd == "artime") {
       auto g = groups.at(words[1]);
       std::vector<int32_t> v(256, 1);

@@ -648,6 +648,26 @@ TEST_CASE(
                             "mbarrier world 800 error DEADLINE_EXCEEDED: barrier #1 on group "
                             "'world' timed out waiting for ranks 2, 3 to arrive"));
   }
+  {
+    // Rank 0's all_reduce before the barrier is stuck (the others never
+    // call it): its monitored barrier still gives up at its own timeout,
+    // naming who musterd did not see, not when the all_reduce ends.
+    Job job(*daemon, "monitoredstuck", 4);
+    std::map<std::string, std::string> env = {{"MUSTER_TEST_INIT_TIMEOUT_MS", "6000"}};
+    job.Start(0, "init;pending world;mbarrier world 800", env);
+    job.Start(1, "init;sleep 1500;mbarrier world 800", env);
+    job.Start(2, "init;sleep 3000", env);
+    job.Start(3, "init;sleep 3000", env);
+    std::string out = job.WaitAll();
+    INFO(out);
+    CHECK(absl::StrContains(out,
+                            "rank 0: mbarrier world 800 error DEADLINE_EXCEEDED: "
+                            "monitored_barrier on group 'world': barrier 1 on group 'world' "
+                            "timed out; ranks that never arrived: 1, 2, 3"));
+    const int64_t elapsed = Field(out, "rank 0: mbarrier", "elapsed_ms");
+    CHECK(elapsed >= 0);
+    CHECK(elapsed < 1500);
+  }
   CHECK(daemon->process().Running());
 }
 

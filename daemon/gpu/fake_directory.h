@@ -1,5 +1,7 @@
 // FakeDirectory: a GpuGroupDirectory for tests: groups are declared by the
 // test, breaks are recorded, and the job store is an in-process HashStore.
+// Every member is local (registered at this musterd) unless the test puts
+// them on different nodes (SetNodes).
 // Thread-safe.
 #ifndef MUSTER_DAEMON_GPU_FAKE_DIRECTORY_H_
 #define MUSTER_DAEMON_GPU_FAKE_DIRECTORY_H_
@@ -32,6 +34,12 @@ class FakeDirectory : public GpuGroupDirectory {
     groups_[name] = view;
     broken_.erase(name);
   }
+  // Members of `group` by node (global ranks): Lookup's local_ranks are
+  // the caller's node's, as if each node had its own musterd.
+  void SetNodes(const std::string& group, std::vector<std::vector<int>> nodes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    nodes_[group] = std::move(nodes);
+  }
   absl::StatusOr<GpuGroupView> Lookup(const std::string&, const std::string& group,
                                       int global_rank) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -42,7 +50,16 @@ class FakeDirectory : public GpuGroupDirectory {
         it->second.ranks.end()) {
       return absl::FailedPreconditionError("not a member");
     }
-    return it->second;
+    GpuGroupView view = it->second;
+    view.local_ranks = view.ranks;
+    std::sort(view.local_ranks.begin(), view.local_ranks.end());
+    for (const std::vector<int>& node : nodes_[group]) {
+      if (std::find(node.begin(), node.end(), global_rank) != node.end()) {
+        view.local_ranks = node;
+        std::sort(view.local_ranks.begin(), view.local_ranks.end());
+      }
+    }
+    return view;
   }
   std::string BrokenReason(const std::string&, const std::string& group) override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -64,6 +81,7 @@ class FakeDirectory : public GpuGroupDirectory {
  private:
   std::mutex mu_;
   std::map<std::string, GpuGroupView> groups_;
+  std::map<std::string, std::vector<std::vector<int>>> nodes_;
   std::map<std::string, std::string> broken_;
   std::vector<std::string> breaks_;
   std::shared_ptr<Store> store_ = std::make_shared<HashStore>();

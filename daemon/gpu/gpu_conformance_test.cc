@@ -2,12 +2,17 @@
 // NcclEngine on FakeGpuRuntime ("device memory" is host memory), each rank
 // a thread holding an EngineCommunicator that sends the engine what the
 // SDK's GpuPath sends (one GpuCollectiveRequest per call, buffers as IPC
-// handles) and, since a Communicator returns only once the collective is
+// handles, the deadline as timeout_millis, as the SDK sends the group
+// timeout) and, since a Communicator returns only once the collective is
 // done on this rank, waits until the engine reports it finished. The
-// deadline bounds that wait (the engine itself gives up at the group
-// timeout); Abort fails the wait and later calls, as the SDK's broken
-// group does. A member's death is what musterd does: the registry breaks
-// the group and the engine drops the rank.
+// engine answers at the deadline if the other members did not issue the
+// collective (the wait for that answer has a grace period, as the SDK's
+// gRPC deadline is later than the timeout it sends); the deadline then
+// bounds the wait for the GPU. Abort fails the wait and later calls, as
+// the SDK's broken group does. A member's death is what musterd does: the
+// registry breaks the group and the engine drops the rank. Global ranks
+// are 100 + group rank.
+#include <algorithm>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -24,6 +29,7 @@ namespace muster {
 namespace {
 
 constexpr char kJob[] = "job";
+constexpr int kFirstRank = 100;
 
 // What a rank's calls leave with the engine: "device memory" the buffers
 // are staged in, its interprocess events, and what the engine's callbacks
@@ -138,7 +144,7 @@ class EngineCommunicator : public Communicator {
   v1::GpuCollectiveRequest Request(v1::GpuOp op, DType dtype, uint64_t count) {
     v1::GpuCollectiveRequest r;
     r.mutable_caller()->set_job_id(kJob);
-    r.mutable_caller()->set_global_rank(rank_);
+    r.mutable_caller()->set_global_rank(kFirstRank + rank_);
     r.set_group(group_);
     r.set_op(op);
     r.set_dtype(static_cast<int>(dtype));
@@ -164,6 +170,8 @@ class EngineCommunicator : public Communicator {
     }
     uint64_t sequence = ++sequence_;
     request.set_sequence(sequence);
+    request.set_timeout_millis(
+        std::max<int64_t>(1, absl::ToInt64Milliseconds(deadline - absl::Now())));
     // Staged for this request only (Run's caller filled it).
     struct Clear {
       std::vector<std::pair<void*, std::string*>>* v;
@@ -176,12 +184,16 @@ class EngineCommunicator : public Communicator {
     };
     auto answer = std::make_shared<Answer>();
     RankState* state = state_;
-    engine_->Collective(std::move(request), [state, answer](absl::StatusOr<uint64_t> launched) {
-      std::lock_guard<std::mutex> lock(state->mu);
-      answer->done = true;
-      answer->status = launched.status();
-      state->cv.notify_all();
-    });
+    engine_->Collective(std::move(request),
+                        [state, answer](absl::StatusOr<uint64_t> launched) mutable {
+                          std::lock_guard<std::mutex> lock(state->mu);
+                          answer->done = true;
+                          answer->status = std::move(launched).status();
+                          state->cv.notify_all();
+                          // Released under the lock: this rank's thread frees
+                          // it, not the engine's worker when it drops `done`.
+                          answer.reset();
+                        });
     std::unique_lock<std::mutex> lock(state_->mu);
     while (true) {
       if (!state_->abort.ok()) return state_->abort;
@@ -189,7 +201,8 @@ class EngineCommunicator : public Communicator {
         if (!answer->status.ok()) return answer->status;
         bool finished = false;
         lock.unlock();
-        absl::Status s = engine_->CollectiveStatus(kJob, group_, rank_, sequence, &finished);
+        absl::Status s =
+            engine_->CollectiveStatus(kJob, group_, kFirstRank + rank_, sequence, &finished);
         lock.lock();
         if (!s.ok()) return s;
         if (finished) {
@@ -199,7 +212,9 @@ class EngineCommunicator : public Communicator {
           return absl::OkStatus();
         }
       }
-      if (absl::Now() >= deadline) {
+      // Unanswered: the engine answers at the deadline (this is its grace).
+      const absl::Time give_up = answer->done ? deadline : deadline + absl::Seconds(2);
+      if (absl::Now() >= give_up) {
         return absl::DeadlineExceededError(
             absl::StrCat("GPU collective #", sequence, " on group '", group_, "' timed out"));
       }
@@ -221,21 +236,13 @@ class GpuTransport : public ConformanceTransport {
   ~GpuTransport() override { Drop(); }
   Traits traits() const override {
     Traits t;
+    t.timeout_names_ranks = true;
     t.abort_wakes_own_wait = true;
     t.death_names_reason = true;
     // NCCL has no bitwise reductions (as PyTorch's NCCL backend).
     t.check_reduce = [](DType dtype, ReduceOp op) {
       return MapReduction(dtype, op, 1, 1.0).status();
     };
-    // The GPU path exchanges no signatures: ranks that call different
-    // collectives, or all_to_all splits that do not match, reach NCCL,
-    // which fails them ABORTED and breaks the group (the fake; real NCCL
-    // hangs until the watchdog's group timeout) instead of
-    // FAILED_PRECONDITION / INVALID_ARGUMENT with the group still usable.
-    // Issue 14 item 5: a rank whose wait gave up at its deadline leaves its
-    // collective in the engine, which completes it when the late rank
-    // arrives: the late rank gets OK.
-    t.known_bugs = {"Desync", "SplitMismatch", "LateArrival"};
     return t;
   }
   absl::Status NewGroup(int world, int variant) override {
@@ -243,7 +250,7 @@ class GpuTransport : public ConformanceTransport {
     runtime_ = std::make_unique<FakeGpuRuntime>();
     directory_ = std::make_unique<FakeDirectory>();
     std::vector<int> ranks(world);
-    for (int r = 0; r < world; ++r) ranks[r] = r;
+    for (int r = 0; r < world; ++r) ranks[r] = kFirstRank + r;
     directory_->AddGroup(group_, ranks, absl::Seconds(3));
     NcclEngineOptions options;
     options.watchdog_interval = absl::Milliseconds(1);
@@ -259,7 +266,7 @@ class GpuTransport : public ConformanceTransport {
   void MemberDied(int rank, const std::string& reason) override {
     directory_->BreakGroup(kJob, group_, reason);
     engine_->GroupBroken(kJob, group_, reason);
-    engine_->RankGone(kJob, rank);
+    engine_->RankGone(kJob, kFirstRank + rank);
   }
 
  private:

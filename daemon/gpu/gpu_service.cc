@@ -135,7 +135,13 @@ absl::StatusOr<GpuGroupView> GpuService::Lookup(const std::string& job_id, const
   for (const auto& m : info->members()) {
     view.ranks.push_back(m.global_rank());
     member = member || m.global_rank() == global_rank;
+    // Members registered here: the engine compares their collectives
+    // before launching them.
+    if (registry_->IsLiveLocalRank(job_id, m.global_rank())) {
+      view.local_ranks.push_back(m.global_rank());
+    }
   }
+  std::sort(view.local_ranks.begin(), view.local_ranks.end());
   if (!member) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", global_rank, " is not a member of group '", group, "'"));

@@ -3,10 +3,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <optional>
+#include <set>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
+#include "core/signature.h"
 #include "daemon/gpu/gpu_plan.h"
 #include "daemon/gpu/uid_rendezvous.h"
 
@@ -17,6 +21,8 @@ struct NcclEngine::Slot {
   std::string job, group, owner;
   int global_rank = 0, group_rank = 0, group_size = 0;
   int64_t generation = 0;
+  std::vector<int> global_ranks;       // every member's, by group rank
+  std::vector<int> local_group_ranks;  // members at this musterd, ascending
   absl::Duration timeout;
   std::string origin = "init";
   // How many communicators this rank created for the group before (a
@@ -56,7 +62,10 @@ struct NcclEngine::Slot {
   std::vector<void*> spare_events;
   std::string bus_id;
   int device = -1;
-  bool initialized = false;  // InitComm finished (the channel may be served)
+  bool initialized = false;  // InitComm finished
+  // The worker may serve the channel: InitComm finished or the first
+  // request was taken (the communicator is created lazily).
+  bool serving = false;
 
   // The rank's fast path (null if shared memory failed); the pointer is set
   // before the worker starts and never changes.
@@ -66,6 +75,42 @@ struct NcclEngine::Slot {
   void* stream = nullptr;
   void* scratch = nullptr;
   absl::Status init_status;
+};
+
+namespace {
+
+// What one member published for one collective. The verdict is kept as
+// its parts: every member builds its own Status from them (an absl::Status
+// shared between threads is released in uninstrumented Abseil code, which
+// ThreadSanitizer cannot follow).
+struct AgreementEntry {
+  OpSignature signature;
+  std::vector<uint64_t> send, recv;  // all_to_all, elements per peer
+  // The member's own checks.
+  absl::StatusCode verdict_code = absl::StatusCode::kOk;
+  std::string verdict_message;
+  absl::Status verdict() const { return absl::Status(verdict_code, verdict_message); }
+};
+
+}  // namespace
+
+// The collectives the node's members of one group published, until each
+// of them consumed the outcome. See the header. Guarded by table_mu_.
+struct NcclEngine::SignatureTable {
+  std::vector<int> local;          // group ranks of the members at this musterd, ascending
+  std::vector<int> global_ranks;   // every member's, by group rank
+  std::map<int, uint64_t> issued;  // collectives each local member published
+  std::set<int> gone;              // local members (global ranks) that left
+  using Entry = AgreementEntry;
+  struct Round {
+    std::map<int, Entry> entries;  // by group rank
+    bool decided = false;          // every member published, or it failed
+    std::string failure;           // why it failed (its waiters' DEADLINE_EXCEEDED)
+    size_t consumed = 0;           // members that took a successful outcome
+  };
+  std::map<uint64_t, Round> rounds;
+  // Set once: every later collective fails ABORTED with it.
+  std::string broken;
 };
 
 class NcclEngine::MemOpener : public IpcOpener {
@@ -107,6 +152,89 @@ constexpr size_t kIpcHandleBytes = 64;
 
 bool HasNccl(const std::string& backend) {
   return absl::StrContains(absl::StrCat(",", backend, ","), ",cuda:nccl,");
+}
+
+// The group ranks of `local` (global ranks) among `members`, ascending;
+// just `self` where the directory did not say.
+std::vector<int> LocalGroupRanks(const std::vector<int>& members, const std::vector<int>& local,
+                                 int self) {
+  std::vector<int> out;
+  for (size_t i = 0; i < members.size(); ++i) {
+    if (std::find(local.begin(), local.end(), members[i]) != local.end()) {
+      out.push_back(static_cast<int>(i));
+    }
+  }
+  if (std::find(out.begin(), out.end(), self) == out.end()) {
+    out.push_back(self);
+    std::sort(out.begin(), out.end());
+  }
+  return out;
+}
+
+// The collective a request is, for the agreement before launch (none for
+// point to point, whose members are a pair).
+std::optional<CollectiveKind> KindOf(v1::GpuOp op) {
+  switch (op) {
+    case v1::GPU_ALL_REDUCE:
+      return CollectiveKind::kAllReduce;
+    case v1::GPU_BROADCAST:
+      return CollectiveKind::kBroadcast;
+    case v1::GPU_REDUCE:
+      return CollectiveKind::kReduce;
+    case v1::GPU_ALL_GATHER:
+      return CollectiveKind::kAllGather;
+    case v1::GPU_REDUCE_SCATTER:
+      return CollectiveKind::kReduceScatter;
+    case v1::GPU_ALL_TO_ALL:
+      return CollectiveKind::kAllToAll;
+    case v1::GPU_GATHER:
+      return CollectiveKind::kGather;
+    case v1::GPU_SCATTER:
+      return CollectiveKind::kScatter;
+    case v1::GPU_BARRIER:
+      return CollectiveKind::kBarrier;
+    default:
+      return std::nullopt;
+  }
+}
+
+// The outcome for group rank `me` of a round every local member published:
+// different collectives, then a member's failed checks, then all_to_all
+// splits that do not match (between members at this musterd).
+absl::Status CompareRound(const std::map<int, AgreementEntry>& entries, int me, int size) {
+  const AgreementEntry& mine = entries.at(me);
+  for (const auto& [j, theirs] : entries) {
+    if (!SameSignature(theirs.signature, mine.signature)) {
+      return absl::FailedPreconditionError(
+          SignatureMismatch(me, mine.signature, j, theirs.signature));
+    }
+  }
+  if (mine.verdict_code != absl::StatusCode::kOk) return mine.verdict();
+  for (const auto& [j, theirs] : entries) {
+    if (theirs.verdict_code != absl::StatusCode::kOk) {
+      return absl::Status(theirs.verdict_code,
+                          absl::StrCat(DescribeSignature(mine.signature), " failed on group rank ",
+                                       j, ": ", theirs.verdict_message));
+    }
+  }
+  if (static_cast<CollectiveKind>(mine.signature.kind) != CollectiveKind::kAllToAll) {
+    return absl::OkStatus();
+  }
+  for (const auto& [i, sender] : entries) {
+    for (const auto& [j, receiver] : entries) {
+      if (sender.send.size() != static_cast<size_t>(size) ||
+          receiver.recv.size() != static_cast<size_t>(size)) {
+        continue;  // its checks failed above
+      }
+      const uint64_t sends = sender.send[j], expects = receiver.recv[i];
+      if (sends != expects) {
+        return absl::InvalidArgumentError(absl::StrCat("all_to_all: group rank ", i, " sends ",
+                                                       sends, " elements to group rank ", j,
+                                                       ", which expects ", expects));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -194,9 +322,10 @@ void NcclEngine::ServeChannelRequest(Slot& slot, const std::string& bytes) {
   request.mutable_caller()->set_global_rank(slot.global_rank);
   request.set_group(slot.group);
   GpuChannel* channel = slot.channel.get();
-  RunCollective(slot, request, [channel](absl::StatusOr<uint64_t> launched) {
-    channel->Complete(launched.status(), launched.ok() ? *launched : 0);
-  });
+  RunCollective(slot, request, Deadline(request, slot.timeout),
+                [channel](absl::StatusOr<uint64_t> launched) {
+                  channel->Complete(launched.status(), launched.ok() ? *launched : 0);
+                });
 }
 
 void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
@@ -212,7 +341,7 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
       {
         std::unique_lock<std::mutex> lock(s->mu);
         s->cv.wait(lock, [s] {
-          return s->stopping || !s->tasks.empty() || (s->channel != nullptr && s->initialized);
+          return s->stopping || !s->tasks.empty() || (s->channel != nullptr && s->serving);
         });
         if (!s->tasks.empty()) {
           task = std::move(s->tasks.front());
@@ -221,7 +350,7 @@ void NcclEngine::StartWorker(const std::shared_ptr<Slot>& slot) {
           s->drained = true;  // later Posts are refused, not lost
           break;
         } else {
-          serve_channel = s->channel != nullptr && s->initialized;
+          serve_channel = s->channel != nullptr && s->serving;
         }
       }
       if (task) {
@@ -291,6 +420,8 @@ std::shared_ptr<NcclEngine::Slot> NcclEngine::FindOrCreateSlot(
   slot->group_rank = group_rank;
   slot->group_size = static_cast<int>(view.ranks.size());
   slot->generation = view.generation;
+  slot->global_ranks = view.ranks;
+  slot->local_group_ranks = LocalGroupRanks(view.ranks, view.local_ranks, group_rank);
   slot->timeout = view.timeout;
   slot->user = view.owner_uid;
   // Every member of a group re-formed under a later job epoch counts its
@@ -330,6 +461,7 @@ void NcclEngine::Collective(v1::GpuCollectiveRequest request, Done done) {
         absl::StrCat("rank ", rank, " is not a member of group ", request.group())));
     return;
   }
+  const absl::Time deadline = Deadline(request, view->timeout);
   bool created = false;
   std::shared_ptr<Slot> slot =
       FindOrCreateSlot(request, *view, static_cast<int>(pos - view->ranks.begin()), &created);
@@ -337,16 +469,15 @@ void NcclEngine::Collective(v1::GpuCollectiveRequest request, Done done) {
     done(absl::AbortedError("musterd is shutting down"));
     return;
   }
-  if (created) {
-    std::string bus_id = request.pci_bus_id();
-    (void)Post(*slot, [this, s = slot.get(), bus_id] { InitComm(*s, bus_id); });
-  }
+  // The communicator is created by the first collective, once the node's
+  // members agreed on it (a member that never comes fails at its deadline,
+  // not at the end of the creation's timeout).
   // The slot may have been destroyed (group destroyed, rank gone, shutdown)
   // since it was found, its worker gone: then the caller is answered here.
   auto shared_done = std::make_shared<Done>(std::move(done));
   const std::string group = request.group();
-  if (!Post(*slot, [this, s = slot.get(), request = std::move(request), shared_done] {
-        RunCollective(*s, request, *shared_done);
+  if (!Post(*slot, [this, s = slot.get(), request = std::move(request), deadline, shared_done] {
+        RunCollective(*s, request, deadline, *shared_done);
       })) {
     (*shared_done)(absl::AbortedError(
         absl::StrCat("rank ", rank, "'s NCCL communicator for group ", group,
@@ -385,6 +516,7 @@ void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
     {
       std::lock_guard<std::mutex> lock(slot.mu);
       slot.initialized = true;
+      slot.serving = true;
     }
     slot.init_status = status;
     if (!status.ok()) {
@@ -485,12 +617,108 @@ void NcclEngine::InitComm(Slot& slot, const std::string& bus_id) {
   finish(ready);
 }
 
+absl::Time NcclEngine::Deadline(const v1::GpuCollectiveRequest& request, absl::Duration timeout) {
+  if (request.timeout_millis() > 0) {
+    timeout = std::min(timeout, absl::Milliseconds(request.timeout_millis()));
+  }
+  return absl::Now() + timeout;
+}
+
 void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request,
-                               const Done& done) {
+                               absl::Time deadline, const Done& done) {
   const std::string what = absl::StrCat("collective #", request.sequence(), " (",
                                         DescribeRequest(request), ") on group ", slot.group);
   // A communicator that could not be created says why (e.g. the timeout).
   if (!slot.init_status.ok()) return done(slot.init_status);
+  bool initialized;
+  std::string bus_id;
+  {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    if (slot.failed) return done(absl::AbortedError(slot.error));
+    initialized = slot.initialized;
+    bus_id = slot.bus_id;
+    slot.serving = true;
+  }
+  // Allocations the rank freed: close them once the daemon's stream no
+  // longer uses them.
+  if (request.released_handles_size() > 0) {
+    if (slot.stream != nullptr) (void)runtime_->StreamSynchronize(slot.stream);
+    for (const std::string& handle : request.released_handles()) {
+      mem_cache_->Release(slot.owner, handle);
+    }
+  }
+  // This rank's own checks: their verdict is part of the agreement, so that
+  // a request one member got wrong fails on every member.
+  std::vector<char*> inputs, outputs, p2p;
+  void* ready = nullptr;
+  void* finished = nullptr;
+  // Before the communicator exists a barrier is planned on a stand-in for
+  // its scratch word (and planned again after).
+  static char scratch_stand_in[sizeof(float)];
+  auto plan_with = [&](void* scratch) {
+    return PlanCollective(request, slot.group_rank, slot.group_size, inputs, outputs, p2p, scratch);
+  };
+  absl::StatusOr<std::vector<NcclPrimitive>> plan;
+  auto check = [&]() -> absl::Status {
+    if (initialized && request.op() != v1::GPU_BARRIER && request.pci_bus_id() != bus_id) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": buffers are on GPU ", request.pci_bus_id(),
+                       " but this rank's communicator for the group is on GPU ", bus_id));
+    }
+    auto resolve = [&](const v1::GpuBuffer& buffer) -> absl::StatusOr<char*> {
+      absl::StatusOr<IpcResource> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
+      if (!base.ok()) return base.status();
+      // Never let a request make NCCL touch memory outside the allocation
+      // the rank exported (a fault would poison this GPU for every job).
+      const size_t size = base->bytes;
+      if (buffer.offset() > size || buffer.bytes() > size - buffer.offset()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(what, ": a buffer of ", buffer.bytes(), " bytes at offset ",
+                         buffer.offset(), " runs past the end of its ", size, "-byte allocation"));
+      }
+      return static_cast<char*>(base->ptr) + buffer.offset();
+    };
+    for (const auto& b : request.inputs()) {
+      absl::StatusOr<char*> p = resolve(b);
+      if (!p.ok()) return p.status();
+      inputs.push_back(*p);
+    }
+    for (const auto& b : request.outputs()) {
+      absl::StatusOr<char*> p = resolve(b);
+      if (!p.ok()) return p.status();
+      outputs.push_back(*p);
+    }
+    for (const auto& op : request.p2p()) {
+      absl::StatusOr<char*> p = resolve(op.buffer());
+      if (!p.ok()) return p.status();
+      p2p.push_back(*p);
+    }
+    plan = plan_with(initialized ? slot.scratch : scratch_stand_in);
+    if (!plan.ok()) {
+      return absl::Status(plan.status().code(), absl::StrCat(what, ": ", plan.status().message()));
+    }
+    if (!request.ready_event().empty()) {
+      absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.ready_event());
+      if (!e.ok()) return e.status();
+      ready = e->ptr;
+    }
+    if (!request.done_event().empty()) {
+      absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.done_event());
+      if (!e.ok()) return e.status();
+      finished = e->ptr;
+    }
+    return absl::OkStatus();
+  };
+  absl::Status verdict = check();
+  if (absl::Status agreed = Agree(slot, request, verdict, deadline); !agreed.ok()) {
+    return done(std::move(agreed));
+  }
+  if (!initialized) {
+    InitComm(slot, request.pci_bus_id());
+    if (!slot.init_status.ok()) return done(slot.init_status);
+    plan = plan_with(slot.scratch);
+    if (!plan.ok()) return done(std::move(plan).status());
+  }
   void* comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(slot.mu);
@@ -498,66 +726,6 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
     comm = slot.comm;
   }
   if (comm == nullptr) return done(absl::AbortedError(absl::StrCat(what, ": no communicator")));
-  if (request.op() != v1::GPU_BARRIER && request.pci_bus_id() != slot.bus_id) {
-    return done(absl::InvalidArgumentError(
-        absl::StrCat(what, ": buffers are on GPU ", request.pci_bus_id(),
-                     " but this rank's communicator for the group is on GPU ", slot.bus_id)));
-  }
-  // Allocations the rank freed: close them once the daemon's stream no
-  // longer uses them.
-  if (request.released_handles_size() > 0) {
-    (void)runtime_->StreamSynchronize(slot.stream);
-    for (const std::string& handle : request.released_handles()) {
-      mem_cache_->Release(slot.owner, handle);
-    }
-  }
-  auto resolve = [&](const v1::GpuBuffer& buffer) -> absl::StatusOr<char*> {
-    absl::StatusOr<IpcResource> base = mem_cache_->Get(slot.owner, buffer.ipc_handle());
-    if (!base.ok()) return base.status();
-    // Never let a request make NCCL touch memory outside the allocation
-    // the rank exported (a fault would poison this GPU for every job).
-    const size_t size = base->bytes;
-    if (buffer.offset() > size || buffer.bytes() > size - buffer.offset()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, ": a buffer of ", buffer.bytes(), " bytes at offset ", buffer.offset(),
-                       " runs past the end of its ", size, "-byte allocation"));
-    }
-    return static_cast<char*>(base->ptr) + buffer.offset();
-  };
-  std::vector<char*> inputs, outputs, p2p;
-  for (const auto& b : request.inputs()) {
-    absl::StatusOr<char*> p = resolve(b);
-    if (!p.ok()) return done(p.status());
-    inputs.push_back(*p);
-  }
-  for (const auto& b : request.outputs()) {
-    absl::StatusOr<char*> p = resolve(b);
-    if (!p.ok()) return done(p.status());
-    outputs.push_back(*p);
-  }
-  for (const auto& op : request.p2p()) {
-    absl::StatusOr<char*> p = resolve(op.buffer());
-    if (!p.ok()) return done(p.status());
-    p2p.push_back(*p);
-  }
-  absl::StatusOr<std::vector<NcclPrimitive>> plan =
-      PlanCollective(request, slot.group_rank, slot.group_size, inputs, outputs, p2p, slot.scratch);
-  if (!plan.ok()) {
-    return done(
-        absl::Status(plan.status().code(), absl::StrCat(what, ": ", plan.status().message())));
-  }
-  void* ready = nullptr;
-  void* finished = nullptr;
-  if (!request.ready_event().empty()) {
-    absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.ready_event());
-    if (!e.ok()) return done(e.status());
-    ready = e->ptr;
-  }
-  if (!request.done_event().empty()) {
-    absl::StatusOr<IpcResource> e = event_cache_->Get(slot.owner, request.done_event());
-    if (!e.ok()) return done(e.status());
-    finished = e->ptr;
-  }
   if (ready != nullptr) {
     if (absl::Status s = runtime_->StreamWaitEvent(slot.stream, ready); !s.ok()) return done(s);
   }
@@ -626,6 +794,129 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   done(count);
 }
 
+absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& request,
+                               const absl::Status& verdict, absl::Time deadline) {
+  std::optional<CollectiveKind> kind = KindOf(request.op());
+  if (!kind.has_value()) return verdict;  // point to point: its pair only
+  const int me = slot.group_rank;
+  AgreementEntry mine;
+  // A barrier has no dtype or count (whatever the request says); all_to_all's
+  // counts are its splits, compared below.
+  DType dtype = static_cast<DType>(request.dtype());
+  uint64_t count = request.count();
+  if (*kind == CollectiveKind::kBarrier) {
+    dtype = DType::kUInt8;
+    count = 0;
+  } else if (*kind == CollectiveKind::kAllToAll) {
+    count = static_cast<uint64_t>(slot.group_size);
+  }
+  mine.signature = MakeSignature(0, *kind, dtype, count, request.root(),
+                                 static_cast<ReduceOp>(request.reduce_op()));
+  mine.send.assign(request.send_counts().begin(), request.send_counts().end());
+  mine.recv.assign(request.recv_counts().begin(), request.recv_counts().end());
+  mine.verdict_code = verdict.code();
+  mine.verdict_message = std::string(verdict.message());
+  if (slot.local_group_ranks.size() <= 1) {
+    // Nobody to wait for here (members on other nodes are not compared).
+    return CompareRound({{me, mine}}, me, slot.group_size);
+  }
+  std::unique_lock<std::mutex> lock(table_mu_);
+  std::shared_ptr<SignatureTable>& entry =
+      tables_[TableKey{slot.job, slot.group, slot.generation, slot.local_group_ranks.front()}];
+  if (entry == nullptr) {
+    entry = std::make_shared<SignatureTable>();
+    entry->local = slot.local_group_ranks;
+    entry->global_ranks = slot.global_ranks;
+  }
+  std::shared_ptr<SignatureTable> table = entry;
+  if (!table->broken.empty()) return absl::AbortedError(table->broken);
+  const uint64_t n = ++table->issued[me];
+  mine.signature.sequence = n;
+  SignatureTable::Round& round = table->rounds[n];
+  round.entries[me] = mine;
+  if (round.entries.size() == table->local.size()) {
+    round.decided = true;
+    table_cv_.notify_all();
+  }
+  const absl::Time spin_until = absl::Now() + absl::Microseconds(100);
+  while (!round.decided && table->broken.empty()) {
+    bool failed;
+    std::string error;
+    {
+      std::lock_guard<std::mutex> slot_lock(slot.mu);
+      failed = slot.failed;
+      error = slot.error;
+    }
+    if (failed) return absl::AbortedError(error);
+    if (absl::Now() >= deadline) {
+      // Decided once, for every member: the waiters get this, the group
+      // breaks, and whoever issues #n later gets ABORTED.
+      std::vector<int> missing;
+      for (int j : table->local) {
+        if (round.entries.count(j) == 0) missing.push_back(table->global_ranks[j]);
+      }
+      const std::string message =
+          absl::StrCat(DescribeSignature(mine.signature), " on group '", slot.group,
+                       "' timed out waiting for ranks ", absl::StrJoin(missing, ", "),
+                       " to issue it (GPU collectives launch once every member on the node "
+                       "issued them)");
+      round.decided = true;
+      round.failure = message;
+      const std::string reason = absl::StrCat("rank ", slot.global_rank, ": ", message);
+      table->broken = reason;
+      lock.unlock();
+      table_cv_.notify_all();
+      directory_->BreakGroup(slot.job, slot.group, reason);
+      return absl::DeadlineExceededError(message);
+    }
+    // The others are usually a few microseconds away (ranks issue a
+    // collective together): yield the CPU to them for a while before
+    // sleeping, whose wake-up costs a scheduler round trip.
+    if (absl::Now() < spin_until) {
+      lock.unlock();
+      std::this_thread::yield();
+      lock.lock();
+      continue;
+    }
+    table_cv_.wait_until(lock, absl::ToChronoTime(deadline));
+  }
+  if (!round.failure.empty()) return absl::DeadlineExceededError(round.failure);
+  if (!round.decided) return absl::AbortedError(table->broken);
+  absl::Status outcome = CompareRound(round.entries, me, slot.group_size);
+  if (++round.consumed == table->local.size()) table->rounds.erase(n);
+  return outcome;
+}
+
+void NcclEngine::BreakTables(const std::string& job_id, const std::string& group, int global_rank,
+                             const std::string& reason, bool drop) {
+  {
+    std::lock_guard<std::mutex> lock(table_mu_);
+    for (auto it = tables_.begin(); it != tables_.end();) {
+      SignatureTable& table = *it->second;
+      bool ours =
+          std::get<0>(it->first) == job_id && (group.empty() || std::get<1>(it->first) == group);
+      if (ours && global_rank >= 0) {
+        ours = false;
+        for (int j : table.local) ours = ours || table.global_ranks[j] == global_rank;
+      }
+      if (!ours) {
+        ++it;
+        continue;
+      }
+      if (table.broken.empty()) table.broken = reason;
+      if (drop && global_rank >= 0) table.gone.insert(global_rank);
+      // Forgotten once every member here is gone: a group re-created under
+      // its name starts again at #1.
+      if (drop && (global_rank < 0 || table.gone.size() == table.local.size())) {
+        it = tables_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  table_cv_.notify_all();
+}
+
 void NcclEngine::Fail(Slot& slot, const std::string& reason, bool break_group) {
   void* abort = nullptr;
   bool first = false;
@@ -650,6 +941,8 @@ void NcclEngine::Fail(Slot& slot, const std::string& reason, bool break_group) {
     MLOG(WARNING) << "NCCL communicator of group " << slot.group << " (job " << slot.job
                   << ", rank " << slot.global_rank << ") aborted: " << reason;
   }
+  // Members waiting to agree with this one stop waiting.
+  if (first) BreakTables(slot.job, slot.group, -1, reason, /*drop=*/false);
   if (first && break_group) directory_->BreakGroup(slot.job, slot.group, reason);
 }
 
@@ -774,6 +1067,8 @@ void NcclEngine::GroupFormed(const std::string& job_id, const std::string& group
       child->group_rank = static_cast<int>(pos - members.begin());
       child->group_size = static_cast<int>(members.size());
       child->generation = parent->generation;
+      child->global_ranks = members;
+      child->local_group_ranks = LocalGroupRanks(members, local_ranks, child->group_rank);
       child->timeout = parent->timeout;
       child->user = parent->user;
       child->origin = "split";
@@ -877,10 +1172,15 @@ void NcclEngine::GroupBroken(const std::string& job_id, const std::string& group
     for (auto& slot : retired_) mark(slot);
   }
   watchdog_cv_.notify_all();
+  BreakTables(job_id, group, -1, reason, /*drop=*/false);
 }
 
 void NcclEngine::GroupDestroyed(const std::string& job_id, const std::string& group,
                                 int global_rank) {
+  // The members here that still wait for it to agree fail at once.
+  BreakTables(job_id, group, global_rank,
+              absl::StrCat("rank ", global_rank, " destroyed group '", group, "'"),
+              /*drop=*/true);
   std::lock_guard<std::mutex> lock(mu_);
   auto it = slots_.find(SlotKey{job_id, group, global_rank});
   if (it == slots_.end()) return;
@@ -896,6 +1196,8 @@ void NcclEngine::GroupDestroyed(const std::string& job_id, const std::string& gr
 }
 
 void NcclEngine::RankGone(const std::string& job_id, int global_rank) {
+  BreakTables(job_id, "", global_rank, absl::StrCat("rank ", global_rank, " left the job"),
+              /*drop=*/true);
   std::vector<std::shared_ptr<Slot>> gone;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -12,9 +12,40 @@
 //    healthy, the group's communicator is split from it instead
 //    (ncclCommSplit, ordered after the world's earlier collectives).
 //  - each slot has a worker thread that runs its requests in order: open
-//    the rank's IPC buffers and events (cached per rank), make the daemon's
-//    stream wait on the rank's ready event, launch NCCL, record the rank's
-//    done event and a watchdog event. The caller is answered once enqueued.
+//    the rank's IPC buffers and events (cached per rank) and check the
+//    request, agree with the other members on the node (below), make the
+//    daemon's stream wait on the rank's ready event, launch NCCL, record
+//    the rank's done event and a watchdog event. The caller is answered
+//    once enqueued.
+//  - agreement before launch: a worker about to launch collective #n of
+//    the group (point to point is not counted) publishes its signature
+//    (core/signature.h: op, dtype, count, root, reduce op; all_to_all's
+//    splits; whether its own checks passed) in the group's table and waits
+//    until every member registered at this musterd published #n, bounded by
+//    the earlier of the request's timeout_millis and the group timeout.
+//    Then each member compares: different collectives fail #n
+//    FAILED_PRECONDITION on every one of them (SignatureMismatch, as shm,
+//    gloo and hier say it), a member's failed check or all_to_all splits
+//    that do not match INVALID_ARGUMENT; nothing is launched and the group
+//    stays usable (every member consumed #n). A wait that passes its
+//    deadline decides #n failed once for all: the waiters get
+//    DEADLINE_EXCEEDED naming the global ranks that did not issue it, the
+//    group breaks through the directory with that reason (as the
+//    watchdog's), so a member that issues #n later gets ABORTED and no
+//    member gets OK for it. A break from the registry, a failed slot, a
+//    member that destroys the group or leaves also fail the group's
+//    waiting and later agreements (ABORTED, with the reason); the table is
+//    forgotten once every member here destroyed the group or left. The
+//    communicator is created lazily, after the first agreement; the wait
+//    yields the CPU for up to 100 µs before it sleeps (members usually
+//    issue a collective together). Only node-local members are compared:
+//    members on other nodes are not (an exchange through the job store
+//    would cost a store round trip per collective); a mismatch with them
+//    reaches NCCL, which hangs or fails, and the watchdog's group timeout
+//    breaks the group. Cost: a rank's GPU call now returns once every
+//    member on its node issued that collective (before, once its own
+//    launch was enqueued), so a rank can no longer run ahead of its node's
+//    slowest member by more than the one call (docs/benchmarks.md).
 //  - a watchdog thread polls asynchronous NCCL errors and the watchdog
 //    events; an error, or a collective not finished within the group
 //    timeout, aborts the communicator (ncclCommAbort) and breaks the group
@@ -41,8 +72,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
-#include "common/gpu_channel.h"
 #include "backends/nccl/gpu_runtime.h"
+#include "common/gpu_channel.h"
 #include "daemon/gpu/ipc_cache.h"
 #include "muster/store.h"
 #include "proto/gpu.pb.h"
@@ -55,6 +86,9 @@ struct GpuGroupView {
   // The job epoch the group was formed in (elastic jobs re-form groups).
   int64_t job_epoch = 0;
   std::vector<int> ranks;  // global ranks, in group-rank order
+  // The members registered at this musterd (global ranks, ascending): the
+  // ones a collective's signature is compared among before launch.
+  std::vector<int> local_ranks;
   absl::Duration timeout = absl::Minutes(30);
   std::string backend;  // canonical config, e.g. "cpu:gloo,cuda:nccl"
   bool local_synchronization = false;
@@ -99,7 +133,8 @@ class NcclEngine {
 
   using Done = std::function<void(absl::StatusOr<uint64_t> launched)>;
   // Enqueues one collective for the caller's slot; `done` runs once it is
-  // launched on the GPU or failed.
+  // launched on the GPU (after the members on this node agreed on it) or
+  // failed.
   void Collective(v1::GpuCollectiveRequest request, Done done);
 
   // Whether collective `sequence` of (job, group, rank) finished without
@@ -142,7 +177,24 @@ class NcclEngine {
   [[nodiscard]] static bool Post(Slot& slot, std::function<void()> task);
   // Worker tasks.
   void InitComm(Slot& slot, const std::string& bus_id);
-  void RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request, const Done& done);
+  // `deadline`: when the caller stops waiting for the node's other members
+  // (see Deadline).
+  void RunCollective(Slot& slot, const v1::GpuCollectiveRequest& request, absl::Time deadline,
+                     const Done& done);
+  // The pre-launch agreement deadline of a request received now.
+  static absl::Time Deadline(const v1::GpuCollectiveRequest& request, absl::Duration timeout);
+
+  // Agreement before launch (see the header comment): publishes the slot's
+  // collective (its own checks' `verdict`) and waits for the node's other
+  // members; OK when every one issued the same and passed its checks.
+  struct SignatureTable;
+  absl::Status Agree(Slot& slot, const v1::GpuCollectiveRequest& request,
+                     const absl::Status& verdict, absl::Time deadline);
+  // Fails the group's tables' current and later collectives with ABORTED
+  // and `reason` (waiters wake). `drop`: forget them (the group or a
+  // member goes; the next use starts at #1).
+  void BreakTables(const std::string& job_id, const std::string& group, int global_rank,
+                   const std::string& reason, bool drop);
   // Waits until the slot's comm finished its pending operation; the error
   // otherwise (the comm is then aborted and the group broken).
   absl::Status AwaitComm(Slot& slot, void* comm, absl::Time deadline, const std::string& what);
@@ -176,6 +228,16 @@ class NcclEngine {
   // Ranks that left or died whose IPC handles close once their slots exit.
   std::vector<std::string> pending_releases_;
   std::thread watchdog_;
+
+  // Agreement tables by (job, group, generation, lowest local member):
+  // the last part keeps apart the members of one group that a test's
+  // engine serves as if they were on different nodes.
+  using TableKey = std::tuple<std::string, std::string, int64_t, int>;
+  // Lock order: table_mu_ before a slot's mu; never held with mu_, nor
+  // while calling the directory.
+  std::mutex table_mu_;
+  std::condition_variable table_cv_;  // a table changed, a slot failed
+  std::map<TableKey, std::shared_ptr<SignatureTable>> tables_;
 };
 
 }  // namespace muster

@@ -225,6 +225,9 @@ TEST_CASE("a rank that never joins: creation times out and the group breaks") {
   FakeGpuRuntime runtime;
   FakeDirectory directory;
   directory.AddGroup("world", {0, 1}, absl::Milliseconds(400));
+  // Rank 0 is on another node, so nothing here waits for it before the
+  // communicator's creation (node-local members: see the next cases).
+  directory.SetNodes("world", {{0}, {1}});
   NcclEngine engine(&runtime, &directory);
   FakeRank rank1(1);
   std::vector<float> data(2);
@@ -239,6 +242,177 @@ TEST_CASE("a rank that never joins: creation times out and the group breaks") {
   auto again = Request(rank1, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 2);
   *again.add_inputs() = Buffer(data.data(), 8);
   CHECK(absl::IsAborted(Call(engine, again).status()));
+}
+
+// Launches recorded by the fake runtime so far.
+int Launches(FakeGpuRuntime& runtime) {
+  int n = 0;
+  for (const std::string& e : runtime.log()) n += e == "launch";
+  return n;
+}
+
+TEST_CASE("members on the node that call different collectives all fail before launch") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3, std::vector<float>(4, 1.0f));
+  // Rank 2 broadcasts while the others all_reduce: collective #1 of all.
+  auto desync = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    auto req = r == 2 ? Request(ranks[r], "world", v1::GPU_BROADCAST, DType::kFloat32, 4)
+                      : Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 4);
+    *req.add_inputs() = Buffer(data[r].data(), 16);
+    return Call(engine, req).status();
+  });
+  for (int r = 0; r < 3; ++r) {
+    INFO("rank " << r << ": " << desync[r]);
+    CHECK(absl::IsFailedPrecondition(desync[r]));
+    CHECK(absl::StrContains(desync[r].message(), "all_reduce #1(float32, count 4, SUM)"));
+    CHECK(absl::StrContains(desync[r].message(), "broadcast #1(float32, count 4, root 0)"));
+  }
+  CHECK(Launches(runtime) == 0);
+  // The group stays usable: the next collective is #2 on every member.
+  auto after = WorldAllReduce(engine, ranks, data, {0, 1, 2});
+  for (int r = 0; r < 3; ++r) CHECK(after[r].ok());
+  CHECK(data[0][0] == 3.0f);
+  CHECK(directory.breaks().empty());
+}
+
+TEST_CASE("barriers agree whatever dtype and count their requests carry") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  auto barrier = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = r == 0 ? Request(ranks[r], "world", v1::GPU_BARRIER, DType::kFloat32, 0)
+                      : Request(ranks[r], "world", v1::GPU_BARRIER, DType::kUInt8, 1);
+    return Call(engine, req).status();
+  });
+  CHECK(barrier[0].ok());
+  CHECK(barrier[1].ok());
+}
+
+TEST_CASE("one member's bad request fails the collective on every member of the node") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
+  std::vector<std::vector<float>> data(2, std::vector<float>(4, 1.0f));
+  auto bad = OnRanks({0, 1}, [&](int r) -> absl::Status {
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 4);
+    *req.add_inputs() = Buffer(data[r].data(), r == 1 ? 8 : 16);  // rank 1's is too small
+    return Call(engine, req).status();
+  });
+  CHECK(absl::IsInvalidArgument(bad[0]));
+  CHECK(absl::StrContains(bad[0].message(), "failed on group rank 1"));
+  CHECK(absl::IsInvalidArgument(bad[1]));
+  CHECK(Launches(runtime) == 0);
+  auto after = WorldAllReduce(engine, ranks, data, {0, 1});
+  CHECK(after[0].ok());
+  CHECK(after[1].ok());
+  CHECK(directory.breaks().empty());
+}
+
+TEST_CASE("a member on the node that does not issue a collective in time fails it for all") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2}, absl::Seconds(20));
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
+  std::vector<absl::Duration> took(3);
+  auto late = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    if (r == 2) absl::SleepFor(absl::Milliseconds(700));
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    req.set_timeout_millis(r == 0 ? 200 : 5000);  // rank 0 gives up first
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    const absl::Time start = absl::Now();
+    absl::Status s = Call(engine, req).status();
+    took[r] = absl::Now() - start;
+    return s;
+  });
+  for (int r = 0; r < 3; ++r) INFO("rank " << r << ": " << late[r] << " after " << took[r]);
+  // The waiters: DEADLINE_EXCEEDED at rank 0's deadline, naming rank 2.
+  for (int r : {0, 1}) {
+    CHECK(absl::IsDeadlineExceeded(late[r]));
+    CHECK(absl::StrContains(late[r].message(), "timed out waiting for ranks 2"));
+    CHECK(took[r] < absl::Milliseconds(600));
+  }
+  // The late member: ABORTED with that reason, not OK.
+  CHECK(absl::IsAborted(late[2]));
+  CHECK(absl::StrContains(late[2].message(), "timed out waiting for ranks 2"));
+  CHECK(Launches(runtime) == 0);
+  REQUIRE(directory.breaks().size() == 1);
+  CHECK(absl::StartsWith(directory.breaks()[0], "world: rank 0: all_reduce #1"));
+}
+
+TEST_CASE("a member that destroys the group or leaves ends the others' wait at once") {
+  for (bool leaves : {false, true}) {
+    FakeGpuRuntime runtime;
+    FakeDirectory directory;
+    directory.AddGroup("world", {0, 1}, absl::Seconds(20));
+    NcclEngine engine(&runtime, &directory);
+    FakeRank rank0(0);
+    std::vector<float> data(1, 1.0f);
+    auto req = Request(rank0, "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data.data(), 4);
+    std::thread gone([&] {
+      absl::SleepFor(absl::Milliseconds(200));  // rank 0 waits for rank 1 by now
+      if (leaves) {
+        engine.RankGone("job", 1);
+      } else {
+        engine.GroupDestroyed("job", "world", 1);
+      }
+    });
+    const absl::Time start = absl::Now();
+    absl::Status s = Call(engine, req).status();
+    gone.join();
+    INFO((leaves ? "leaves: " : "destroys: ") << s);
+    CHECK(absl::IsAborted(s));
+    CHECK(absl::StrContains(s.message(),
+                            leaves ? "rank 1 left the job" : "rank 1 destroyed group 'world'"));
+    CHECK(absl::Now() - start < absl::Seconds(5));
+  }
+}
+
+TEST_CASE(
+    "a collective launches once every member on the node issued it; other nodes' are not "
+    "waited for") {
+  FakeGpuRuntime runtime;
+  FakeDirectory directory;
+  directory.AddGroup("world", {0, 1, 2});
+  directory.SetNodes("world", {{0, 1}, {2}});
+  NcclEngine engine(&runtime, &directory);
+  std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1), FakeRank(2)};
+  std::vector<std::vector<float>> data(3, std::vector<float>(1, 1.0f));
+  // The communicators first (their creation waits for every member).
+  auto warm = WorldAllReduce(engine, ranks, data, {0, 1, 2});
+  REQUIRE(warm[2].ok());
+  const int warm_launches = Launches(runtime);
+  int launched_before_2 = -1;
+  absl::Time issued1, answered0;
+  auto run = OnRanks({0, 1, 2}, [&](int r) -> absl::Status {
+    // Rank 1 (rank 0's node) and rank 2 (another node) come late.
+    if (r == 1) absl::SleepFor(absl::Milliseconds(300));
+    if (r == 2) {
+      absl::SleepFor(absl::Milliseconds(700));
+      launched_before_2 = Launches(runtime) - warm_launches;
+    }
+    auto req = Request(ranks[r], "world", v1::GPU_ALL_REDUCE, DType::kFloat32, 1);
+    *req.add_inputs() = Buffer(data[r].data(), 4);
+    if (r == 1) issued1 = absl::Now();
+    absl::Status s = Call(engine, req).status();
+    if (r == 0) answered0 = absl::Now();
+    return s;
+  });
+  for (int r = 0; r < 3; ++r) CHECK(run[r].ok());
+  CHECK(answered0 >= issued1);
+  // Ranks 0 and 1 launched once both issued it, without waiting for rank 2
+  // (whose node's musterd would compare its own members).
+  CHECK(launched_before_2 == 2);
 }
 
 TEST_CASE("an asynchronous NCCL error aborts the communicator and breaks the group") {
@@ -460,6 +634,9 @@ TEST_CASE("the watchdog never polls a communicator while its worker drives an op
   directory.AddGroup("world", {0, 1});
   NcclEngineOptions options;
   options.watchdog_interval = absl::Milliseconds(1);
+  // On different nodes: rank 0's worker launches without waiting for rank
+  // 1 to issue the collective (members on one node agree first).
+  directory.SetNodes("world", {{0}, {1}});
   NcclEngine engine(&runtime, &directory, options);
   std::vector<FakeRank> ranks = {FakeRank(0), FakeRank(1)};
   std::vector<std::vector<float>> data(2, std::vector<float>(1, 1.0f));

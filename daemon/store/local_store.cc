@@ -3,9 +3,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
-#include "common/store_wire.h"
 
 namespace muster {
 namespace {
@@ -79,43 +77,10 @@ absl::StatusOr<T> RunWhenPresent(StoreServer* server, std::vector<std::string> k
       pending->Finish(Stopped());
       return;
     }
-    // Loop-thread state: whichever of "ready" and "timer" comes first wins.
-    struct State {
-      bool done = false;
-      KvStore::WaitId wait = 0;
-      StoreServer::TimerId timer = 0;
-    };
-    auto state = std::make_shared<State>();
     Loop* l = &loop;
-    auto ready = [state, l, pending, op] {
-      if (state->done) return;
-      state->done = true;
-      if (state->timer != 0) l->CancelTimer(state->timer);
-      FinishAfterFlush(*l, pending, op(*l));
-    };
-    state->wait = loop.kv().Wait(keys, ready);
-    if (state->wait == 0) {
-      ready();
-      return;
-    }
-    absl::Time deadline = timeout == absl::InfiniteDuration() ? absl::Now() + absl::Hours(24 * 365)
-                                                              : absl::Now() + timeout;
-    state->timer = loop.AddTimer(deadline, [state, l, pending, keys, timeout] {
-      if (state->done) return;
-      state->done = true;
-      l->kv().CancelWait(state->wait);
-      if (l->stopping()) {
-        pending->Finish(Stopped());
-        return;
-      }
-      std::vector<std::string> missing;
-      for (const std::string& k : l->kv().MissingKeys(keys)) {
-        missing.push_back(wire::PrintableKey(k));
-      }
-      pending->Finish(absl::DeadlineExceededError(
-          absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout),
-                       "; missing keys: ", absl::StrJoin(missing, ", "))));
-    });
+    WhenPresent(
+        loop, std::move(keys), timeout, [l, pending, op] { FinishAfterFlush(*l, pending, op(*l)); },
+        [pending](absl::Status expired) { pending->Finish(std::move(expired)); });
   });
   if (!posted) return Stopped();
   return pending->Await();

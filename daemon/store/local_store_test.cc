@@ -69,6 +69,57 @@ TEST_CASE("LocalStore waits end when the key is written, or at their timeout") {
   CHECK(timed_out.message().find("late") == std::string::npos);
 }
 
+TEST_CASE("WhenPresent runs one of ready and expired, naming the missing keys") {
+  // The one park-until-present-or-timeout of the store's front-ends
+  // (LocalStore and StoreService).
+  auto server = StartServer();
+  LocalStore store(server.get());
+  REQUIRE(store.Set("here", "1").ok());
+  struct Outcome {
+    absl::Notification done;
+    int ready = 0, expired = 0;
+    absl::Status status;
+  };
+  auto park = [&](std::vector<std::string> keys, absl::Duration timeout) {
+    auto outcome = std::make_shared<Outcome>();
+    REQUIRE(server->Post([outcome, keys, timeout](StoreServer::Loop& loop) {
+      WhenPresent(
+          loop, keys, timeout,
+          [outcome] {
+            ++outcome->ready;
+            outcome->done.Notify();
+          },
+          [outcome](absl::Status s) {
+            ++outcome->expired;
+            outcome->status = s;
+            outcome->done.Notify();
+          });
+    }));
+    return outcome;
+  };
+  auto present = park({"here"}, absl::Seconds(5));
+  REQUIRE(present->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(present->ready == 1);
+  auto expired = park({"here", "gone"}, absl::Milliseconds(50));
+  REQUIRE(expired->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(expired->ready == 0);
+  CHECK(absl::IsDeadlineExceeded(expired->status));
+  CHECK(expired->status.message() == "store wait timed out after 50ms; missing keys: gone");
+  auto later = park({"later"}, absl::InfiniteDuration());
+  REQUIRE(store.Set("later", "v").ok());
+  REQUIRE(later->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(later->ready == 1);
+  auto stopped = park({"never"}, absl::InfiniteDuration());
+  absl::SleepFor(absl::Milliseconds(20));
+  server->Stop();
+  REQUIRE(stopped->done.WaitForNotificationWithTimeout(absl::Seconds(5)));
+  CHECK(absl::IsUnavailable(stopped->status));
+  // Exactly one callback each.
+  for (auto* o : {present.get(), expired.get(), later.get(), stopped.get()}) {
+    CHECK(o->ready + o->expired == 1);
+  }
+}
+
 TEST_CASE("LocalStore::Watch calls back once the keys exist; a cancelled one never") {
   auto server = StartServer();
   LocalStore store(server.get());

@@ -21,6 +21,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_auth.h"
@@ -1291,5 +1292,48 @@ void StoreServer::Stop() { impl_->Stop(); }
 StoreServer::Stats StoreServer::stats() const { return impl_->stats(); }
 const StoreMetrics& StoreServer::metrics() const { return impl_->metrics_; }
 bool StoreServer::Post(std::function<void(Loop&)> task) { return impl_->Post(std::move(task)); }
+
+void WhenPresent(StoreServer::Loop& loop, std::vector<std::string> keys, absl::Duration timeout,
+                 std::function<void()> ready, std::function<void(absl::Status)> expired) {
+  // Whichever of "the keys exist" and "the timer fired" comes first wins.
+  struct State {
+    bool done = false;
+    KvStore::WaitId wait = 0;
+    StoreServer::TimerId timer = 0;
+  };
+  auto state = std::make_shared<State>();
+  StoreServer::Loop* l = &loop;
+  auto on_ready = [state, l, ready = std::move(ready)] {
+    if (state->done) return;
+    state->done = true;
+    if (state->timer != 0) l->CancelTimer(state->timer);
+    ready();
+  };
+  state->wait = loop.kv().Wait(keys, on_ready);
+  if (state->wait == 0) {
+    on_ready();
+    return;
+  }
+  const absl::Time deadline = timeout == absl::InfiniteDuration()
+                                  ? absl::Now() + absl::Hours(24 * 365)
+                                  : absl::Now() + timeout;
+  state->timer = loop.AddTimer(
+      deadline, [state, l, keys = std::move(keys), timeout, expired = std::move(expired)] {
+        if (state->done) return;
+        state->done = true;
+        l->kv().CancelWait(state->wait);
+        if (l->stopping()) {
+          expired(absl::UnavailableError("musterd's store is shutting down"));
+          return;
+        }
+        std::vector<std::string> missing;
+        for (const std::string& k : l->kv().MissingKeys(keys)) {
+          missing.push_back(wire::PrintableKey(k));
+        }
+        expired(absl::DeadlineExceededError(
+            absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout),
+                         "; missing keys: ", absl::StrJoin(missing, ", "))));
+      });
+}
 
 }  // namespace muster

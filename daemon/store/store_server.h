@@ -159,6 +159,16 @@ class StoreServer {
   int port_ = 0;
 };
 
+// On the loop thread: parks a call until every key of `keys` exists. Runs
+// `ready` once they do (at once if they already do), or `expired` at
+// `timeout` (InfiniteDuration: never) with DEADLINE_EXCEEDED naming the
+// missing keys ("store wait timed out after 2s; missing keys: a, b"), or
+// with UNAVAILABLE when the server stops first. Exactly one of them runs,
+// on the loop thread. What every front-end that blocks until keys exist
+// uses (StoreService's gRPC calls, LocalStore).
+void WhenPresent(StoreServer::Loop& loop, std::vector<std::string> keys, absl::Duration timeout,
+                 std::function<void()> ready, std::function<void(absl::Status)> expired);
+
 }  // namespace muster
 
 #endif  // MUSTER_DAEMON_STORE_STORE_SERVER_H_

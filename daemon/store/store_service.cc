@@ -1,7 +1,6 @@
 #include "daemon/store/store_service.h"
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
 
 namespace muster {
 namespace {
@@ -92,47 +91,18 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
   }
   absl::Duration wait_for = TimeoutOf(timeout);
   auto task = [reactor, keys = std::move(keys), wait_for,
-               on_ready = std::move(on_ready)](StoreServer::Loop& loop) {
-    // Whichever of "ready" and "timer" comes first finishes the call.
-    struct State {
-      bool done = false;
-      KvStore::WaitId wait = 0;
-      StoreServer::TimerId timer = 0;
-    };
-    auto state = std::make_shared<State>();
+               on_ready = std::move(on_ready)](StoreServer::Loop& loop) mutable {
     StoreServer::Loop* l = &loop;
-    auto ready = [state, l, reactor, on_ready] {
-      if (state->done) return;
-      state->done = true;
-      l->CancelTimer(state->timer);
-      grpc::Status status = on_ready(*l);
-      l->AfterFlush([reactor, status, l] {
-        absl::Status flushed = l->flush_status();
-        reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
-      });
-    };
-    state->wait = loop.kv().Wait(keys, ready);
-    if (state->wait == 0) {
-      ready();
-      return;
-    }
-    state->timer = loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, keys, wait_for] {
-      if (state->done) return;
-      state->done = true;
-      l->kv().CancelWait(state->wait);
-      grpc::Status status = Unavailable();
-      if (!l->stopping()) {
-        std::vector<std::string> missing;
-        for (const std::string& k : l->kv().MissingKeys(keys)) {
-          missing.push_back(wire::PrintableKey(k));
-        }
-        status =
-            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                         absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
-                                      "; missing keys: ", absl::StrJoin(missing, ", ")));
-      }
-      reactor->Finish(status);
-    });
+    WhenPresent(
+        loop, std::move(keys), wait_for,
+        [l, reactor, on_ready] {
+          grpc::Status status = on_ready(*l);
+          l->AfterFlush([reactor, status, l] {
+            absl::Status flushed = l->flush_status();
+            reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
+          });
+        },
+        [reactor](absl::Status expired) { reactor->Finish(ToGrpc(expired)); });
   };
   if (!server_->Post(std::move(task))) reactor->Finish(Unavailable());
   return reactor;

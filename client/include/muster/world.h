@@ -93,7 +93,9 @@ struct Tensor {
   DType dtype = DType::kFloat32;
   Device device = Device::kCpu;
   // CUDA tensors: the stream (a cudaStream_t / CUstream) the collective is
-  // ordered on; null is the legacy default stream.
+  // ordered on; null is the legacy default stream. On "nccl" the collective
+  // is queued on it; a third party's "cuda" backend gets the tensors once
+  // the work queued on it before the call finished (backends/communicator.h).
   void* stream = nullptr;
   size_t bytes() const { return count * DTypeSize(dtype); }
 };
@@ -215,7 +217,9 @@ class ProcessGroup {
   std::shared_ptr<Work> CollectiveBarrier();
   // c10d's monitored_barrier: a barrier that gives up after `timeout`
   // with DEADLINE_EXCEEDED naming every member that did not arrive (the
-  // group is then aborted, as for any collective that timed out).
+  // group is then aborted, as for any collective that timed out). Members
+  // also check in with musterd, so a rank whose earlier collective is stuck
+  // still fails at `timeout`, naming the members musterd never saw.
   absl::Status MonitoredBarrier(absl::Duration timeout);
   // Byte blobs of different sizes per rank ("object" collectives).
   std::shared_ptr<Work> BroadcastBytes(std::string* blob, int root);
