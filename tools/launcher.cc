@@ -23,6 +23,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "common/json.h"
 #include "common/paths.h"
 #include "common/spawn.h"
@@ -504,6 +505,56 @@ class Launcher {
     }
   }
 
+  // The embedded musterd of a node that does not serve the job's store
+  // died: stops this node's ranks (they cannot go on without it), records
+  // each as gone in the job's store (a failure record, and gone/<r> so that
+  // a new process may take the rank over) -- the daemon that would have
+  // done it is dead -- and starts a new musterd. The ranks are then
+  // restarted like any failed rank. False if that is not possible.
+  bool RecoverDaemon(TcpStore& store, int generation) {
+    Say(absl::StrCat("the embedded musterd ", daemon_died_reason_,
+                     "; this node's ranks fail with it: restarting musterd, then the ranks"));
+    for (Child& c : ranks_) {
+      if (c.running) ::kill(-c.pid, SIGKILL);
+    }
+    while (AnyRunning()) Pump(50);
+    const std::string prefix = absl::StrCat("muster/", o_.job_id, "/", generation, "/");
+    int64_t epoch = 0;
+    if (auto present = store.Check({prefix + "epoch"}); present.ok() && *present) {
+      auto value = store.Get(prefix + "epoch", absl::Seconds(5));
+      if (value.ok()) (void)absl::SimpleAtoi(*value, &epoch);
+    }
+    for (const Child& c : ranks_) {
+      const std::string key = absl::StrCat(prefix, "rank/", c.rank);
+      auto present = store.Check({key});
+      if (!present.ok() || !*present) continue;  // it never registered
+      auto held = store.Get(key, absl::Seconds(5));
+      if (!held.ok()) continue;
+      std::vector<std::string> f = absl::StrSplit(*held, '\t');
+      std::string host = f.size() > 0 ? f[0] : "", pid = f.size() > 1 ? f[1] : "0";
+      auto n = store.Add(prefix + "failures", 1);
+      absl::Status s = n.status();
+      if (n.ok()) {
+        s = store.Set(
+            absl::StrCat(prefix, "failure/", *n),
+            absl::StrCat(c.rank, "\t", host, "\t", pid, "\t", epoch, "\tits musterd (node ",
+                         o_.node_rank, ") ", daemon_died_reason_));
+      }
+      if (s.ok()) s = store.Set(absl::StrCat(prefix, "gone/", c.rank), *held);
+      if (!s.ok()) {
+        Say(absl::StrCat("cannot record rank ", c.rank, " as failed: ", s.message()));
+        return false;
+      }
+    }
+    if (!work_dir_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(work_dir_, ec);
+      work_dir_.clear();
+    }
+    daemon_died_reason_.clear();
+    return PrepareDaemon();
+  }
+
   int RunAttempts() {
     std::unique_ptr<TcpStore> store = JobStore();
     if (o_.nnodes > 1 && store == nullptr) return 1;
@@ -545,7 +596,16 @@ class Launcher {
           SignalRanks(SIGKILL);
           kill_deadline_ = absl::InfiniteFuture();
         }
-        if (interrupted_ == 0 && o_.restart_policy == RestartPolicy::kRank) {
+        if (interrupted_ == 0 && daemon_pid_ < 0 && !existing_daemon_ &&
+            !daemon_died_reason_.empty() && o_.restart_policy == RestartPolicy::kRank &&
+            rank_restarts_used_ < o_.max_restarts && o_.nnodes > 1 && o_.node_rank > 0 &&
+            store != nullptr) {
+          // Restart policy "rank" on a node whose musterd died: its ranks
+          // are failed ranks of the job (restarted with a new musterd).
+          if (!RecoverDaemon(*store, generation)) break;
+        }
+        if (interrupted_ == 0 && o_.restart_policy == RestartPolicy::kRank &&
+            (existing_daemon_ || daemon_pid_ > 0)) {
           RestartFailedRanks(generation);
         }
         const bool may_restart =

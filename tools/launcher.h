@@ -9,7 +9,9 @@
 // coordinated through the job's store. With RestartPolicy::kRank, only the
 // failed rank is started again (same RANK, same generation: it takes over
 // its rank in the running job, whose other ranks call Reconfigure), up to
-// max_restarts times in all on this node.
+// max_restarts times in all on this node; on a node that does not serve the
+// job's store, an embedded musterd that died is started again and the
+// node's ranks are recorded as failed in the job's store and restarted.
 //
 // Not thread-safe: Run() is called once, from main().
 #ifndef MUSTER_TOOLS_LAUNCHER_H_
