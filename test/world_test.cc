@@ -425,9 +425,15 @@ TEST_CASE(
     job.Start(r,
               "init;allreduce world 100000;bcast world 1001 3;gatherobj world;a2a world;"
               "subgroups 2;allreduce group_1 33;allreduce group_2 33;cbarrier world;"
-              "ring world 3000000;ring world 1;async world 5;sleep 3000");
+              "ring world 3000000;ring world 1;async world 5;sleep 5000");
   }
-  absl::SleepFor(absl::Milliseconds(2500));  // every rank is in its final sleep
+  // Every rank is in its final sleep (on a loaded machine that takes a while).
+  for (int i = 0; i < 600; ++i) {
+    int done = 0;
+    for (auto& r : job.runs()) done += absl::StrContains(r.process->Stdout(), "async world 5");
+    if (done == 4) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
   std::string group = Ctl(*daemon, {"group", "world", "--job", "coll", "--json"});
   std::string table = Ctl(*daemon, {"group", "world", "--job", "coll"});
   std::string out = job.WaitAll();
