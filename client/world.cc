@@ -99,6 +99,12 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
   if (o.master_port <= 0 || o.master_port > 65535) {
     return absl::InvalidArgumentError("MASTER_PORT is not set to a port (1-65535)");
   }
+  if (o.min_world_size < 0) RETURN_IF_ERROR(EnvInt("MUSTER_MIN_WORLD_SIZE", &o.min_world_size));
+  if (o.min_world_size == 0 || o.min_world_size > o.world_size) {
+    return absl::InvalidArgumentError(absl::StrCat("MUSTER_MIN_WORLD_SIZE=", o.min_world_size,
+                                                   " must be in 1..WORLD_SIZE (", o.world_size,
+                                                   ")"));
+  }
   if (o.local_rank < 0) o.local_rank = o.rank;
   if (o.local_world_size < 0) o.local_world_size = o.world_size;
   return o;
@@ -355,7 +361,21 @@ absl::Status World::Impl::Start() {
   session_ = std::make_shared<WorldSession>();
   RETURN_IF_ERROR(
       session_->Open(options_, [this](const absl::Status& gone) { OnDaemonGone(gone); }));
-  if (int64_t rejoin = session_->rejoin_epoch(); rejoin > 0) {
+  int64_t rejoin = session_->rejoin_epoch();
+  bool grows = session_->rejoin_grows();
+  if (rejoin == 0 && options_.min_world_size > 0 && options_.min_world_size < options_.world_size) {
+    // An elastic start: the ranks here now form epoch 1; who comes later
+    // joins the next one.
+    absl::Status started =
+        JoinEpoch(1, options_.timeout, /*allow_shrink=*/true, options_.min_world_size);
+    if (absl::IsFailedPrecondition(started)) {
+      rejoin = 2;
+      grows = true;
+    } else if (!started.ok()) {
+      return started;
+    }
+  }
+  if (rejoin > 0) {
     // This process took over a rank of a running (or finished) job: it
     // joins the job's next epoch with the others. An epoch that formed
     // without it (the others shrank meanwhile) leaves it for the next one,
@@ -364,7 +384,7 @@ absl::Status World::Impl::Start() {
     // the job comes back (a replacement, or the job run again).
     absl::Time give_up = absl::Now() + options_.timeout;
     for (int64_t epoch = rejoin;; ++epoch) {
-      absl::Status joined = JoinEpoch(epoch, give_up - absl::Now(), session_->rejoin_grows());
+      absl::Status joined = JoinEpoch(epoch, give_up - absl::Now(), grows);
       if (joined.ok()) break;
       if (!absl::IsFailedPrecondition(joined) || absl::Now() >= give_up) return joined;
     }
@@ -461,13 +481,15 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::
                                     resp.group());
 }
 
-absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink) {
+absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink,
+                                    int start_min_size) {
   if (timeout <= absl::ZeroDuration()) timeout = options_.timeout;
   v1::ReconfigureRequest req;
   req.mutable_caller()->set_job_id(options_.job_id);
   req.mutable_caller()->set_global_rank(options_.rank);
   req.set_epoch(epoch);
   req.set_allow_shrink(allow_shrink);
+  req.set_start_min_size(start_min_size);
   req.mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
   v1::ReconfigureResponse resp;
   RETURN_IF_ERROR(session_->Call(absl::StrCat("reconfigure (join epoch ", epoch, ")"),

@@ -169,7 +169,9 @@ class World::Impl {
                                                           const std::string& name);
   // Joins job epoch `epoch` through musterd; its members become this
   // World's.
-  absl::Status JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink = false);
+  // `start_min_size` > 0: an elastic start (see InitOptions.min_world_size).
+  absl::Status JoinEpoch(int64_t epoch, absl::Duration timeout, bool allow_shrink = false,
+                         int start_min_size = 0);
   std::string NextGroupName();
 
   const InitOptions options_;

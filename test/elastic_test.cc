@@ -241,5 +241,60 @@ TEST_CASE(
   CHECK(std::regex_search((*newcomer)->Stdout(), std::regex("START rank=3 pid=[0-9]+ epoch=2")));
 }
 
+TEST_CASE(
+    "a job started with room to grow: 3 of WORLD_SIZE 4 start (MUSTER_MIN_WORLD_SIZE 3), the "
+    "4th is admitted later") {
+  auto daemon = TestDaemon::Start();
+  REQUIRE(daemon.ok());
+  auto env = [&](int rank) {
+    return std::map<std::string, std::string>{
+        {"RANK", absl::StrCat(rank)},
+        {"WORLD_SIZE", "4"},
+        {"MUSTER_MIN_WORLD_SIZE", "3"},
+        {"MASTER_ADDR", "127.0.0.1"},
+        {"MASTER_PORT", absl::StrCat((*daemon)->store_port())},
+        {"MUSTER_SOCKET", (*daemon)->socket_path()},
+        {"MUSTER_JOB_ID", "roomy"},
+    };
+  };
+  std::vector<std::string> args = {ElasticRank(), "--steps",   "60", "--shrink",
+                                   "1",           "--step-ms", "20"};
+  std::vector<std::unique_ptr<TempDir>> dirs;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int rank = 0; rank < 4; ++rank) {
+    if (rank == 3) {
+      // The first three run as a world of 3 before the fourth comes.
+      for (int i = 0; i < 400 && !absl::StrContains(ranks[0]->Stdout(), "RESUME"); ++i) {
+        absl::SleepFor(absl::Milliseconds(25));
+      }
+      absl::SleepFor(absl::Milliseconds(300));
+    }
+    dirs.push_back(std::make_unique<TempDir>());
+    auto p = Subprocess::Start(args, dirs.back()->path(), env(rank));
+    REQUIRE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  std::string all;
+  for (auto& p : ranks) {
+    auto exit = p->Wait(absl::Seconds(90));
+    REQUIRE(exit.ok());
+    INFO(p->Stdout() << p->Stderr());
+    CHECK(exit->code == 0);
+    all += p->Stdout();
+  }
+  INFO(all);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(std::regex_search(all,
+                            std::regex(absl::StrCat("START rank=", rank, " pid=[0-9]+ epoch=1 "))));
+    CHECK(absl::StrContains(all, absl::StrCat("GREW rank=", rank, " epoch=2 world=4")));
+  }
+  CHECK(std::regex_search(all, std::regex("START rank=3 pid=[0-9]+ epoch=2 ")));
+  for (int rank = 0; rank < 4; ++rank) {
+    CHECK(std::regex_search(
+        all,
+        std::regex(absl::StrCat("FINAL rank=", rank, " [^\\n]*steps=60 epoch=2 [^\\n]*world=4"))));
+  }
+}
+
 }  // namespace
 }  // namespace muster::testing

@@ -1114,6 +1114,7 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
   const int caller = req.caller().global_rank();
   const int64_t epoch = req.epoch();
   const bool allow_shrink = req.allow_shrink();
+  const int start_min = req.start_min_size();
   std::shared_ptr<JobCoordinator> coordinator;
   std::vector<int> everyone;
   absl::Duration timeout;
@@ -1149,7 +1150,7 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
   }
   const std::string job_id = req.caller().job_id();
   Spawn(WorkerPool::Kind::kBlocking, [this, coordinator, job_id, caller, epoch, everyone, timeout,
-                                      allow_shrink, done = std::move(done)] {
+                                      allow_shrink, start_min, done = std::move(done)] {
     const std::string key = absl::StrCat("epoch/", epoch, "/arrived");
     const std::string what = absl::StrCat("epoch ", epoch, " of job '", job_id, "'");
     const absl::Time deadline = absl::Now() + timeout;
@@ -1178,7 +1179,41 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
     absl::Status s = coordinator->Arrive(key, {caller});
     if (s.ok()) s = coordinator->Count(absl::StrCat("epoch/", epoch, "/count"), 1).status();
     std::vector<int> candidates = everyone;
-    if (s.ok() && !allow_shrink) {
+    if (s.ok() && start_min > 0 && epoch == 1) {
+      // An elastic start: whoever registered, once all of them arrived, at
+      // least start_min, and nobody new came for a moment.
+      std::vector<int> previous;
+      absl::Time changed = absl::Now();
+      while (true) {
+        absl::StatusOr<std::vector<int>> arrived = coordinator->Present(key, everyone);
+        absl::StatusOr<std::vector<int>> registered = coordinator->Present("rank", everyone);
+        if (!arrived.ok() || !registered.ok()) {
+          s = !arrived.ok() ? arrived.status() : registered.status();
+          break;
+        }
+        if (*arrived != previous) {
+          previous = *arrived;
+          changed = absl::Now();
+        }
+        bool all_in =
+            std::includes(arrived->begin(), arrived->end(), registered->begin(), registered->end());
+        if (static_cast<int>(arrived->size()) >= start_min && all_in &&
+            absl::Now() - changed >= absl::Milliseconds(300)) {
+          candidates = *arrived;
+          break;
+        }
+        if (std::string why = interrupted(); !why.empty()) {
+          s = absl::AbortedError(absl::StrCat(what, " aborted: ", why));
+          break;
+        }
+        if (absl::Now() >= deadline) {
+          s = absl::DeadlineExceededError(absl::StrCat(what, " timed out with ", arrived->size(),
+                                                       " of at least ", start_min, " ranks"));
+          break;
+        }
+        absl::SleepFor(absl::Milliseconds(50));
+      }
+    } else if (s.ok() && !allow_shrink) {
       // Every rank of the job comes back (failed ones replaced).
       s = coordinator->AwaitArrivals(key, everyone, deadline, what, interrupted);
     } else if (s.ok()) {

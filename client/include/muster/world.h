@@ -64,6 +64,12 @@ struct InitOptions {
   // The world group's name in musterd (musterctl shows it); the torch
   // backend passes torch's name of the default group.
   std::string world_group_name = "world";
+  // MUSTER_MIN_WORLD_SIZE: an elastic job may start with fewer processes
+  // than world_size (at least this many; -1: all of them). The ranks that
+  // registered form epoch 1 once they all arrived and none came for a
+  // moment; the job's other ranks join later (the world grows: the others
+  // see them in PendingJoins and call Reconfigure with allow_shrink).
+  int min_world_size = -1;
 };
 
 // Fills every unset field of `options` from the environment, the way
