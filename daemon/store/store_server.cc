@@ -237,6 +237,14 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
   void AfterFlush(std::function<void()> fn) override { after_flush_.push_back(std::move(fn)); }
   absl::Status flush_status() const override { return flush_status_; }
+  bool ReadsUnlogged(const std::vector<std::string>& keys) const override {
+    if (!HasUnlogged()) return false;
+    for (const std::string& k : keys) {
+      if (log_->Touched(k)) return true;
+    }
+    return false;
+  }
+  bool HasUnlogged() const override { return log_ != nullptr && log_->has_pending(); }
   absl::Status writable() const override { return log_failing_ ? LogRefusal() : absl::OkStatus(); }
   bool stopping() const override { return stopping_; }
 
@@ -1063,7 +1071,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     Recharge(c);
     // A wait released (or measured) while writes are unlogged may have
     // been released by one of them.
-    if (log_ != nullptr && log_->has_pending()) c.depend_epoch = epoch_;
+    if (HasUnlogged()) c.depend_epoch = epoch_;
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
     } else {
@@ -1176,16 +1184,13 @@ class StoreServer::Impl : public StoreServer::Loop {
   // rolled back). A read of keys untouched since the last flush answered
   // from durable state, and keeps its reply when the flush fails.
   bool ReadsUnloggedWrite(const StoreRequest& req) const {
-    if (log_ == nullptr || !log_->has_pending()) return false;
+    if (!HasUnlogged()) return false;
     switch (req.op) {
       case wire::Op::kGet:
       case wire::Op::kMultiGet:
       case wire::Op::kCheck:
       case wire::Op::kQueueLen:
-        for (const std::string& k : req.keys) {
-          if (log_->Touched(k)) return true;
-        }
-        return false;
+        return ReadsUnlogged(req.keys);
       case wire::Op::kNumKeys:
       case wire::Op::kListKeys:
         return true;  // every key counts

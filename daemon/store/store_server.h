@@ -111,8 +111,17 @@ class StoreServer {
     // Runs `fn` after this iteration's log flush (acknowledge durable writes).
     virtual void AfterFlush(std::function<void()> fn) = 0;
     // In an AfterFlush callback: how this iteration's flush went. Not OK
-    // means its writes were rolled back: fail the call with it.
+    // means its writes were rolled back: fail the call with it if its result
+    // depended on them (it wrote, or read what ReadsUnlogged/HasUnlogged
+    // said was unlogged when it ran); other results still stand.
     virtual absl::Status flush_status() const = 0;
+    // Whether a result that reads `keys` now may rest on a write of this
+    // iteration not in the log yet. False for keys untouched since the last
+    // flush: they read durable state, which a failed flush keeps.
+    virtual bool ReadsUnlogged(const std::vector<std::string>& keys) const = 0;
+    // Whether any write of this iteration is unlogged (for results that
+    // count or list every key, and waits released by a write).
+    virtual bool HasUnlogged() const = 0;
     // OK, or why writes are refused now (the durability log fails): check
     // before mutating, so a refused write never touches the store.
     virtual absl::Status writable() const = 0;

@@ -64,20 +64,49 @@ grpc::Status StoreService::CheckSizes(grpc::CallbackServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Task task) {
+StoreService::Depends StoreService::Wrote() {
+  return [](StoreServer::Loop&) { return true; };
+}
+
+StoreService::Depends StoreService::ReadKeys(std::vector<std::string> keys) {
+  return [keys = std::move(keys)](StoreServer::Loop& loop) { return loop.ReadsUnlogged(keys); };
+}
+
+StoreService::Depends StoreService::ReadAll() {
+  return [](StoreServer::Loop& loop) { return loop.HasUnlogged(); };
+}
+
+namespace {
+
+// Finishes `reactor` with `status` after this iteration's flush, or with
+// the flush's error if it failed and the result `depends` on it.
+void FinishAfterFlush(StoreServer::Loop& loop, grpc::ServerUnaryReactor* reactor,
+                      grpc::Status status, bool depends) {
+  StoreServer::Loop* l = &loop;
+  loop.AfterFlush([reactor, status, l, depends] {
+    absl::Status flushed = l->flush_status();
+    reactor->Finish(flushed.ok() || !depends ? status : ToGrpc(flushed));
+  });
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Depends depends,
+                                            Task task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (grpc::Status s = Gate(context); !s.ok()) {
     reactor->Finish(s);
     return reactor;
   }
-  bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
-    grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
-    StoreServer::Loop* l = &loop;
-    loop.AfterFlush([reactor, status, l] {
-      absl::Status flushed = l->flush_status();
-      reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
-    });
-  });
+  bool posted = server_->Post(
+      [reactor, depends = std::move(depends), task = std::move(task)](StoreServer::Loop& loop) {
+        if (loop.stopping()) {
+          reactor->Finish(Unavailable());
+          return;
+        }
+        grpc::Status status = task(loop);
+        FinishAfterFlush(loop, reactor, status, depends(loop));
+      });
   if (!posted) reactor->Finish(Unavailable());
   return reactor;
 }
@@ -91,8 +120,12 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
     return reactor;
   }
   absl::Duration wait_for = TimeoutOf(timeout);
-  auto task = [reactor, keys = std::move(keys), wait_for,
+  // Shared by the task, its wait callback and its timer (no copies of a
+  // long list).
+  auto shared_keys = std::make_shared<const std::vector<std::string>>(std::move(keys));
+  auto task = [reactor, shared_keys, wait_for,
                on_ready = std::move(on_ready)](StoreServer::Loop& loop) {
+    const std::vector<std::string>& keys = *shared_keys;
     // Whichever of "ready" and "timer" comes first finishes the call.
     struct State {
       bool done = false;
@@ -101,38 +134,38 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
     };
     auto state = std::make_shared<State>();
     StoreServer::Loop* l = &loop;
-    auto ready = [state, l, reactor, on_ready] {
+    auto ready = [state, l, reactor, on_ready, shared_keys] {
       if (state->done) return;
       state->done = true;
       l->CancelTimer(state->timer);
       grpc::Status status = on_ready(*l);
-      l->AfterFlush([reactor, status, l] {
-        absl::Status flushed = l->flush_status();
-        reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
-      });
+      // Released (or found present) by a write still unlogged: it stands
+      // only if that write does.
+      FinishAfterFlush(*l, reactor, status, l->ReadsUnlogged(*shared_keys));
     };
     state->wait = loop.kv().Wait(keys, ready);
     if (state->wait == 0) {
       ready();
       return;
     }
-    state->timer = loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, keys, wait_for] {
-      if (state->done) return;
-      state->done = true;
-      l->kv().CancelWait(state->wait);
-      grpc::Status status = Unavailable();
-      if (!l->stopping()) {
-        std::vector<std::string> missing;
-        for (const std::string& k : l->kv().MissingKeys(keys)) {
-          missing.push_back(wire::PrintableKey(k));
-        }
-        status =
-            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                         absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
-                                      "; missing keys: ", absl::StrJoin(missing, ", ")));
-      }
-      reactor->Finish(status);
-    });
+    state->timer =
+        loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, shared_keys, wait_for] {
+          if (state->done) return;
+          state->done = true;
+          l->kv().CancelWait(state->wait);
+          grpc::Status status = Unavailable();
+          if (!l->stopping()) {
+            std::vector<std::string> missing;
+            for (const std::string& k : l->kv().MissingKeys(*shared_keys)) {
+              missing.push_back(wire::PrintableKey(k));
+            }
+            status = grpc::Status(
+                grpc::StatusCode::DEADLINE_EXCEEDED,
+                absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
+                             "; missing keys: ", absl::StrJoin(missing, ", ")));
+          }
+          reactor->Finish(status);
+        });
   };
   if (!server_->Post(std::move(task))) reactor->Finish(Unavailable());
   return reactor;
@@ -145,7 +178,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Set(request->key(), request->value()));
   });
@@ -164,7 +197,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().Add(request->key(), request->delta());
     if (!v.ok()) return ToGrpc(v.status());
@@ -176,7 +209,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().CompareSet(request->key(), request->expected(), request->desired());
     if (!v.ok()) return ToGrpc(v.status());
@@ -195,8 +228,8 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
-    std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return Run(context, ReadKeys(keys), [keys, response](StoreServer::Loop& loop) {
     response->set_all_present(loop.kv().Check(keys));
     return grpc::Status::OK;
   });
@@ -205,7 +238,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     response->set_deleted(loop.kv().Delete(request->key()));
     return grpc::Status::OK;
@@ -215,7 +248,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest*,
                                                 v1::NumKeysResponse* response) {
-  return Run(context, [response](StoreServer::Loop& loop) {
+  return Run(context, ReadAll(), [response](StoreServer::Loop& loop) {
     response->set_num_keys(loop.kv().NumKeys());
     return grpc::Status::OK;
   });
@@ -229,7 +262,7 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* cont
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Append(request->key(), request->value()));
   });
@@ -260,7 +293,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     std::vector<std::string> keys, values;
     for (const auto& e : request->entries()) {
       keys.push_back(e.key());
@@ -274,7 +307,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::ListKeys(grpc::CallbackServerContext* context,
                                                  const v1::ListKeysRequest* request,
                                                  v1::ListKeysResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, ReadAll(), [request, response](StoreServer::Loop& loop) {
     for (const std::string& k : loop.kv().ListKeys(request->prefix())) response->add_keys(k);
     return grpc::Status::OK;
   });
