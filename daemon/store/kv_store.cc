@@ -142,6 +142,16 @@ bool KvStore::Check(const std::vector<std::string>& keys) const {
   return true;
 }
 
+uint64_t KvStore::MissingKeys(const std::vector<std::string>& keys, size_t max_named,
+                              std::vector<std::string>* named) const {
+  uint64_t missing = 0;
+  for (const std::string& k : keys) {
+    if (map_.contains(k) || (!queues_.empty() && QueueLen(k) > 0)) continue;
+    if (missing++ < max_named) named->push_back(k);
+  }
+  return missing;
+}
+
 std::vector<std::string> KvStore::MissingKeys(const std::vector<std::string>& keys) const {
   std::vector<std::string> missing;
   for (const std::string& k : keys) {

@@ -68,6 +68,10 @@ class KvStore {
   // True if every key is in the map or has a non-empty queue.
   bool Check(const std::vector<std::string>& keys) const;
   std::vector<std::string> MissingKeys(const std::vector<std::string>& keys) const;
+  // How many of `keys` are missing; the first `max_named` of them (in list
+  // order) are copied to `named`. One lookup per key, no other copies.
+  uint64_t MissingKeys(const std::vector<std::string>& keys, size_t max_named,
+                       std::vector<std::string>* named) const;
   int64_t NumKeys() const { return static_cast<int64_t>(map_.size()); }
   // Sorted; only keys starting with `prefix`.
   std::vector<std::string> ListKeys(absl::string_view prefix = "") const;

@@ -108,13 +108,11 @@ absl::StatusOr<T> RunWhenPresent(StoreServer* server, std::vector<std::string> k
         pending->Finish(Stopped());
         return;
       }
-      std::vector<std::string> missing;
-      for (const std::string& k : l->kv().MissingKeys(keys)) {
-        missing.push_back(wire::PrintableKey(k));
-      }
+      std::vector<std::string> named;
+      uint64_t missing = l->kv().MissingKeys(keys, wire::kMaxNamedMissingKeys, &named);
       pending->Finish(absl::DeadlineExceededError(
-          absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout),
-                       "; missing keys: ", absl::StrJoin(missing, ", "))));
+          absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout), "; ",
+                       wire::MissingKeysText(named, missing))));
     });
   });
   if (!posted) return Stopped();

@@ -818,9 +818,12 @@ class Emulator {
     } else if (timed_out) {
       wire::PutU8(&want, wire::kWaitTimedOut);
       std::vector<std::string> missing;
+      uint64_t missing_count = 0;
       for (const std::string& k : w.keys) {
-        if (!ModelHasAll({k})) missing.push_back(k);
+        if (ModelHasAll({k})) continue;
+        if (missing_count++ < wire::kMaxNamedMissingKeys) missing.push_back(k);
       }
+      wire::PutU64(&want, missing_count);
       wire::PutKeyList(&want, missing);
     } else {
       wire::PutU8(&want, wire::kWaitDone);

@@ -218,6 +218,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.log_error = stat_log_error_;
     s.memory_bytes = stat_memory_.load();
     s.refused_for_memory = stat_refused_memory_.load();
+    s.slow_iterations = stat_slow_iterations_.load();
+    s.max_iteration_cpu = absl::Microseconds(stat_max_iteration_us_.load());
     return s;
   }
 
@@ -391,7 +393,11 @@ class StoreServer::Impl : public StoreServer::Loop {
       EndIteration();
       absl::Duration t_end = ThreadCpuTime();
       absl::Duration cpu = t_end - cpu_start;
+      if (cpu > absl::Microseconds(stat_max_iteration_us_.load())) {
+        stat_max_iteration_us_ = absl::ToInt64Microseconds(cpu);
+      }
       if (cpu > kSlowIteration) {
+        ++stat_slow_iterations_;
         auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
         Warn(absl::StrFormat(
             "slow loop iteration: %d ms of CPU (%d events; ms in: long key lists %.1f, events "
@@ -1259,6 +1265,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::string stat_log_error_;  // guarded by stat_mu_
   std::atomic<uint64_t> stat_memory_{0};
   std::atomic<uint64_t> stat_refused_memory_{0};
+  std::atomic<uint64_t> stat_slow_iterations_{0};
+  std::atomic<int64_t> stat_max_iteration_us_{0};
   uint64_t budget_used_ = 0;  // sum of every connection's `charged`
 };
 

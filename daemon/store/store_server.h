@@ -152,6 +152,11 @@ class StoreServer {
     std::string log_error;
     uint64_t memory_bytes = 0;        // charged to memory_budget_bytes now
     uint64_t refused_for_memory = 0;  // requests failed by a memory limit
+    // Loop iterations that used more than 10 ms of the loop thread's CPU
+    // (each stalled every client; each is also logged), and the most CPU
+    // one iteration has used.
+    uint64_t slow_iterations = 0;
+    absl::Duration max_iteration_cpu;
   };
   Stats stats() const;
 

@@ -148,24 +148,22 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
       ready();
       return;
     }
-    state->timer =
-        loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, shared_keys, wait_for] {
-          if (state->done) return;
-          state->done = true;
-          l->kv().CancelWait(state->wait);
-          grpc::Status status = Unavailable();
-          if (!l->stopping()) {
-            std::vector<std::string> missing;
-            for (const std::string& k : l->kv().MissingKeys(*shared_keys)) {
-              missing.push_back(wire::PrintableKey(k));
-            }
-            status = grpc::Status(
-                grpc::StatusCode::DEADLINE_EXCEEDED,
-                absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
-                             "; missing keys: ", absl::StrJoin(missing, ", ")));
-          }
-          reactor->Finish(status);
-        });
+    state->timer = loop.AddTimer(absl::Now() + wait_for, [state, l, reactor, shared_keys,
+                                                          wait_for] {
+      if (state->done) return;
+      state->done = true;
+      l->kv().CancelWait(state->wait);
+      grpc::Status status = Unavailable();
+      if (!l->stopping()) {
+        std::vector<std::string> named;
+        uint64_t missing = l->kv().MissingKeys(*shared_keys, wire::kMaxNamedMissingKeys, &named);
+        status =
+            grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                         absl::StrCat("store wait timed out after ", absl::FormatDuration(wait_for),
+                                      "; ", wire::MissingKeysText(named, missing)));
+      }
+      reactor->Finish(status);
+    });
   };
   if (!server_->Post(std::move(task))) reactor->Finish(Unavailable());
   return reactor;
