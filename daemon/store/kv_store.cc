@@ -43,6 +43,16 @@ absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
   return absl::OkStatus();
 }
 
+absl::Status KvStore::SetOwned(absl::string_view key, std::string value) {
+  const std::string* old = Find(key);
+  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  if (!ok.ok()) return ok;
+  StoreValue(key, std::move(value));
+  Report(Mutation::Type::kSet, key, *Find(key));
+  KeyWritten(key);
+  return absl::OkStatus();
+}
+
 const std::string* KvStore::Find(absl::string_view key) const {
   auto it = map_.find(key);
   return it == map_.end() ? nullptr : &it->second;

@@ -54,6 +54,8 @@ class KvStore {
   void set_max_total_bytes(uint64_t max) { max_total_bytes_ = max; }
 
   absl::Status Set(absl::string_view key, absl::string_view value);
+  // Set, keeping `value`'s storage (no copy of a 16 MiB value).
+  absl::Status SetOwned(absl::string_view key, std::string value);
   // nullptr if missing. Valid until the next mutation.
   const std::string* Find(absl::string_view key) const;
   // FailedPrecondition if the stored value is not a number.

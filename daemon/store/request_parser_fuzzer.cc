@@ -431,7 +431,8 @@ class Emulator {
     }
 
     Context ctx(this);
-    dispatcher_.Execute(req, ctx);
+    StoreRequest run = req;  // Execute may take the values; the model needs them
+    dispatcher_.Execute(run, ctx);
     ctx.CheckBound();
     const bool failed = !ctx.failure.ok();
     const bool refused = ctx.refused_for_memory;

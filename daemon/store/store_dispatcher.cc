@@ -53,7 +53,9 @@ void StoreDispatcher::Execute(StoreRequest& req, Context& ctx) {
       wire::PutU32(&ctx.Reply(), req.nonce);
       return;
     case Op::kSet:
-      if (absl::Status s = kv.Set(req.keys[0], req.values[0]); !s.ok()) Reject(s, ctx);
+      if (absl::Status s = kv.SetOwned(req.keys[0], std::move(req.values[0])); !s.ok()) {
+        Reject(s, ctx);
+      }
       return;
     case Op::kAppend:
       if (absl::Status s = kv.Append(req.keys[0], req.values[0]); !s.ok()) Reject(s, ctx);
