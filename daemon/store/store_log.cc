@@ -327,7 +327,9 @@ StoreLog::~StoreLog() { ::close(fd_); }
 
 void StoreLog::Record(const Mutation& mutation) {
   if (rolling_back_) return;
+  const size_t before = pending_.size();
   EncodeLogRecord(mutation, &pending_);
+  if (pending_.size() - before <= kSmallRecordBytes) small_recorded_ += pending_.size() - before;
   pending_keys_.emplace(mutation.key);
 }
 
@@ -344,7 +346,13 @@ absl::Status StoreLog::Fail(absl::Status error) {
 absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
   if (pending_.empty()) return absl::OkStatus();
   if (failing()) return error_;
-  const uint64_t n = std::min<uint64_t>(max_bytes, pending_.size() - written_);
+  // Small records recorded since the last call are written on top of the
+  // slice, so a batch behind a large record always catches up, however
+  // many small writes keep arriving.
+  uint64_t budget = max_bytes;
+  if (budget != UINT64_MAX) budget += small_recorded_;
+  small_recorded_ = 0;
+  const uint64_t n = std::min<uint64_t>(budget, pending_.size() - written_);
   if (absl::Status s = WriteAt(fd_, pending_.data() + written_, n, file_bytes_ + written_, path_);
       !s.ok()) {
     return Fail(s);

@@ -12,6 +12,8 @@
 #include <filesystem>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace muster {
 namespace {
 
@@ -133,6 +135,24 @@ TEST_CASE("a 16 MiB batch is written in slices and is durable only once all of i
   CHECK(*kv.Find("big") == big);
   CHECK(*kv.Find("later") == "l");
   CHECK(stats.discarded_bytes == 0);
+}
+
+TEST_CASE("a batch behind a 16 MiB record catches up while small writes keep coming") {
+  Dir dir;
+  KvStore kv;
+  RecoveryStats stats;
+  auto log = OpenInto(dir.path, &kv, &stats);
+  REQUIRE(kv.Set("big", std::string(16 << 20, 'b')).ok());
+  const std::string small(32 << 10, 's');
+  int calls = 0;
+  do {
+    // 1.25 MiB of small records per call: more than the 1 MiB slice.
+    for (int i = 0; i < 40; ++i) REQUIRE(kv.Set(absl::StrCat("small", i), small).ok());
+    REQUIRE(log->Flush(kv, 1 << 20).ok());
+    ++calls;
+  } while (log->has_pending() && calls < 100);
+  CHECK_FALSE(log->has_pending());
+  CHECK(calls <= 17);
 }
 
 TEST_CASE("recovery drops a torn last record and keeps everything before it") {
