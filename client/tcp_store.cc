@@ -45,10 +45,17 @@ absl::Time DeadlineAfter(absl::Duration d) {
   return absl::Now() + d;
 }
 
-std::string MissingKeysText(const std::vector<std::string>& keys) {
+// The first wire::kMaxNamedMissingKeys of `keys`, then how many there are.
+std::string WaitedKeysText(const std::vector<std::string>& keys) {
   std::vector<std::string> printable;
-  for (const std::string& k : keys) printable.push_back(wire::PrintableKey(k));
-  return absl::StrJoin(printable, ", ");
+  for (size_t i = 0; i < keys.size() && i < wire::kMaxNamedMissingKeys; ++i) {
+    printable.push_back(wire::PrintableKey(keys[i]));
+  }
+  std::string text = absl::StrJoin(printable, ", ");
+  if (printable.size() < keys.size()) {
+    absl::StrAppend(&text, ", ... (", printable.size(), " of ", keys.size(), " named)");
+  }
+  return text;
 }
 
 }  // namespace
@@ -378,11 +385,13 @@ absl::Status TcpStore::WaitKeys(const std::vector<std::string>& keys, absl::Dura
     auto outcome = conn_->ReadU8(deadline);
     if (!outcome.ok()) return Fail(outcome.status());
     if (*outcome == wire::kWaitTimedOut) {
+      auto count = conn_->ReadU64(deadline);
+      if (!count.ok()) return Fail(count.status());
       auto missing = conn_->ReadKeyList(deadline);
       if (!missing.ok()) return Fail(missing.status());
-      return absl::DeadlineExceededError(
-          absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout),
-                       "; missing keys: ", MissingKeysText(*missing)));
+      return absl::DeadlineExceededError(absl::StrCat("store wait timed out after ",
+                                                      absl::FormatDuration(timeout), "; ",
+                                                      wire::MissingKeysText(*missing, *count)));
     }
     if (values != nullptr) {
       values->clear();
@@ -407,7 +416,7 @@ absl::Status TcpStore::WaitKeys(const std::vector<std::string>& keys, absl::Dura
       conn_.reset();
       return absl::DeadlineExceededError(absl::StrCat("store wait timed out after ",
                                                       absl::FormatDuration(timeout),
-                                                      " for keys: ", MissingKeysText(keys)));
+                                                      " for keys: ", WaitedKeysText(keys)));
     }
     return Fail(reply.status());
   }

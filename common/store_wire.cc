@@ -168,6 +168,22 @@ void PutKeyList(std::string* out, const std::vector<std::string>& keys) {
   for (const std::string& k : keys) PutBytes(out, k);
 }
 
+std::string MissingKeysText(const std::vector<std::string>& named, uint64_t total) {
+  std::string out = "missing keys: ";
+  for (size_t i = 0; i < named.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += PrintableKey(named[i]);
+  }
+  if (named.size() < total) {
+    out += ", ... (";
+    out += std::to_string(named.size());
+    out += " of ";
+    out += std::to_string(total);
+    out += " missing keys named)";
+  }
+  return out;
+}
+
 std::string PrintableKey(absl::string_view key) {
   static const char kHex[] = "0123456789abcdef";
   std::string out;

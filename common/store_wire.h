@@ -74,10 +74,14 @@ enum class Op {
   kQueueLen,
   kListKeys,
   // Native extensions.
-  kAuth,        // handshake step 1: client nonce
-  kAuthProof,   // handshake step 3: client proof
-  kWaitFor,     // keys + i64 timeout ms -> status, u8 0 ready / 1 timed out (+ missing keys)
-  kGetWaitFor,  // keys + i64 timeout ms -> status, u8 0 + values / 1 + missing keys
+  kAuth,       // handshake step 1: client nonce
+  kAuthProof,  // handshake step 3: client proof
+  // keys + i64 timeout ms -> status, u8 0 ready / 1 timed out, then u64 how
+  // many keys are missing and a key list of the first of them (at most
+  // kMaxNamedMissingKeys: an error message needs no more, and a 131,072-key
+  // list would cost the server megabytes and milliseconds for nothing).
+  kWaitFor,
+  kGetWaitFor,  // the same, u8 0 + the values when ready
 };
 const char* OpName(Op op);
 
@@ -91,6 +95,8 @@ inline constexpr size_t kAuthNonceBytes = 32;
 inline constexpr size_t kAuthProofBytes = 32;
 inline constexpr uint8_t kWaitForByte = 0x70;
 inline constexpr uint8_t kGetWaitForByte = 0x71;
+// Missing keys a timed-out wait names (the rest are counted).
+inline constexpr size_t kMaxNamedMissingKeys = 16;
 
 // Reply bytes.
 inline constexpr uint8_t kCheckReady = 0;
@@ -131,6 +137,11 @@ void PutKeyList(std::string* out, const std::vector<std::string>& keys);
 // `key` for log and error messages: printable ASCII kept, other bytes as
 // \xNN, cut after 80 bytes.
 std::string PrintableKey(absl::string_view key);
+
+// "missing keys: a, b" for a timed-out wait's message; `named` are the first
+// of `total` missing keys, and when they are not all, the count follows:
+// "missing keys: a, b, ... (2 of 131071 missing keys named)".
+std::string MissingKeysText(const std::vector<std::string>& named, uint64_t total);
 
 // ADD's counter rule (C's strtoll on the stored text): optional leading
 // space and sign, then digits; trailing bytes are ignored. nullopt if no

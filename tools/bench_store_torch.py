@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """`muster-bench store --client torch`: PyTorch's own TCPStore client
-processes against musterd's store and against PyTorch's own TCPStore master,
-side by side in one run.
+processes against musterd's store, against PyTorch's own TCPStore master and
+against a minimal "floor" server (tools/store_floor_server.cc: an epoll loop
+speaking only this benchmark's requests, no logging, no durability), side by
+side in one run.
 
 One interpreter (its torch decides the wire dialect: 1.13 or 2.x) runs the
 master and the client processes. Every client process connects to both
@@ -13,7 +15,9 @@ alternate which server goes first. The server's CPU (utime+stime from
 Prints a table (or --json) with, per client count: operations per second of
 each server, server CPU per operation, and the ratios (musterd/torch
 throughput, musterd/torch CPU per op), against the goals throughput >= 1.2x
-and CPU per op <= 0.5x.
+and CPU per op <= 0.5x; and the floor server's ratios to torch beside them:
+what a server that does nothing else costs on this machine. If even the
+floor cannot reach a ratio, no server can here.
 """
 import argparse
 import json
@@ -27,8 +31,8 @@ import time
 CLIENT = r"""
 import datetime, sys, time
 import torch.distributed as d
-ports = {"musterd": int(sys.argv[1]), "torch": int(sys.argv[2])}
-idx, value = sys.argv[3], b"x" * int(sys.argv[4])
+idx, value = sys.argv[1], b"x" * int(sys.argv[2])
+ports = {a.split("=")[0]: int(a.split("=")[1]) for a in sys.argv[3:]}
 stores = {n: d.TCPStore("127.0.0.1", p, 1, False, datetime.timedelta(seconds=120))
           for n, p in ports.items()}
 key = "bench/" + idx
@@ -102,6 +106,15 @@ def start_musterd(binary, tmp):
     return p, json.load(open(ready))["store_port"]
 
 
+def start_floor(binary, torch2, extra_args):
+    p = subprocess.Popen([binary, "--port", "0"] + (["--torch2"] if torch2 else []) + extra_args,
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+    line = wait_line(p, "the floor server", 30)
+    if not line.startswith("port "):
+        raise RuntimeError(f"floor server: unexpected {line!r}")
+    return p, int(line.split()[1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--musterd", required=True, help="musterd binary (-c opt)")
@@ -111,6 +124,11 @@ def main():
     ap.add_argument("--duration", type=float, default=3.0, help="seconds per timed window")
     ap.add_argument("--repeats", type=int, default=2, help="windows per server and count")
     ap.add_argument("--value-bytes", type=int, default=64)
+    ap.add_argument("--floor", default="",
+                    help="store-floor-server binary (default: bazel-bin/tools/ next to musterd's "
+                         "daemon/; empty and not found: no floor server)")
+    ap.add_argument("--floor-args", default="",
+                    help="extra flags for the floor server (its knobs: --edge, --quickack, ...)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     counts = sorted(int(c) for c in a.clients.split(","))
@@ -121,28 +139,39 @@ def main():
     try:
         musterd, mport = start_musterd(a.musterd, tmp)
         procs.append(musterd)
+        floor = a.floor or os.path.join(os.path.dirname(os.path.dirname(
+            os.path.realpath(a.musterd))), "tools", "store-floor-server")
+        servers = {"musterd": musterd.pid}
+        ports = {"musterd": mport}
+        if os.access(floor, os.X_OK):
+            fproc, fport = start_floor(floor, not version.startswith("1."), a.floor_args.split())
+            procs.append(fproc)
+            servers["floor"], ports["floor"] = fproc.pid, fport
+        else:
+            progress(f"no floor server at {floor}: measuring musterd and torch only")
         tport = free_port()
         master = subprocess.Popen([a.python, "-c", MASTER, str(tport)], stdin=subprocess.DEVNULL,
                                   stdout=subprocess.PIPE, text=True)
         procs.append(master)
         wait_line(master, "the PyTorch TCPStore master", 120)
+        servers["torch"], ports["torch"] = master.pid, tport
         progress(f"torch {version}: starting {counts[-1]} client processes")
         clients = []
         for i in range(counts[-1]):
-            c = subprocess.Popen([a.python, "-c", CLIENT, str(mport), str(tport), str(i),
-                                  str(a.value_bytes)], stdin=subprocess.PIPE,
+            c = subprocess.Popen([a.python, "-c", CLIENT, str(i), str(a.value_bytes)] +
+                                 [f"{n}={p}" for n, p in ports.items()], stdin=subprocess.PIPE,
                                  stdout=subprocess.PIPE, text=True)
             procs.append(c)
             clients.append(c)
         for i, c in enumerate(clients):
             if wait_line(c, f"client {i}", 300) != "ready":
                 raise RuntimeError(f"client {i} did not get ready")
-        servers = {"musterd": musterd.pid, "torch": master.pid}
+        names = list(servers)
         rows = []
         for n in counts:
-            runs = {"musterd": [], "torch": []}
+            runs = {name: [] for name in names}
             for r in range(a.repeats):
-                order = ["musterd", "torch"] if r % 2 == 0 else ["torch", "musterd"]
+                order = names if r % 2 == 0 else names[::-1]
                 for name in order:
                     progress(f"{n} clients, {name}, window {r + 1}/{a.repeats}")
                     cpu0 = cpu_seconds(servers[name])
@@ -166,8 +195,13 @@ def main():
             row["throughput_ratio"] = row["musterd"]["ops_per_s"] / row["torch"]["ops_per_s"]
             row["cpu_per_op_ratio"] = (row["musterd"]["server_cpu_us_per_op"] /
                                        row["torch"]["server_cpu_us_per_op"])
+            if "floor" in row:
+                row["floor_throughput_ratio"] = (row["floor"]["ops_per_s"] /
+                                                 row["torch"]["ops_per_s"])
+                row["floor_cpu_per_op_ratio"] = (row["floor"]["server_cpu_us_per_op"] /
+                                                 row["torch"]["server_cpu_us_per_op"])
             rows.append(row)
-        result = {"torch": version, "clients": counts, "duration_s": a.duration,
+        result = {"torch": version, "clients": counts, "floor_args": a.floor_args, "duration_s": a.duration,
                   "repeats": a.repeats, "value_bytes": a.value_bytes, "rows": rows,
                   "goals": {"throughput_ratio": ">= 1.2", "cpu_per_op_ratio": "<= 0.5"}}
         if a.json:
@@ -183,6 +217,17 @@ def main():
                       f"{t['ops_per_s']:>11.0f} {t['server_cpu_us_per_op']:>9.2f} "
                       f"{r['throughput_ratio']:>8.2f}x {r['cpu_per_op_ratio']:>8.2f}x")
             print("goals: throughput ratio (musterd/torch) >= 1.2x, server CPU per op ratio <= 0.5x")
+            if "floor" in names:
+                print(f"floor server (tools/store_floor_server.cc {a.floor_args}".rstrip() +
+                      "): no logging, no durability, only this benchmark's requests")
+                print(f"{'clients':>7} {'floor op/s':>13} {'cpu us/op':>9} {'thr ratio':>9} "
+                      f"{'cpu ratio':>9}  (floor/torch)")
+                for r in rows:
+                    f = r["floor"]
+                    print(f"{r['clients']:>7} {f['ops_per_s']:>13.0f} "
+                          f"{f['server_cpu_us_per_op']:>9.2f} "
+                          f"{r['floor_throughput_ratio']:>8.2f}x "
+                          f"{r['floor_cpu_per_op_ratio']:>8.2f}x")
         return 0
     finally:
         for p in procs:

@@ -43,6 +43,16 @@ absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
   return absl::OkStatus();
 }
 
+absl::Status KvStore::SetOwned(absl::string_view key, std::string value) {
+  const std::string* old = Find(key);
+  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  if (!ok.ok()) return ok;
+  StoreValue(key, std::move(value));
+  Report(Mutation::Type::kSet, key, *Find(key));
+  KeyWritten(key);
+  return absl::OkStatus();
+}
+
 const std::string* KvStore::Find(absl::string_view key) const {
   auto it = map_.find(key);
   return it == map_.end() ? nullptr : &it->second;
@@ -140,6 +150,16 @@ bool KvStore::Check(const std::vector<std::string>& keys) const {
     if (map_.find(k) == map_.end() && QueueLen(k) == 0) return false;
   }
   return true;
+}
+
+uint64_t KvStore::MissingKeys(const std::vector<std::string>& keys, size_t max_named,
+                              std::vector<std::string>* named) const {
+  uint64_t missing = 0;
+  for (const std::string& k : keys) {
+    if (map_.contains(k) || (!queues_.empty() && QueueLen(k) > 0)) continue;
+    if (missing++ < max_named) named->push_back(k);
+  }
+  return missing;
 }
 
 std::vector<std::string> KvStore::MissingKeys(const std::vector<std::string>& keys) const {

@@ -54,6 +54,8 @@ class KvStore {
   void set_max_total_bytes(uint64_t max) { max_total_bytes_ = max; }
 
   absl::Status Set(absl::string_view key, absl::string_view value);
+  // Set, keeping `value`'s storage (no copy of a 16 MiB value).
+  absl::Status SetOwned(absl::string_view key, std::string value);
   // nullptr if missing. Valid until the next mutation.
   const std::string* Find(absl::string_view key) const;
   // FailedPrecondition if the stored value is not a number.
@@ -68,6 +70,10 @@ class KvStore {
   // True if every key is in the map or has a non-empty queue.
   bool Check(const std::vector<std::string>& keys) const;
   std::vector<std::string> MissingKeys(const std::vector<std::string>& keys) const;
+  // How many of `keys` are missing; the first `max_named` of them (in list
+  // order) are copied to `named`. One lookup per key, no other copies.
+  uint64_t MissingKeys(const std::vector<std::string>& keys, size_t max_named,
+                       std::vector<std::string>* named) const;
   int64_t NumKeys() const { return static_cast<int64_t>(map_.size()); }
   // Sorted; only keys starting with `prefix`.
   std::vector<std::string> ListKeys(absl::string_view prefix = "") const;

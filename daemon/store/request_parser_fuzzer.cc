@@ -431,7 +431,8 @@ class Emulator {
     }
 
     Context ctx(this);
-    dispatcher_.Execute(req, ctx);
+    StoreRequest run = req;  // Execute may take the values; the model needs them
+    dispatcher_.Execute(run, ctx);
     ctx.CheckBound();
     const bool failed = !ctx.failure.ok();
     const bool refused = ctx.refused_for_memory;
@@ -818,9 +819,12 @@ class Emulator {
     } else if (timed_out) {
       wire::PutU8(&want, wire::kWaitTimedOut);
       std::vector<std::string> missing;
+      uint64_t missing_count = 0;
       for (const std::string& k : w.keys) {
-        if (!ModelHasAll({k})) missing.push_back(k);
+        if (ModelHasAll({k})) continue;
+        if (missing_count++ < wire::kMaxNamedMissingKeys) missing.push_back(k);
       }
+      wire::PutU64(&want, missing_count);
       wire::PutKeyList(&want, missing);
     } else {
       wire::PutU8(&want, wire::kWaitDone);

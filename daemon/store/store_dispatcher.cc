@@ -53,7 +53,9 @@ void StoreDispatcher::Execute(StoreRequest& req, Context& ctx) {
       wire::PutU32(&ctx.Reply(), req.nonce);
       return;
     case Op::kSet:
-      if (absl::Status s = kv.Set(req.keys[0], req.values[0]); !s.ok()) Reject(s, ctx);
+      if (absl::Status s = kv.SetOwned(req.keys[0], std::move(req.values[0])); !s.ok()) {
+        Reject(s, ctx);
+      }
       return;
     case Op::kAppend:
       if (absl::Status s = kv.Append(req.keys[0], req.values[0]); !s.ok()) Reject(s, ctx);
@@ -153,11 +155,12 @@ void StoreDispatcher::Execute(StoreRequest& req, Context& ctx) {
 void StoreDispatcher::CompleteWait(StoreWaitKind kind, const std::vector<std::string>& keys,
                                    bool timed_out, Context& ctx) {
   if (kind == StoreWaitKind::kNone) return;
-  std::vector<std::string> missing;
+  std::vector<std::string> missing;  // the first few (wire::kMaxNamedMissingKeys)
+  uint64_t missing_count = 0;
   uint64_t reply_bytes = 1;
   if (kind != StoreWaitKind::kTorchWait && timed_out) {
-    missing = kv_->MissingKeys(keys);
-    reply_bytes += 8;
+    missing_count = kv_->MissingKeys(keys, wire::kMaxNamedMissingKeys, &missing);
+    reply_bytes += 8 + 8;
     for (const std::string& k : missing) reply_bytes += 8 + k.size();
   } else if (kind == StoreWaitKind::kGetWaitFor) {
     reply_bytes += ValuesReplyBytes(keys);
@@ -172,6 +175,7 @@ void StoreDispatcher::CompleteWait(StoreWaitKind kind, const std::vector<std::st
     wire::PutU8(&out, wire::kStopWaiting);
   } else if (timed_out) {
     wire::PutU8(&out, wire::kWaitTimedOut);
+    wire::PutU64(&out, missing_count);
     wire::PutKeyList(&out, missing);
   } else {
     wire::PutU8(&out, wire::kWaitDone);

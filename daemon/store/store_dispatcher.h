@@ -69,6 +69,7 @@ class StoreDispatcher {
 
   // Runs `req` (an ordinary request: the handshake is the caller's). May
   // move req.keys into Context::StartWait.
+  // May move values out of `req` (a SET's value into the store).
   void Execute(StoreRequest& req, Context& ctx);
 
   // Builds the reply of a wait that ended: satisfied, or `timed_out` (the

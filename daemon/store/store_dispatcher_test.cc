@@ -127,6 +127,7 @@ TEST_CASE("waits are parked by the caller and answered by CompleteWait") {
   d.CompleteWait(StoreWaitKind::kGetWaitFor, ctx.wait_keys, /*timed_out=*/true, timed_out);
   std::string want(1, '\0');
   wire::PutU8(&want, wire::kWaitTimedOut);
+  wire::PutU64(&want, 1);  // missing, of which the first are named
   wire::PutKeyList(&want, {"y"});
   CHECK(timed_out.out == want);
 

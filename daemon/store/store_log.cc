@@ -2,6 +2,9 @@
 
 #include <fcntl.h>
 #include <sys/stat.h>
+#if defined(__x86_64__)
+#include <nmmintrin.h>
+#endif
 #include <unistd.h>
 
 #include <algorithm>
@@ -34,10 +37,11 @@ struct CrcTable {
 
 // pwrite at `offset` (the file's end for the log): a failed or short write
 // leaves bytes the caller must cut off.
-absl::Status WriteAt(int fd, const std::string& data, uint64_t offset, const std::string& path) {
+absl::Status WriteAt(int fd, const char* data, size_t size, uint64_t offset,
+                     const std::string& path) {
   size_t done = 0;
-  while (done < data.size()) {
-    ssize_t n = ::pwrite(fd, data.data() + done, data.size() - done, offset + done);
+  while (done < size) {
+    ssize_t n = ::pwrite(fd, data + done, size - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("write ", path));
@@ -45,6 +49,10 @@ absl::Status WriteAt(int fd, const std::string& data, uint64_t offset, const std
     done += n;
   }
   return absl::OkStatus();
+}
+
+absl::Status WriteAt(int fd, const std::string& data, uint64_t offset, const std::string& path) {
+  return WriteAt(fd, data.data(), data.size(), offset, path);
 }
 
 absl::Status SyncDir(const std::string& dir) {
@@ -160,23 +168,58 @@ bool AllZero(const std::string& data, size_t from) {
 
 }  // namespace
 
-uint32_t Crc32c(const char* data, size_t size) {
+namespace {
+
+// `c` is the running (pre-inverted) CRC.
+uint32_t Crc32cTable(uint32_t c, const char* data, size_t size) {
   static const CrcTable* table = new CrcTable();
-  uint32_t c = 0xFFFFFFFFu;
   for (size_t i = 0; i < size; ++i) {
     c = table->entries[(c ^ static_cast<uint8_t>(data[i])) & 0xFF] ^ (c >> 8);
   }
-  return c ^ 0xFFFFFFFFu;
+  return c;
+}
+
+#if defined(__x86_64__)
+// SSE4.2's CRC32 instruction computes CRC-32C, 8 bytes at a time: a 16 MiB
+// value's record takes about 2 ms instead of the table's 30 ms, which would
+// stall the store's loop.
+__attribute__((target("sse4.2"))) uint32_t Crc32cHardware(uint32_t c, const char* data,
+                                                          size_t size) {
+  uint64_t c64 = c;
+  for (; size >= 8; data += 8, size -= 8) {
+    uint64_t word;
+    std::memcpy(&word, data, 8);
+    c64 = _mm_crc32_u64(c64, word);
+  }
+  c = static_cast<uint32_t>(c64);
+  for (; size > 0; ++data, --size) c = _mm_crc32_u8(c, static_cast<uint8_t>(*data));
+  return c;
+}
+#endif
+
+}  // namespace
+
+uint32_t Crc32c(const char* data, size_t size) {
+#if defined(__x86_64__)
+  static const bool hardware = __builtin_cpu_supports("sse4.2");
+  if (hardware) return Crc32cHardware(0xFFFFFFFFu, data, size) ^ 0xFFFFFFFFu;
+#endif
+  return Crc32cTable(0xFFFFFFFFu, data, size) ^ 0xFFFFFFFFu;
 }
 
 void EncodeLogRecord(const Mutation& mutation, std::string* out) {
-  std::string payload;
-  wire::PutU8(&payload, static_cast<uint8_t>(mutation.type));
-  wire::PutBytes(&payload, mutation.key);
-  wire::PutBytes(&payload, mutation.value);
-  wire::PutU32(out, static_cast<uint32_t>(payload.size()));
-  wire::PutU32(out, Crc32c(payload.data(), payload.size()));
-  out->append(payload);
+  // Written in place (one copy of the value, then one CRC pass over it).
+  const uint64_t payload = 1 + 8 + mutation.key.size() + 8 + mutation.value.size();
+  const size_t start = out->size();
+  out->reserve(start + 8 + payload);
+  wire::PutU32(out, static_cast<uint32_t>(payload));
+  wire::PutU32(out, 0);  // the CRC, below
+  wire::PutU8(out, static_cast<uint8_t>(mutation.type));
+  wire::PutBytes(out, mutation.key);
+  wire::PutBytes(out, mutation.value);
+  std::string crc;
+  wire::PutU32(&crc, Crc32c(out->data() + start + 8, payload));
+  out->replace(start + 4, 4, crc);
 }
 
 absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& state_dir, bool fsync,
@@ -284,7 +327,9 @@ StoreLog::~StoreLog() { ::close(fd_); }
 
 void StoreLog::Record(const Mutation& mutation) {
   if (rolling_back_) return;
+  const size_t before = pending_.size();
   EncodeLogRecord(mutation, &pending_);
+  if (pending_.size() - before <= kSmallRecordBytes) small_recorded_ += pending_.size() - before;
   pending_keys_.emplace(mutation.key);
 }
 
@@ -293,19 +338,37 @@ absl::Status StoreLog::Fail(absl::Status error) {
   // this if it fails now).
   (void)::ftruncate(fd_, file_bytes_);
   probe_bytes_ = std::min<uint64_t>(std::max<uint64_t>(pending_.size(), 4096), 1 << 20);
+  written_ = 0;  // the batch is cut off whole
   error_ = error;
   return error;
 }
 
-absl::Status StoreLog::Flush(const KvStore& store) {
+absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
   if (pending_.empty()) return absl::OkStatus();
   if (failing()) return error_;
-  if (absl::Status s = WriteAt(fd_, pending_, file_bytes_, path_); !s.ok()) return Fail(s);
+  // Small records recorded since the last call are written on top of the
+  // slice, so a batch behind a large record always catches up, however
+  // many small writes keep arriving.
+  uint64_t budget = max_bytes;
+  if (budget != UINT64_MAX) budget += small_recorded_;
+  small_recorded_ = 0;
+  const uint64_t n = std::min<uint64_t>(budget, pending_.size() - written_);
+  if (absl::Status s = WriteAt(fd_, pending_.data() + written_, n, file_bytes_ + written_, path_);
+      !s.ok()) {
+    return Fail(s);
+  }
+  written_ += n;
+  if (written_ < pending_.size()) return absl::OkStatus();  // more in the next call
   if (fsync_ && ::fdatasync(fd_) != 0) {
     return Fail(ErrnoToStatus(errno, absl::StrCat("fsync ", path_)));
   }
   file_bytes_ += pending_.size();
-  pending_.clear();
+  written_ = 0;
+  if (pending_.capacity() > (1 << 20)) {
+    std::string().swap(pending_);  // a large batch's buffer is not kept
+  } else {
+    pending_.clear();
+  }
   pending_keys_.clear();
   if (file_bytes_ > kMinCompactBytes && file_bytes_ > 2 * store.total_bytes() + kMinCompactBytes &&
       file_bytes_ >= next_compact_bytes_) {

@@ -80,7 +80,13 @@ class StoreLog {
   void Record(const Mutation& mutation);
   // Writes buffered records (and fsyncs if asked). Compacts when due. On
   // failure (or while failing) the batch stays buffered for Rollback().
-  absl::Status Flush(const KvStore& store);
+  // Writes at most `max_bytes` per call (plus the small records recorded
+  // since the last call, so the batch always catches up), so a 16 MiB
+  // record does not stall the caller's loop: OK with has_pending() still
+  // true means the batch is partly written (records added meanwhile join
+  // it) and not yet durable; call again. The file holds whole batches only once Flush says so: a
+  // crash mid-batch leaves a torn tail, which recovery drops.
+  absl::Status Flush(const KvStore& store, uint64_t max_bytes = UINT64_MAX);
   // Restores every key the buffered batch touched to its state in the file
   // and drops the batch. Mutations it makes are not recorded.
   absl::Status Rollback(KvStore* store);
@@ -112,6 +118,13 @@ class StoreLog {
   absl::Status Fail(absl::Status error);
 
   std::string pending_;
+  // Bytes of pending_ already written at file_bytes_ (a batch written over
+  // several Flush calls).
+  uint64_t written_ = 0;
+  // Bytes of records up to kSmallRecordBytes recorded since the last Flush
+  // (added to its slice).
+  static constexpr size_t kSmallRecordBytes = 64 << 10;
+  uint64_t small_recorded_ = 0;
   // Keys the pending batch touched (what Rollback restores).
   std::set<std::string> pending_keys_;
   bool rolling_back_ = false;

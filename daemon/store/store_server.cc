@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <ctime>
@@ -68,6 +69,14 @@ constexpr size_t kParseKeysPerIteration = 2048;
 // clients keep moving while big senders wait for the next iteration.
 constexpr size_t kReadPerIteration = 512 << 10;
 constexpr size_t kSmallRead = 4096;
+// The durability log writes at most this much per loop iteration (a 16 MiB
+// record takes 16 iterations; replies that depend on it wait for all of
+// them, every other client is served meanwhile).
+constexpr uint64_t kLogSliceBytes = 1 << 20;
+// A request that moved more bytes than this (its own size plus its reply's)
+// ends its connection's turn in this loop iteration: two 16 MiB requests
+// sent together are handled in two iterations.
+constexpr size_t kLargeRequest = 1 << 20;
 // A loop iteration that uses more CPU than this stalled every client; it is
 // logged (rate-limited) so a regression or an overload is visible.
 constexpr absl::Duration kSlowIteration = absl::Milliseconds(10);
@@ -219,6 +228,8 @@ class StoreServer::Impl : public StoreServer::Loop {
     s.log_error = stat_log_error_;
     s.memory_bytes = stat_memory_.load();
     s.refused_for_memory = stat_refused_memory_.load();
+    s.slow_iterations = stat_slow_iterations_.load();
+    s.max_iteration_cpu = absl::Microseconds(stat_max_iteration_us_.load());
     return s;
   }
 
@@ -238,6 +249,14 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
   void AfterFlush(std::function<void()> fn) override { after_flush_.push_back(std::move(fn)); }
   absl::Status flush_status() const override { return flush_status_; }
+  bool ReadsUnlogged(const std::vector<std::string>& keys) const override {
+    if (!HasUnlogged()) return false;
+    for (const std::string& k : keys) {
+      if (log_->Touched(k)) return true;
+    }
+    return false;
+  }
+  bool HasUnlogged() const override { return log_ != nullptr && log_->has_pending(); }
   absl::Status writable() const override { return log_failing_ ? LogRefusal() : absl::OkStatus(); }
   bool stopping() const override { return stopping_; }
 
@@ -336,6 +355,7 @@ class StoreServer::Impl : public StoreServer::Loop {
                 : static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(d) + 1, 60000));
       }
       if (listener_paused_) timeout_ms = timeout_ms < 0 ? 100 : std::min(timeout_ms, 100);
+      if (log_writing_) timeout_ms = 0;  // the rest of a log batch is due now
       if (!registering_.empty() || !yielded_.empty() || DeferredPending()) {
         // More bulk work queued: continue at once if a client is waiting,
         // else after a short pause, so bulk work takes at most about half
@@ -384,7 +404,11 @@ class StoreServer::Impl : public StoreServer::Loop {
       EndIteration();
       absl::Duration t_end = ThreadCpuTime();
       absl::Duration cpu = t_end - cpu_start;
+      if (cpu > absl::Microseconds(stat_max_iteration_us_.load())) {
+        stat_max_iteration_us_ = absl::ToInt64Microseconds(cpu);
+      }
       if (cpu > kSlowIteration) {
+        ++stat_slow_iterations_;
         auto ms = [](absl::Duration d) { return absl::ToDoubleMilliseconds(d); };
         Warn(absl::StrFormat(
             "slow loop iteration: %d ms of CPU (%d events; ms in: long key lists %.1f, events "
@@ -439,7 +463,10 @@ class StoreServer::Impl : public StoreServer::Loop {
 
   void EndIteration() {
     ResumeWaits();
-    flush_status_ = log_ != nullptr ? log_->Flush(kv_) : absl::OkStatus();
+    flush_status_ = log_ != nullptr ? log_->Flush(kv_, stopping_ ? UINT64_MAX : kLogSliceBytes)
+                                    : absl::OkStatus();
+    log_writing_ = flush_status_.ok() && log_ != nullptr && log_->has_pending();
+    if (log_writing_) return HoldDependentReplies();
     if (!flush_status_.ok()) LogFailed();
     wrote_.clear();
     ++epoch_;  // replies queued from here on belong to the next flush
@@ -456,6 +483,30 @@ class StoreServer::Impl : public StoreServer::Loop {
     stat_bytes_ = kv_.total_bytes();
     stat_connections_ = static_cast<int64_t>(conns_.size());
     stat_unauthenticated_ = static_cast<int64_t>(pending_auth_.size());
+    stat_memory_ = budget_used_;
+  }
+
+  // The log batch is only partly written: this epoch goes on into the next
+  // iteration (writes then join the batch). Replies that depend on it wait
+  // in dirty_ (and AfterFlush callbacks with them); the others go out now.
+  void HoldDependentReplies() {
+    std::vector<uint64_t> dirty;
+    dirty.swap(dirty_);
+    for (uint64_t id : dirty) {
+      auto it = conns_.find(id);
+      if (it == conns_.end()) continue;
+      Connection& c = *it->second;
+      if (c.write_epoch == epoch_ || c.depend_epoch == epoch_) {
+        dirty_.push_back(id);
+        continue;
+      }
+      Send(c);
+      // What it sent depended on nothing unlogged; a later reply of this
+      // epoch marks the output afresh (see MarkDirty).
+      if (conns_.count(id) != 0) c.out_epoch = 0;
+    }
+    std::sort(dirty_.begin(), dirty_.end());
+    dirty_.erase(std::unique(dirty_.begin(), dirty_.end()), dirty_.end());
     stat_memory_ = budget_used_;
   }
 
@@ -816,9 +867,18 @@ class StoreServer::Impl : public StoreServer::Loop {
         break;
       }
       c.in_off += consumed;
+      const size_t out_before = c.out.size();
       Handle(c, request);
       if (conns_.find(id) == conns_.end()) return;  // closed while handling
       Recharge(c);
+      if (consumed + (c.out.size() - std::min(out_before, c.out.size())) > kLargeRequest &&
+          c.in_off < c.in.size()) {
+        // A large request (a 16 MiB SET, or a GET of one) has its own
+        // iteration: the next one waits for the next iteration.
+        if (!c.yielded) yielded_.push_back(id);
+        c.yielded = true;
+        break;
+      }
     }
     if (c.in_off > 0 && (c.in_off == c.in.size() || c.in_off > (1 << 20))) {
       c.in.erase(0, c.in_off);
@@ -1064,7 +1124,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     Recharge(c);
     // A wait released (or measured) while writes are unlogged may have
     // been released by one of them.
-    if (log_ != nullptr && log_->has_pending()) c.depend_epoch = epoch_;
+    if (HasUnlogged()) c.depend_epoch = epoch_;
     if (stopping_ && timed_out && c.native()) {
       Reject(c, absl::UnavailableError("musterd is shutting down"));
     } else {
@@ -1180,16 +1240,13 @@ class StoreServer::Impl : public StoreServer::Loop {
   // rolled back). A read of keys untouched since the last flush answered
   // from durable state, and keeps its reply when the flush fails.
   bool ReadsUnloggedWrite(const StoreRequest& req) const {
-    if (log_ == nullptr || !log_->has_pending()) return false;
+    if (!HasUnlogged()) return false;
     switch (req.op) {
       case wire::Op::kGet:
       case wire::Op::kMultiGet:
       case wire::Op::kCheck:
       case wire::Op::kQueueLen:
-        for (const std::string& k : req.keys) {
-          if (log_->Touched(k)) return true;
-        }
-        return false;
+        return ReadsUnlogged(req.keys);
       case wire::Op::kNumKeys:
       case wire::Op::kListKeys:
         return true;  // every key counts
@@ -1243,6 +1300,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   // Counts log flushes (see Connection::out_epoch).
   uint64_t epoch_ = 1;
   bool log_failing_ = false;
+  // The log batch of this epoch is partly written (HoldDependentReplies).
+  bool log_writing_ = false;
   std::vector<uint64_t> wrote_;  // connections with a write request this epoch
   char read_buffer_[kReadChunk];
   bool listener_paused_ = false;
@@ -1263,6 +1322,8 @@ class StoreServer::Impl : public StoreServer::Loop {
   std::string stat_log_error_;  // guarded by stat_mu_
   std::atomic<uint64_t> stat_memory_{0};
   std::atomic<uint64_t> stat_refused_memory_{0};
+  std::atomic<uint64_t> stat_slow_iterations_{0};
+  std::atomic<int64_t> stat_max_iteration_us_{0};
   uint64_t budget_used_ = 0;  // sum of every connection's `charged`
 };
 
@@ -1326,13 +1387,11 @@ void WhenPresent(StoreServer::Loop& loop, std::vector<std::string> keys, absl::D
           expired(absl::UnavailableError("musterd's store is shutting down"));
           return;
         }
-        std::vector<std::string> missing;
-        for (const std::string& k : l->kv().MissingKeys(keys)) {
-          missing.push_back(wire::PrintableKey(k));
-        }
-        expired(absl::DeadlineExceededError(
-            absl::StrCat("store wait timed out after ", absl::FormatDuration(timeout),
-                         "; missing keys: ", absl::StrJoin(missing, ", "))));
+        std::vector<std::string> named;
+        uint64_t missing = l->kv().MissingKeys(keys, wire::kMaxNamedMissingKeys, &named);
+        expired(absl::DeadlineExceededError(absl::StrCat("store wait timed out after ",
+                                                         absl::FormatDuration(timeout), "; ",
+                                                         wire::MissingKeysText(named, missing))));
       });
 }
 

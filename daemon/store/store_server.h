@@ -112,8 +112,17 @@ class StoreServer {
     // Runs `fn` after this iteration's log flush (acknowledge durable writes).
     virtual void AfterFlush(std::function<void()> fn) = 0;
     // In an AfterFlush callback: how this iteration's flush went. Not OK
-    // means its writes were rolled back: fail the call with it.
+    // means its writes were rolled back: fail the call with it if its result
+    // depended on them (it wrote, or read what ReadsUnlogged/HasUnlogged
+    // said was unlogged when it ran); other results still stand.
     virtual absl::Status flush_status() const = 0;
+    // Whether a result that reads `keys` now may rest on a write of this
+    // iteration not in the log yet. False for keys untouched since the last
+    // flush: they read durable state, which a failed flush keeps.
+    virtual bool ReadsUnlogged(const std::vector<std::string>& keys) const = 0;
+    // Whether any write of this iteration is unlogged (for results that
+    // count or list every key, and waits released by a write).
+    virtual bool HasUnlogged() const = 0;
     // OK, or why writes are refused now (the durability log fails): check
     // before mutating, so a refused write never touches the store.
     virtual absl::Status writable() const = 0;
@@ -144,6 +153,11 @@ class StoreServer {
     std::string log_error;
     uint64_t memory_bytes = 0;        // charged to memory_budget_bytes now
     uint64_t refused_for_memory = 0;  // requests failed by a memory limit
+    // Loop iterations that used more than 10 ms of the loop thread's CPU
+    // (each stalled every client; each is also logged), and the most CPU
+    // one iteration has used.
+    uint64_t slow_iterations = 0;
+    absl::Duration max_iteration_cpu;
   };
   Stats stats() const;
   // Requests by operation and their service time (see StoreMetrics).

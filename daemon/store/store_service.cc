@@ -63,20 +63,49 @@ grpc::Status StoreService::CheckSizes(grpc::CallbackServerContext* context,
   return grpc::Status::OK;
 }
 
-grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Task task) {
+StoreService::Depends StoreService::Wrote() {
+  return [](StoreServer::Loop&) { return true; };
+}
+
+StoreService::Depends StoreService::ReadKeys(std::vector<std::string> keys) {
+  return [keys = std::move(keys)](StoreServer::Loop& loop) { return loop.ReadsUnlogged(keys); };
+}
+
+StoreService::Depends StoreService::ReadAll() {
+  return [](StoreServer::Loop& loop) { return loop.HasUnlogged(); };
+}
+
+namespace {
+
+// Finishes `reactor` with `status` after this iteration's flush, or with
+// the flush's error if it failed and the result `depends` on it.
+void FinishAfterFlush(StoreServer::Loop& loop, grpc::ServerUnaryReactor* reactor,
+                      grpc::Status status, bool depends) {
+  StoreServer::Loop* l = &loop;
+  loop.AfterFlush([reactor, status, l, depends] {
+    absl::Status flushed = l->flush_status();
+    reactor->Finish(flushed.ok() || !depends ? status : ToGrpc(flushed));
+  });
+}
+
+}  // namespace
+
+grpc::ServerUnaryReactor* StoreService::Run(grpc::CallbackServerContext* context, Depends depends,
+                                            Task task) {
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   if (grpc::Status s = Gate(context); !s.ok()) {
     reactor->Finish(s);
     return reactor;
   }
-  bool posted = server_->Post([reactor, task = std::move(task)](StoreServer::Loop& loop) {
-    grpc::Status status = loop.stopping() ? Unavailable() : task(loop);
-    StoreServer::Loop* l = &loop;
-    loop.AfterFlush([reactor, status, l] {
-      absl::Status flushed = l->flush_status();
-      reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
-    });
-  });
+  bool posted = server_->Post(
+      [reactor, depends = std::move(depends), task = std::move(task)](StoreServer::Loop& loop) {
+        if (loop.stopping()) {
+          reactor->Finish(Unavailable());
+          return;
+        }
+        grpc::Status status = task(loop);
+        FinishAfterFlush(loop, reactor, status, depends(loop));
+      });
   if (!posted) reactor->Finish(Unavailable());
   return reactor;
 }
@@ -90,17 +119,19 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
     return reactor;
   }
   absl::Duration wait_for = TimeoutOf(timeout);
-  auto task = [reactor, keys = std::move(keys), wait_for,
-               on_ready = std::move(on_ready)](StoreServer::Loop& loop) mutable {
+  // Shared by the task and its ready callback (no second copy of a long
+  // list).
+  auto shared_keys = std::make_shared<const std::vector<std::string>>(std::move(keys));
+  auto task = [reactor, shared_keys, wait_for,
+               on_ready = std::move(on_ready)](StoreServer::Loop& loop) {
     StoreServer::Loop* l = &loop;
     WhenPresent(
-        loop, std::move(keys), wait_for,
-        [l, reactor, on_ready] {
+        loop, *shared_keys, wait_for,
+        [l, reactor, on_ready, shared_keys] {
           grpc::Status status = on_ready(*l);
-          l->AfterFlush([reactor, status, l] {
-            absl::Status flushed = l->flush_status();
-            reactor->Finish(flushed.ok() ? status : ToGrpc(flushed));
-          });
+          // Released (or found present) by a write still unlogged: it stands
+          // only if that write does.
+          FinishAfterFlush(*l, reactor, status, l->ReadsUnlogged(*shared_keys));
         },
         [reactor](absl::Status expired) { reactor->Finish(ToGrpc(expired)); });
   };
@@ -115,7 +146,7 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Set(request->key(), request->value()));
   });
@@ -134,7 +165,7 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().Add(request->key(), request->delta());
     if (!v.ok()) return ToGrpc(v.status());
@@ -146,7 +177,7 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().CompareSet(request->key(), request->expected(), request->desired());
     if (!v.ok()) return ToGrpc(v.status());
@@ -165,8 +196,8 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
-    std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+  return Run(context, ReadKeys(keys), [keys, response](StoreServer::Loop& loop) {
     response->set_all_present(loop.kv().Check(keys));
     return grpc::Status::OK;
   });
@@ -175,7 +206,7 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     response->set_deleted(loop.kv().Delete(request->key()));
     return grpc::Status::OK;
@@ -185,7 +216,7 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
                                                 const v1::NumKeysRequest*,
                                                 v1::NumKeysResponse* response) {
-  return Run(context, [response](StoreServer::Loop& loop) {
+  return Run(context, ReadAll(), [response](StoreServer::Loop& loop) {
     response->set_num_keys(loop.kv().NumKeys());
     return grpc::Status::OK;
   });
@@ -199,7 +230,7 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* cont
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     return ToGrpc(loop.kv().Append(request->key(), request->value()));
   });
@@ -230,7 +261,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     reactor->Finish(s);
     return reactor;
   }
-  return Run(context, [request](StoreServer::Loop& loop) {
+  return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     std::vector<std::string> keys, values;
     for (const auto& e : request->entries()) {
       keys.push_back(e.key());
@@ -244,7 +275,7 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::ListKeys(grpc::CallbackServerContext* context,
                                                  const v1::ListKeysRequest* request,
                                                  v1::ListKeysResponse* response) {
-  return Run(context, [request, response](StoreServer::Loop& loop) {
+  return Run(context, ReadAll(), [request, response](StoreServer::Loop& loop) {
     for (const std::string& k : loop.kv().ListKeys(request->prefix())) response->add_keys(k);
     return grpc::Status::OK;
   });

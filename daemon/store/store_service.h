@@ -3,7 +3,10 @@
 // and TCP clients see one consistent store; blocking calls (Get, Wait,
 // MultiGet) park on the loop and finish when the keys exist, at their
 // timeout (DEADLINE_EXCEEDED naming the missing keys) or at shutdown
-// (UNAVAILABLE). Replies are sent after the durability log is flushed.
+// (UNAVAILABLE). Replies are sent after the durability log is flushed; when
+// that flush fails, only calls whose result depended on it fail (UNAVAILABLE:
+// writes, and reads of a key the failed batch touched, or of every key), as
+// for the TCP clients; reads of durable keys keep their answer.
 //
 // Thread-safe; handlers never block a gRPC thread.
 #ifndef MUSTER_DAEMON_STORE_STORE_SERVICE_H_
@@ -50,9 +53,18 @@ class StoreService final : public muster::v1::Store::CallbackService {
 
  private:
   using Task = std::function<grpc::Status(StoreServer::Loop&)>;
-  // Runs `task` on the loop and finishes with its status after the flush.
-  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* context, Task task);
-  // Parks until `keys` exist, then runs `on_ready` and finishes.
+  // Asked on the loop right after a task ran: whether its result rests on
+  // a write not logged yet (see StoreServer::Loop::ReadsUnlogged), so a
+  // failed flush of that iteration must fail the call.
+  using Depends = std::function<bool(StoreServer::Loop&)>;
+  static Depends Wrote();
+  static Depends ReadKeys(std::vector<std::string> keys);
+  static Depends ReadAll();
+  // Runs `task` on the loop and finishes with its status after the flush
+  // (with the flush's error instead if that failed and `depends` says so).
+  grpc::ServerUnaryReactor* Run(grpc::CallbackServerContext* context, Depends depends, Task task);
+  // Parks until `keys` exist, then runs `on_ready` (which reads only `keys`)
+  // and finishes.
   grpc::ServerUnaryReactor* RunWhenPresent(grpc::CallbackServerContext* context,
                                            std::vector<std::string> keys,
                                            const v1::Timeout& timeout, Task on_ready);
