@@ -15,7 +15,9 @@ the same digest as a run where nothing failed.
 
 ELASTIC_KILL_RANK=R and ELASTIC_KILL_STEP=S make rank R kill itself with
 SIGKILL after step S (in its first process only), ELASTIC_STEPS the number
-of steps (default 20).
+of steps (default 20), ELASTIC_DEVICE=cuda trains on the rank's GPU
+(LOCAL_RANK; the all_reduces then run on musterd's NCCL communicators, which
+are made anew for the new epoch).
 """
 import hashlib
 import json
@@ -29,16 +31,25 @@ import torch.distributed as dist
 import muster.torch as mt
 
 
+DEVICE = os.environ.get("ELASTIC_DEVICE", "cpu")
+
+
+def device():
+    if DEVICE == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device("cpu")
+
+
 def batch(step, rank):
     g = torch.Generator().manual_seed(step * 1000 + rank)
     x = torch.randn(16, 8, generator=g)
-    return x, x @ torch.arange(32.0).reshape(8, 4) / 32
+    return x.to(device()), (x @ torch.arange(32.0).reshape(8, 4) / 32).to(device())
 
 
 def digest(model):
     h = hashlib.sha256()
     for p in model.parameters():
-        h.update(p.detach().numpy().tobytes())
+        h.update(p.detach().cpu().numpy().tobytes())
     return h.hexdigest()
 
 
@@ -47,7 +58,8 @@ def synchronize(model, optimizer, done):
     completed the most steps. Returns the step count to resume after."""
     world = dist.get_world_size()
     steps = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(steps, torch.tensor([done], dtype=torch.int64))
+    steps = [s.to(device()) for s in steps]
+    dist.all_gather(steps, torch.tensor([done], dtype=torch.int64, device=device()))
     root = max(range(world), key=lambda r: steps[r].item())
     for p in model.parameters():
         dist.broadcast(p.data, src=root)
@@ -72,7 +84,7 @@ def main():
           f"t_us={time.time_ns() // 1000}", flush=True)
 
     torch.manual_seed(0)
-    model = torch.nn.Linear(8, 4)
+    model = torch.nn.Linear(8, 4).to(device())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     for p in model.parameters():  # the buffers exist from the start (broadcast needs them)
         optimizer.state[p]["momentum_buffer"] = torch.zeros_like(p.data)

@@ -15,6 +15,9 @@
 #              under muster-run runs tools/gpu_torch_check.py: collectives
 #              checked on the host, a DDP step, all_reduce latency vs torch's
 #              own nccl backend                                          <= 200 s
+#   6. elastic examples/elastic_train.py on CUDA tensors, undisturbed and
+#              with rank 0 killed and replaced (new NCCL communicators for
+#              the new epoch): the same final parameters                 <= 120 s
 #
 # and writes a Markdown summary (--out FILE, default gpu_check_summary.md)
 # with the test results and the side-by-side benchmark table with ratios.
@@ -242,6 +245,31 @@ fi
 grep -E 'RESULT|gpu_torch_check' "$LOG/torch.txt" 2>/dev/null >&2
 [ "$TORCH_RC" = 0 ] || { STATUS=1; tail -30 "$LOG/torch.txt" >&2 2>/dev/null; }
 
+# 6. Elastic: a rank replaced mid-training on CUDA tensors. One rank per
+# GPU (NCCL takes one rank per GPU) under --restart-policy rank; rank 0 kills
+# itself after step 3, its replacement joins epoch 1, musterd makes the new
+# epoch's NCCL communicators; the parameters must end as in an undisturbed run.
+phase "elastic"
+ELASTIC_RC=0
+if [ "$TORCH_RC" = 0 ]; then
+  for run in calm killed; do
+    extra=()
+    [ "$run" = killed ] && extra=(env ELASTIC_KILL_RANK=0 ELASTIC_KILL_STEP=3)
+    MUSTER_SOCKET="$LOG/nobody.sock" ELASTIC_DEVICE=cuda ELASTIC_STEPS=8 timeout 60 \
+      "${extra[@]}" "$BIN/tools/muster-run" --nproc-per-node "$NGPU" --restart-policy rank \
+      --max-restarts 1 --musterd "$BIN/daemon/musterd" -- "$GPU_PYTHON" \
+      "$ROOT/examples/elastic_train.py" >"$LOG/elastic-$run.txt" 2>&1 || ELASTIC_RC=1
+  done
+  calm=$(grep -ho 'FINAL [0-9a-f]*' "$LOG/elastic-calm.txt" | sort -u)
+  killed=$(grep -ho 'FINAL [0-9a-f]*' "$LOG/elastic-killed.txt" | sort -u)
+  if [ -z "$calm" ] || [ "$calm" != "$killed" ] || ! grep -q 'epoch": 1' "$LOG/elastic-killed.txt"; then
+    ELASTIC_RC=1
+  fi
+else
+  ELASTIC_RC=1
+fi
+[ "$ELASTIC_RC" = 0 ] || { STATUS=1; tail -20 "$LOG/elastic-killed.txt" >&2 2>/dev/null; }
+
 # Summary.
 {
   echo "# GPU check"
@@ -293,6 +321,13 @@ grep -E 'RESULT|gpu_torch_check' "$LOG/torch.txt" 2>/dev/null >&2
   else
     tail -20 "$LOG/torch_build.txt" | sed 's/^/    /'
   fi
+  echo
+  echo "## Elastic: rank 0 replaced mid-training on CUDA tensors (exit $ELASTIC_RC)"
+  echo
+  for run in calm killed; do
+    [ -f "$LOG/elastic-$run.txt" ] && grep -E 'FINAL|RECONFIGURED|KILL|restarting' \
+      "$LOG/elastic-$run.txt" | sed "s/^/    $run: /"
+  done
   echo
   echo "## Verdict"
   echo
