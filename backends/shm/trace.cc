@@ -1,0 +1,187 @@
+#include "backends/shm/trace.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "backends/shm/segment.h"
+
+namespace muster {
+
+const char* TraceOpName(TraceOp op) {
+  static const char* const kNames[] = {
+      "unknown",
+      "all_reduce",
+      "all_reduce_coalesced",
+      "broadcast",
+      "reduce",
+      "all_gather",
+      "all_gather_coalesced",
+      "gather",
+      "scatter",
+      "reduce_scatter",
+      "all_to_all",
+      "barrier",
+      "monitored_barrier",
+      "broadcast_object",
+      "all_gather_object",
+      "gather_object",
+      "scatter_object",
+      "send",
+      "recv",
+      "batch_isend_irecv",
+  };
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(TraceOp::kNumOps), "");
+  size_t i = static_cast<size_t>(op);
+  return i < static_cast<size_t>(TraceOp::kNumOps) ? kNames[i] : "unknown";
+}
+
+const char* TraceStateName(TraceState state) {
+  switch (state) {
+    case TraceState::kSubmitted:
+      return "submitted";
+    case TraceState::kStarted:
+      return "started";
+    case TraceState::kCompleted:
+      return "completed";
+    case TraceState::kFailed:
+      return "failed";
+  }
+  return "unknown";
+}
+
+TraceWriter::TraceWriter(GroupSegment* segment, int rank, uint64_t capacity) {
+  if (segment == nullptr || rank < 0 || rank >= segment->nranks()) return;
+  capacity_ = std::min<uint64_t>(capacity, segment->trace_records());
+  if (capacity_ == 0) return;
+  header_ = &segment->trace_ring(rank);
+  records_ = segment->trace_records(rank);
+  header_->pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
+  header_->capacity.store(static_cast<uint32_t>(capacity_), std::memory_order_release);
+}
+
+TraceRecord* TraceWriter::Lock(uint64_t id) {
+  TraceRecord* r = &records_[(id - 1) % capacity_];
+  uint32_t v = r->version.load(std::memory_order_relaxed);
+  while (true) {
+    if ((v & 1) == 0) {
+      if (r->version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
+                                           std::memory_order_relaxed)) {
+        break;
+      }
+      continue;
+    }
+    std::this_thread::yield();  // another writer of this slot (rare), briefly
+    v = r->version.load(std::memory_order_relaxed);
+  }
+  // Fields written after the version turned odd are seen by a reader only
+  // together with the odd (or a later) version.
+  std::atomic_thread_fence(std::memory_order_release);
+  if (r->id != id && r->id > id) {  // the ring wrapped: a later record lives here
+    Unlock(r);
+    return nullptr;
+  }
+  return r;
+}
+
+void TraceWriter::Unlock(TraceRecord* r) {
+  r->version.store(r->version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns) {
+  if (capacity_ == 0) return 0;
+  uint64_t id = header_->next.fetch_add(1, std::memory_order_relaxed) + 1;
+  TraceRecord* r = Lock(id);
+  if (r == nullptr) return 0;
+  r->id = id;
+  r->seq = seq;
+  r->op = static_cast<uint8_t>(call.op);
+  r->dtype = call.dtype;
+  r->device = call.device;
+  r->state = static_cast<uint8_t>(TraceState::kSubmitted);
+  r->count = call.count;
+  r->root = call.root;
+  r->error = 0;
+  r->tag = call.tag;
+  r->submitted_ns = now_ns;
+  r->started_ns = 0;
+  r->completed_ns = 0;
+  Unlock(r);
+  return id;
+}
+
+void TraceWriter::Started(uint64_t id, int64_t now_ns) {
+  if (id == 0) return;
+  TraceRecord* r = Lock(id);
+  if (r == nullptr) return;
+  if (r->id == id) {
+    r->state = static_cast<uint8_t>(TraceState::kStarted);
+    r->started_ns = now_ns;
+  }
+  Unlock(r);
+}
+
+void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
+  if (id == 0) return;
+  TraceRecord* r = Lock(id);
+  if (r == nullptr) return;
+  if (r->id == id) {
+    r->state = static_cast<uint8_t>(code == 0 ? TraceState::kCompleted : TraceState::kFailed);
+    r->error = code;
+    if (r->started_ns == 0) r->started_ns = now_ns;
+    r->completed_ns = now_ns;
+  }
+  Unlock(r);
+}
+
+std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last) {
+  std::vector<TraceEntry> out;
+  if (rank < 0 || rank >= segment.nranks() || segment.trace_records() == 0) return out;
+  TraceRingHeader& header = segment.trace_ring(rank);
+  uint64_t capacity =
+      std::min<uint64_t>(header.capacity.load(std::memory_order_acquire), segment.trace_records());
+  if (capacity == 0) return out;
+  const uint64_t next = header.next.load(std::memory_order_acquire);
+  uint64_t kept = std::min(next, capacity);
+  if (last > 0) kept = std::min(kept, last);
+  TraceRecord* records = segment.trace_records(rank);
+  for (uint64_t id = next - kept + 1; id <= next && kept > 0; ++id) {
+    TraceRecord* r = &records[(id - 1) % capacity];
+    for (int attempt = 0; attempt < 1000; ++attempt) {
+      uint32_t v1 = r->version.load(std::memory_order_acquire);
+      if (v1 & 1) {
+        std::this_thread::yield();
+        continue;
+      }
+      // A plain copy of a record a writer may be changing: kept only if the
+      // version says nobody did meanwhile (seqlock).
+      TraceRecord copy;
+      std::memcpy(static_cast<void*>(&copy), static_cast<const void*>(r), sizeof(TraceRecord));
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (r->version.load(std::memory_order_relaxed) != v1) continue;
+      if (copy.id != id) break;  // not written yet, or overwritten: left out
+      TraceEntry e;
+      e.id = copy.id;
+      e.seq = copy.seq;
+      e.op = copy.op < static_cast<uint8_t>(TraceOp::kNumOps) ? static_cast<TraceOp>(copy.op)
+                                                              : TraceOp::kUnknown;
+      e.dtype = copy.dtype;
+      e.device = copy.device;
+      e.state = static_cast<TraceState>(std::min<uint8_t>(copy.state, 3));
+      e.count = copy.count;
+      e.root = copy.root;
+      e.error = copy.error;
+      e.tag = copy.tag;
+      e.submitted_ns = copy.submitted_ns;
+      e.started_ns = copy.started_ns;
+      e.completed_ns = copy.completed_ns;
+      out.push_back(e);
+      break;
+    }
+  }
+  return out;
+}
+
+}  // namespace muster
