@@ -77,6 +77,11 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
     if (g < 0) RETURN_IF_ERROR(EnvInt("TORCHELASTIC_RESTART_COUNT", &g));
     o.generation = g < 0 ? 0 : g;
   }
+  if (o.trace_records < 0) {
+    int n = -1;
+    RETURN_IF_ERROR(EnvInt("MUSTER_TRACE_RECORDS", &n));
+    o.trace_records = n < 0 ? 2048 : n;
+  }
   if (o.store_token.empty()) o.store_token = EnvString("MUSTER_STORE_TOKEN");
   if (std::string file = EnvString("MUSTER_STORE_TOKEN_FILE");
       o.store_token.empty() && !file.empty()) {
@@ -393,7 +398,9 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::
                                  timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
                                    return session_->groups()->CreateGroup(context, req, &resp);
                                  }));
-  return ProcessGroup::Impl::Create(session_, options_, ranks, *config, resp.group());
+  InitOptions world = options_;
+  if (options.trace_records >= 0) world.trace_records = options.trace_records;
+  return ProcessGroup::Impl::Create(session_, world, ranks, *config, resp.group());
 }
 
 absl::Status World::Impl::JoinEpoch(int64_t epoch, absl::Duration timeout) {

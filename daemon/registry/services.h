@@ -72,6 +72,9 @@ class GroupsService final : public v1::Groups::CallbackService {
   grpc::ServerUnaryReactor* Reconfigure(grpc::CallbackServerContext* context,
                                         const v1::ReconfigureRequest* request,
                                         v1::ReconfigureResponse* response) override;
+  grpc::ServerUnaryReactor* Trace(grpc::CallbackServerContext* context,
+                                  const v1::TraceRequest* request,
+                                  v1::TraceResponse* response) override;
 
  private:
   Registry* registry_;

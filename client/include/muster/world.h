@@ -64,6 +64,10 @@ struct InitOptions {
   // The world group's name in musterd (musterctl shows it); the torch
   // backend passes torch's name of the default group.
   std::string world_group_name = "world";
+  // Flight recorder: how many of its last collectives this rank keeps per
+  // group where musterd reads them (`musterctl trace`), at most musterd's
+  // --trace-records. -1: MUSTER_TRACE_RECORDS, else 2048; 0: record nothing.
+  int64_t trace_records = -1;
 };
 
 // Fills every unset field of `options` from the environment, the way
@@ -77,6 +81,7 @@ struct GroupOptions {
   bool local_synchronization = false;
   std::string name;  // default: "group_<n>", n counting this rank's groups
   std::string tag;
+  int64_t trace_records = -1;  // flight recorder (InitOptions); -1: the world's
 };
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).
