@@ -1,5 +1,6 @@
 // musterctl: inspect and control a running musterd. `musterctl --help`.
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "proto/session.grpc.pb.h"
 #include "proto/state_names.h"
 #include "proto/store.grpc.pb.h"
+#include "proto/trace_json.h"
 #include "tools/daemon_client.h"
 
 namespace muster {
@@ -29,6 +31,8 @@ struct CtlOptions {
   std::string prefix;
   std::string job;
   std::string reason;
+  int64_t rank = -1;  // trace: only this global rank
+  int64_t last = -1;  // trace: the last N records per rank (-1: unset)
 };
 
 // Prints rows as left-aligned columns under a header.
@@ -77,6 +81,8 @@ void GroupJson(JsonWriter& w, const v1::GroupInfo& g) {
       .String(GroupStateName(g.state()))
       .Key("broken_reason")
       .String(g.broken_reason())
+      .Key("dump_path")
+      .String(g.dump_path())
       .Key("local_synchronization")
       .Bool(g.local_synchronization())
       .Key("timeout_seconds")
@@ -401,6 +407,8 @@ int RunJobs(const CtlOptions& options) {
         for (int rank : r.replaced()) w.Int(rank);
         w.EndArray().Key("took_ms").Int(r.took_millis()).EndObject();
       }
+      w.EndArray().Key("dumps").BeginArray();
+      for (const auto& d : j.dumps()) w.String(d);
       w.EndArray().EndObject();
     }
     w.EndArray();
@@ -425,6 +433,10 @@ int RunJobs(const CtlOptions& options) {
           r.replaced().empty() ? "-" : absl::StrJoin(r.replaced(), ",").c_str(),
           static_cast<long long>(r.took_millis()));
     }
+  }
+  // Flight-recorder dumps of broken groups.
+  for (const auto& j : resp.jobs()) {
+    for (const auto& d : j.dumps()) std::printf("job %s dump: %s\n", j.job_id().c_str(), d.c_str());
   }
   return 0;
 }
@@ -483,6 +495,7 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
               GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
               g.broken_reason().c_str(), g.timeout_millis() / 1000.0);
   if (!g.tag().empty()) std::printf("tag      %s\n", g.tag().c_str());
+  if (!g.dump_path().empty()) std::printf("dump     %s\n", g.dump_path().c_str());
   std::vector<std::vector<std::string>> rows;
   for (const auto& m : g.members()) {
     rows.push_back({absl::StrCat(m.global_rank()), absl::StrCat(m.group_rank()), m.node(),
@@ -492,6 +505,126 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
   }
   PrintTable({"RANK", "GROUP_RANK", "NODE", "PID", "STATE", "RESTARTS", "SUBMITTED", "COMPLETED"},
              rows);
+  return 0;
+}
+
+// A duration for a table cell: "850ns", "12.3us", "4.1ms", "41s".
+std::string ShortDuration(int64_t nanos) {
+  if (nanos < 0) nanos = 0;
+  if (nanos < 1000) return absl::StrCat(nanos, "ns");
+  if (nanos < 1000000) return absl::StrFormat("%.1fus", nanos / 1e3);
+  if (nanos < 1000000000) return absl::StrFormat("%.1fms", nanos / 1e6);
+  return absl::StrFormat("%.1fs", nanos / 1e9);
+}
+
+// One rank's record in the trace table: how it ended (its duration) or
+// what it does now (since when); the call itself where it differs from the
+// row's.
+std::string TraceCell(const v1::TraceRecord& t, const v1::TraceRecord& row, int64_t now) {
+  std::string call;
+  if (t.op() != row.op() || t.dtype() != row.dtype() || t.count() != row.count() ||
+      t.root() != row.root()) {
+    call = absl::StrCat(t.op(), " ", t.dtype(), "x", t.count(),
+                        t.root() >= 0 ? absl::StrCat(" root ", t.root()) : "", " ");
+  }
+  if (t.state() == "completed") {
+    return absl::StrCat(call, "ok ",
+                        ShortDuration(t.completed_unix_nanos() - t.started_unix_nanos()));
+  }
+  if (t.state() == "failed") return absl::StrCat(call, "FAILED ", t.error());
+  if (t.state() == "started") {
+    return absl::StrCat(call, "IN IT ", ShortDuration(now - t.started_unix_nanos()));
+  }
+  return absl::StrCat(call, "queued ", ShortDuration(now - t.submitted_unix_nanos()));
+}
+
+// musterctl trace [JOB] [GROUP]: the flight recorder of this daemon's
+// members, a table per group (a row per sequence number, a column per
+// rank) or JSON Lines (one flat object per record).
+int RunTrace(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() > 3) return Usage("trace [JOB] [GROUP] [--rank R] [--last N] [--json]");
+  auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.target, options.timeout);
+  v1::TraceRequest req;
+  req.set_job_id(args.size() > 1 ? args[1] : options.job);
+  if (args.size() > 2) req.set_group(args[2]);
+  if (options.rank >= 0) req.set_rank(static_cast<int>(options.rank));
+  // A table shows the last 32 by default; JSON everything kept.
+  int64_t last = options.last >= 0 ? options.last : (options.json ? 0 : 32);
+  req.set_last(last);
+  v1::TraceResponse resp;
+  grpc::Status rpc = stub->Trace(context.get(), req, &resp);
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "Trace"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  if (options.json) {
+    for (const v1::GroupTrace& g : resp.groups()) {
+      for (const v1::RankTrace& r : g.ranks()) {
+        for (const v1::TraceRecord& t : r.records()) {
+          JsonWriter w;
+          TraceRecordJson(w, g, r, t);
+          std::printf("%s\n", w.str().c_str());
+        }
+      }
+    }
+    return 0;
+  }
+  const int64_t now = resp.now_unix_nanos();
+  for (const v1::GroupTrace& g : resp.groups()) {
+    std::printf("job %s  group %s  (backend %s, %s%s%s; %d of %d members here)\n",
+                g.job_id().c_str(), g.name().c_str(), g.backend().c_str(),
+                GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
+                g.broken_reason().c_str(), g.ranks_size(), g.size());
+    // Rows: collectives by sequence number (every rank's #n in one row),
+    // then point to point (no sequence) in each rank's order.
+    std::map<int64_t, std::vector<const v1::TraceRecord*>> by_seq;
+    std::vector<std::vector<std::string>> p2p_rows;
+    for (int i = 0; i < g.ranks_size(); ++i) {
+      for (const v1::TraceRecord& t : g.ranks(i).records()) {
+        if (t.seq() > 0) {
+          auto& row = by_seq[t.seq()];
+          row.resize(g.ranks_size(), nullptr);
+          row[i] = &t;
+        } else {
+          std::vector<std::string> row(3 + g.ranks_size(), "");
+          row[0] = "-";
+          row[1] = t.op();
+          row[2] = absl::StrCat(t.dtype(), "x", t.count(), " peer ", t.root(), " tag ", t.tag());
+          row[3 + i] = TraceCell(t, t, now);
+          p2p_rows.push_back(std::move(row));
+        }
+      }
+    }
+    std::vector<std::string> header = {"SEQ", "OP", "CALL"};
+    for (const v1::RankTrace& r : g.ranks())
+      header.push_back(absl::StrCat("RANK ", r.global_rank()));
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& [seq, cells] : by_seq) {
+      const v1::TraceRecord* first = nullptr;
+      for (const v1::TraceRecord* t : cells) {
+        if (first == nullptr) first = t;
+      }
+      std::vector<std::string> row = {
+          absl::StrCat(seq), first->op(),
+          absl::StrCat(first->dtype(), "x", first->count(),
+                       first->root() >= 0 ? absl::StrCat(" root ", first->root()) : "",
+                       first->device() == "cuda" ? " cuda" : "")};
+      for (const v1::TraceRecord* t : cells)
+        row.push_back(t == nullptr ? "-" : TraceCell(*t, *first, now));
+      rows.push_back(std::move(row));
+    }
+    for (auto& row : p2p_rows) rows.push_back(std::move(row));
+    if (rows.empty()) {
+      std::printf("  (no records)\n\n");
+      continue;
+    }
+    PrintTable(header, rows);
+    std::printf("\n");
+  }
   return 0;
 }
 
@@ -619,7 +752,10 @@ int main(int argc, char** argv) {
       "  groups                 groups: backend, state, members (--job J)\n"
       "  group NAME             one group: members, sequence numbers (--job J)\n"
       "  abort JOB [GROUP]      fail a job's (or group's) operations (--reason TEXT)\n"
-      "  gpu                    NCCL communicators owned by the daemon (--job J)");
+      "  gpu                    NCCL communicators owned by the daemon (--job J)\n"
+      "  trace [JOB] [GROUP]    the flight recorder: each local rank's last collectives,\n"
+      "                         a row per sequence number, a column per rank\n"
+      "                         (--rank R, --last N; --json: one object per record)");
   flags.AddString("socket", &socket_path,
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
   flags.AddString("addr", &address,
@@ -640,6 +776,9 @@ int main(int argc, char** argv) {
   flags.AddString("prefix", &options.prefix, "store keys: only keys starting with this.");
   flags.AddString("job", &options.job, "ranks, groups, group, gpu: only this job.");
   flags.AddString("reason", &options.reason, "abort: the reason the ranks will see.");
+  flags.AddInt("rank", &options.rank, "trace: only this global rank.");
+  flags.AddInt("last", &options.last,
+               "trace: the last N records per rank (default: 32 in a table, all with --json).");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
 
   if (!socket_path.empty() && !address.empty()) {
@@ -671,6 +810,7 @@ int main(int argc, char** argv) {
   if (args[0] == "group" && args.size() == 2) return muster::RunGroup(options, args[1]);
   if (args[0] == "abort") return muster::RunAbort(options, args);
   if (args[0] == "gpu" && args.size() == 1) return muster::RunGpu(options);
+  if (args[0] == "trace") return muster::RunTrace(options, args);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }
