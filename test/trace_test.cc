@@ -3,7 +3,8 @@
 // issued (op, dtype, count, root, seq), as JSON Lines and as a table aligned
 // by sequence number; a member killed mid-job breaks the group and musterd
 // writes every local member's records to a dump named by `musterctl group`
-// and `musterctl jobs`.
+// and `musterctl jobs`; `musterctl why` names a rank that has not entered
+// the collective the others are in.
 #include <unistd.h>
 
 #include <algorithm>
@@ -220,6 +221,78 @@ TEST_CASE("musterctl trace shows what every rank issued; a broken group leaves a
   std::string jobs = Ctl(daemon, {"jobs"});
   CHECK(absl::StrContains(jobs, "job tr dump: " + dump));
   for (auto& p : ranks) (void)p->Wait(absl::Seconds(30));
+}
+
+TEST_CASE("musterctl why names the rank that has not entered a collective, within 1 s") {
+  auto started = TestDaemon::Start();
+  REQUIRE(started.ok());
+  TestDaemon& daemon = **started;
+  TempDir dir;
+  const std::string go = dir.File("go");
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < 4; ++r) {
+    // Rank 3 stops before the second all_reduce, which ranks 0-2 enter.
+    std::string script = r == 3 ? "init;allreduce world 4;waitfile " + go + ";allreduce world 4"
+                                : "init;allreduce world 4;allreduce world 4";
+    std::map<std::string, std::string> env = {{"RANK", std::to_string(r)},
+                                              {"WORLD_SIZE", "4"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(daemon.store_port())},
+                                              {"MUSTER_SOCKET", daemon.socket_path()},
+                                              {"MUSTER_JOB_ID", "stuck"}};
+    auto p = Subprocess::Start({RunfilePath("test/muster-test-rank"), script}, dir.path(), env);
+    REQUIRE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  // The first all_reduce's sequence number, from rank 3's report.
+  int64_t first = -1;
+  absl::Time until = absl::Now() + absl::Seconds(60);
+  while (first < 0 && absl::Now() < until) {
+    std::string out = ranks[3]->Stdout();
+    size_t at = out.find("allreduce world 4 ok seq=");
+    if (at != std::string::npos) first = std::stoll(out.substr(at + 25));
+    if (first < 0) absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO(ranks[3]->Stdout() << ranks[3]->Stderr());
+  REQUIRE(first > 0);
+  const std::string expected =
+      absl::StrCat("rank 3 has not entered all_reduce #", first + 1, " that ranks 0-2 entered ");
+  std::string why;
+  absl::Duration took;
+  until = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < until) {
+    absl::Time t0 = absl::Now();
+    int code = -1;
+    why = Ctl(daemon, {"why", "stuck"}, &code);
+    took = absl::Now() - t0;
+    REQUIRE(code == 0);
+    if (absl::StrContains(why, expected)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  INFO(why);
+  CHECK(absl::StrContains(why, "job stuck group world: " + expected));
+  CHECK(took < absl::Seconds(1));
+  CHECK(absl::StrContains(
+      why, absl::StrCat("rank 0: last completed #", first, "; in all_reduce #", first + 1)));
+  CHECK(absl::StrContains(
+      why, absl::StrCat("rank 3: last completed #", first, "; not in a collective")));
+  std::string json = Ctl(daemon, {"why", "stuck", "--json"});
+  CHECK(absl::StrContains(json, "\"lagging\":[3]"));
+  CHECK(absl::StrContains(json, absl::StrCat("\"seq\":", first + 1)));
+  CHECK(absl::StrContains(json, "\"op\":\"all_reduce\""));
+
+  { std::ofstream(go) << "go"; }
+  for (auto& p : ranks) {
+    auto exit = p->Wait(absl::Seconds(30));
+    REQUIRE(exit.ok());
+    CHECK(exit->code == 0);
+  }
+  // Everyone finished: nothing lags.
+  why = Ctl(daemon, {"why", "stuck"});
+  INFO(why);
+  CHECK(absl::StrContains(why, absl::StrCat("job stuck group world: finished: every member left "
+                                            "after #",
+                                            first + 1, " (all_reduce)")));
 }
 
 }  // namespace

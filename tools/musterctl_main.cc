@@ -1,4 +1,5 @@
 // musterctl: inspect and control a running musterd. `musterctl --help`.
+#include <algorithm>
 #include <cstdio>
 #include <map>
 #include <string>
@@ -628,6 +629,216 @@ int RunTrace(const CtlOptions& options, const std::vector<std::string>& args) {
   return 0;
 }
 
+// "0-2,5" for ranks {0, 1, 2, 5}.
+std::string RankRanges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+std::string Plural(size_t n, const char* one, const char* many) { return n == 1 ? one : many; }
+
+// What `musterctl why` concludes about one group from its members' records.
+struct Diagnosis {
+  std::string verdict;
+  std::vector<std::string> details;  // one line per rank, and mismatches
+  std::vector<int> lagging;          // ranks that have not entered `seq`
+  std::string op;                    // the collective the others are in
+  int64_t seq = 0;
+  int64_t since_nanos = 0;  // when the first rank entered it
+  std::vector<int> gone;
+  int mismatches = 0;
+};
+
+Diagnosis Diagnose(const v1::GroupTrace& g, const v1::GroupInfo* info, int64_t now) {
+  Diagnosis d;
+  // Members that are gone (failed), or left (their orderly exit), known
+  // to this daemon.
+  int left = 0;
+  if (info != nullptr) {
+    for (const auto& m : info->members()) {
+      if (m.state() == "failed") d.gone.push_back(m.global_rank());
+      if (m.state() == "left") ++left;
+      if (m.state() == "failed" || m.state() == "left") {
+        d.details.push_back(
+            absl::StrCat("rank ", m.global_rank(), " (pid ", m.pid(), ") ", m.state()));
+      }
+    }
+  }
+  const bool all_left = info != nullptr && left > 0 && left == info->members_size();
+  // Per rank: the newest collective it entered (submitted or later) and the
+  // last it completed.
+  struct Progress {
+    int rank;
+    const v1::TraceRecord* newest = nullptr;
+    int64_t completed = 0;
+  };
+  std::vector<Progress> ranks;
+  std::map<int64_t, std::vector<std::pair<int, const v1::TraceRecord*>>> by_seq;
+  for (const v1::RankTrace& r : g.ranks()) {
+    Progress p{r.global_rank()};
+    for (const v1::TraceRecord& t : r.records()) {
+      if (t.seq() == 0) continue;  // point to point: no group-wide order
+      by_seq[t.seq()].push_back({r.global_rank(), &t});
+      if (p.newest == nullptr || t.seq() > p.newest->seq()) p.newest = &t;
+      if (t.state() == "completed") p.completed = std::max(p.completed, t.seq());
+    }
+    ranks.push_back(p);
+  }
+  // Mismatched signatures: one sequence number, different calls.
+  for (const auto& [seq, cells] : by_seq) {
+    const v1::TraceRecord* first = cells[0].second;
+    for (const auto& [rank, t] : cells) {
+      if (t->op() != first->op() || t->dtype() != first->dtype() || t->count() != first->count() ||
+          t->root() != first->root()) {
+        ++d.mismatches;
+        d.details.push_back(absl::StrCat(
+            "#", seq, ": rank ", cells[0].first, " called ", first->op(), " ", first->dtype(), "x",
+            first->count(), ", rank ", rank, " ", t->op(), " ", t->dtype(), "x", t->count()));
+        break;
+      }
+    }
+  }
+  int64_t top = 0;
+  for (const Progress& p : ranks) {
+    if (p.newest != nullptr) top = std::max<int64_t>(top, p.newest->seq());
+  }
+  std::vector<int> entered;
+  const v1::TraceRecord* top_record = nullptr;
+  for (const Progress& p : ranks) {
+    if (p.newest != nullptr && p.newest->seq() == top) {
+      entered.push_back(p.rank);
+      int64_t at = p.newest->started_unix_nanos() > 0 ? p.newest->started_unix_nanos()
+                                                      : p.newest->submitted_unix_nanos();
+      if (top_record == nullptr || at < d.since_nanos) d.since_nanos = at;
+      if (top_record == nullptr) top_record = p.newest;
+    } else {
+      d.lagging.push_back(p.rank);
+    }
+    std::string line = absl::StrCat("rank ", p.rank, ": last completed #", p.completed);
+    if (p.newest != nullptr && p.newest->state() != "completed") {
+      int64_t at = p.newest->started_unix_nanos() > 0 ? p.newest->started_unix_nanos()
+                                                      : p.newest->submitted_unix_nanos();
+      absl::StrAppend(
+          &line, "; ", p.newest->state() == "failed" ? "failed in " : "in ", p.newest->op(), " #",
+          p.newest->seq(), " (", p.newest->dtype(), "x", p.newest->count(), ")",
+          p.newest->state() == "failed" ? absl::StrCat(": ", p.newest->error())
+                                        : absl::StrCat(" for ", ShortDuration(now - at)));
+    } else {
+      absl::StrAppend(&line, "; not in a collective");
+    }
+    d.details.push_back(line);
+  }
+  if (top_record != nullptr) {
+    d.op = top_record->op();
+    d.seq = top;
+  }
+  // The verdict, most telling first.
+  if (!d.lagging.empty() && top_record != nullptr) {
+    d.verdict =
+        absl::StrCat(Plural(d.lagging.size(), "rank ", "ranks "), RankRanges(d.lagging),
+                     Plural(d.lagging.size(), " has", " have"), " not entered ", d.op, " #", d.seq,
+                     " that ", Plural(entered.size(), "rank ", "ranks "), RankRanges(entered),
+                     " entered ", ShortDuration(now - d.since_nanos), " ago");
+  } else if (!d.gone.empty()) {
+    d.verdict = absl::StrCat(Plural(d.gone.size(), "rank ", "ranks "), RankRanges(d.gone),
+                             Plural(d.gone.size(), " is", " are"), " gone");
+  } else if (d.mismatches > 0) {
+    d.verdict = absl::StrCat("mismatched collectives (", d.mismatches, ", see below)");
+  } else if (all_left) {
+    d.verdict =
+        absl::StrCat("finished: every member left",
+                     top_record != nullptr ? absl::StrCat(" after #", top, " (", d.op, ")") : "");
+  } else if (top_record == nullptr) {
+    d.verdict = "no collectives recorded";
+  } else {
+    bool all_done = true;
+    for (const Progress& p : ranks) all_done &= p.completed == top;
+    d.verdict =
+        all_done
+            ? absl::StrCat("idle: every local member completed #", top, " (", d.op, ")")
+            : absl::StrCat("every local member is in ", d.op, " #", top, " (for ",
+                           ShortDuration(now - d.since_nanos),
+                           g.ranks_size() < g.size() ? "; waiting for members on other nodes?" : "",
+                           ")");
+  }
+  if (!g.broken_reason().empty()) absl::StrAppend(&d.verdict, "; broken: ", g.broken_reason());
+  return d;
+}
+
+// musterctl why [JOB]: per group, who is stuck in what (this daemon's
+// members, from the flight recorder and the registry).
+int RunWhy(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() > 2) return Usage("why [JOB] [--json]");
+  auto channel = ConnectToDaemon(options.target);
+  auto stub = v1::Groups::NewStub(channel);
+  v1::TraceRequest req;
+  req.set_job_id(args.size() > 1 ? args[1] : options.job);
+  req.set_last(64);
+  v1::TraceResponse trace;
+  auto context = ContextWithTimeout(options.target, options.timeout);
+  grpc::Status rpc = stub->Trace(context.get(), req, &trace);
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "Trace"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  v1::ListGroupsRequest list;
+  list.set_job_id(req.job_id());
+  v1::ListGroupsResponse groups;
+  auto list_context = ContextWithTimeout(options.target, options.timeout);
+  (void)stub->ListGroups(list_context.get(), list, &groups);
+  const int64_t now = trace.now_unix_nanos();
+  JsonWriter w;
+  if (options.json) w.BeginArray();
+  for (const v1::GroupTrace& g : trace.groups()) {
+    const v1::GroupInfo* info = nullptr;
+    for (const v1::GroupInfo& i : groups.groups()) {
+      if (i.job_id() == g.job_id() && i.name() == g.name()) info = &i;
+    }
+    Diagnosis d = Diagnose(g, info, now);
+    if (options.json) {
+      w.BeginObject()
+          .Key("job")
+          .String(g.job_id())
+          .Key("group")
+          .String(g.name())
+          .Key("verdict")
+          .String(d.verdict)
+          .Key("op")
+          .String(d.op)
+          .Key("seq")
+          .Int(d.seq)
+          .Key("since_unix_nanos")
+          .Int(d.since_nanos)
+          .Key("lagging")
+          .BeginArray();
+      for (int r : d.lagging) w.Int(r);
+      w.EndArray().Key("gone").BeginArray();
+      for (int r : d.gone) w.Int(r);
+      w.EndArray().Key("mismatches").Int(d.mismatches).Key("details").BeginArray();
+      for (const std::string& line : d.details) w.String(line);
+      w.EndArray().EndObject();
+      continue;
+    }
+    std::printf("job %s group %s: %s\n", g.job_id().c_str(), g.name().c_str(), d.verdict.c_str());
+    for (const std::string& line : d.details) std::printf("  %s\n", line.c_str());
+  }
+  if (options.json) {
+    w.EndArray();
+    std::printf("%s\n", w.str().c_str());
+  }
+  return 0;
+}
+
 int RunAbort(const CtlOptions& options, const std::vector<std::string>& args) {
   if (args.size() < 2 || args.size() > 3) return Usage("abort JOB [GROUP] [--reason TEXT]");
   auto channel = ConnectToDaemon(options.target);
@@ -755,7 +966,9 @@ int main(int argc, char** argv) {
       "  gpu                    NCCL communicators owned by the daemon (--job J)\n"
       "  trace [JOB] [GROUP]    the flight recorder: each local rank's last collectives,\n"
       "                         a row per sequence number, a column per rank\n"
-      "                         (--rank R, --last N; --json: one object per record)");
+      "                         (--rank R, --last N; --json: one object per record)\n"
+      "  why [JOB]              per group: who lags, what the others are blocked in\n"
+      "                         and since when, gone ranks, mismatched calls; a verdict");
   flags.AddString("socket", &socket_path,
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
   flags.AddString("addr", &address,
@@ -811,6 +1024,7 @@ int main(int argc, char** argv) {
   if (args[0] == "abort") return muster::RunAbort(options, args);
   if (args[0] == "gpu" && args.size() == 1) return muster::RunGpu(options);
   if (args[0] == "trace") return muster::RunTrace(options, args);
+  if (args[0] == "why") return muster::RunWhy(options, args);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }
