@@ -3,7 +3,8 @@
 // issued (op, dtype, count, root, seq), as JSON Lines and as a table aligned
 // by sequence number; a member killed mid-job breaks the group and musterd
 // writes every local member's records to a dump named by `musterctl group`
-// and `musterctl jobs`; `musterctl why` names a rank that has not entered
+// and `musterctl jobs` (and so does a collective that times out);
+// `musterctl why` names a rank that has not entered
 // the collective the others are in.
 #include <unistd.h>
 
@@ -293,6 +294,63 @@ TEST_CASE("musterctl why names the rank that has not entered a collective, withi
   CHECK(absl::StrContains(why, absl::StrCat("job stuck group world: finished: every member left "
                                             "after #",
                                             first + 1, " (all_reduce)")));
+}
+
+// The dump path of group `name` of `job` once musterctl shows one ("" if
+// none within `timeout`).
+std::string WaitForDump(TestDaemon& daemon, const std::string& job, const std::string& name,
+                        absl::Duration timeout) {
+  absl::Time until = absl::Now() + timeout;
+  while (absl::Now() < until) {
+    std::string group = Ctl(daemon, {"group", name, "--job", job, "--json"});
+    size_t at = group.find("\"dump_path\":\"");
+    if (at != std::string::npos) {
+      size_t end = group.find('"', at + 13);
+      if (end > at + 13) return group.substr(at + 13, end - at - 13);
+    }
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return "";
+}
+
+TEST_CASE("a collective that times out leaves a dump (the member broke the segment)") {
+  auto started = TestDaemon::Start();
+  REQUIRE(started.ok());
+  TestDaemon& daemon = **started;
+  TempDir dir;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    // Rank 1 never calls all_reduce #2: rank 0's times out (group timeout 5 s).
+    std::string script = r == 0 ? "init;allreduce world 4;allreduce world 4;sleep 2000"
+                                : "init;allreduce world 4;sleep 9000";
+    std::map<std::string, std::string> env = {{"RANK", std::to_string(r)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(daemon.store_port())},
+                                              {"MUSTER_SOCKET", daemon.socket_path()},
+                                              {"MUSTER_JOB_ID", "late"},
+                                              {"MUSTER_TEST_INIT_TIMEOUT_MS", "5000"}};
+    auto p = Subprocess::Start({RunfilePath("test/muster-test-rank"), script}, dir.path(), env);
+    REQUIRE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  std::string dump = WaitForDump(daemon, "late", "world", absl::Seconds(30));
+  INFO(ranks[0]->Stdout() << ranks[0]->Stderr());
+  REQUIRE(!dump.empty());
+  WaitForFile(dump, absl::Seconds(10));
+  std::string text = ReadFileOrEmpty(dump);
+  INFO(text);
+  CHECK(absl::StrContains(text, "timed out"));
+  std::vector<Record> dumped = ParseLines(text);
+  std::map<int, Record> zero = OfRank(dumped, 0), one = OfRank(dumped, 1);
+  REQUIRE(zero.count(2) == 1);
+  CHECK(zero[2].at("op") == "all_reduce");
+  CHECK(zero[2].at("state") == "failed");
+  CHECK(zero[2].at("error") == "DEADLINE_EXCEEDED");
+  REQUIRE(!one.empty());
+  CHECK(one.rbegin()->first == 1);
+  CHECK(one[1].at("state") == "completed");
+  for (auto& p : ranks) (void)p->Wait(absl::Seconds(30));
 }
 
 }  // namespace
