@@ -3,7 +3,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstring>
 #include <thread>
 
 #include "backends/shm/segment.h"
@@ -79,7 +78,7 @@ TraceRecord* TraceWriter::Lock(uint64_t id) {
   // Fields written after the version turned odd are seen by a reader only
   // together with the odd (or a later) version.
   std::atomic_thread_fence(std::memory_order_release);
-  if (r->id != id && r->id > id) {  // the ring wrapped: a later record lives here
+  if (r->id.load(std::memory_order_relaxed) > id) {  // the ring wrapped: a later record lives here
     Unlock(r);
     return nullptr;
   }
@@ -95,19 +94,20 @@ uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns)
   uint64_t id = header_->next.fetch_add(1, std::memory_order_relaxed) + 1;
   TraceRecord* r = Lock(id);
   if (r == nullptr) return 0;
-  r->id = id;
-  r->seq = seq;
-  r->op = static_cast<uint8_t>(call.op);
-  r->dtype = call.dtype;
-  r->device = call.device;
-  r->state = static_cast<uint8_t>(TraceState::kSubmitted);
-  r->count = call.count;
-  r->root = call.root;
-  r->error = 0;
-  r->tag = call.tag;
-  r->submitted_ns = now_ns;
-  r->started_ns = 0;
-  r->completed_ns = 0;
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  r->id.store(id, kRelaxed);
+  r->seq.store(seq, kRelaxed);
+  r->op.store(static_cast<uint8_t>(call.op), kRelaxed);
+  r->dtype.store(call.dtype, kRelaxed);
+  r->device.store(call.device, kRelaxed);
+  r->state.store(static_cast<uint8_t>(TraceState::kSubmitted), kRelaxed);
+  r->count.store(call.count, kRelaxed);
+  r->root.store(call.root, kRelaxed);
+  r->error.store(0, kRelaxed);
+  r->tag.store(call.tag, kRelaxed);
+  r->submitted_ns.store(now_ns, kRelaxed);
+  r->started_ns.store(0, kRelaxed);
+  r->completed_ns.store(0, kRelaxed);
   Unlock(r);
   return id;
 }
@@ -116,9 +116,9 @@ void TraceWriter::Started(uint64_t id, int64_t now_ns) {
   if (id == 0) return;
   TraceRecord* r = Lock(id);
   if (r == nullptr) return;
-  if (r->id == id) {
-    r->state = static_cast<uint8_t>(TraceState::kStarted);
-    r->started_ns = now_ns;
+  if (r->id.load(std::memory_order_relaxed) == id) {
+    r->state.store(static_cast<uint8_t>(TraceState::kStarted), std::memory_order_relaxed);
+    r->started_ns.store(now_ns, std::memory_order_relaxed);
   }
   Unlock(r);
 }
@@ -127,11 +127,13 @@ void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
   if (id == 0) return;
   TraceRecord* r = Lock(id);
   if (r == nullptr) return;
-  if (r->id == id) {
-    r->state = static_cast<uint8_t>(code == 0 ? TraceState::kCompleted : TraceState::kFailed);
-    r->error = code;
-    if (r->started_ns == 0) r->started_ns = now_ns;
-    r->completed_ns = now_ns;
+  constexpr auto kRelaxed = std::memory_order_relaxed;
+  if (r->id.load(kRelaxed) == id) {
+    r->state.store(static_cast<uint8_t>(code == 0 ? TraceState::kCompleted : TraceState::kFailed),
+                   kRelaxed);
+    r->error.store(code, kRelaxed);
+    if (r->started_ns.load(kRelaxed) == 0) r->started_ns.store(now_ns, kRelaxed);
+    r->completed_ns.store(now_ns, kRelaxed);
   }
   Unlock(r);
 }
@@ -155,28 +157,28 @@ std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last
         std::this_thread::yield();
         continue;
       }
-      // A plain copy of a record a writer may be changing: kept only if the
+      // A copy of a record a writer may be changing: kept only if the
       // version says nobody did meanwhile (seqlock).
-      TraceRecord copy;
-      std::memcpy(static_cast<void*>(&copy), static_cast<const void*>(r), sizeof(TraceRecord));
-      std::atomic_thread_fence(std::memory_order_acquire);
-      if (r->version.load(std::memory_order_relaxed) != v1) continue;
-      if (copy.id != id) break;  // not written yet, or overwritten: left out
+      constexpr auto kRelaxed = std::memory_order_relaxed;
       TraceEntry e;
-      e.id = copy.id;
-      e.seq = copy.seq;
-      e.op = copy.op < static_cast<uint8_t>(TraceOp::kNumOps) ? static_cast<TraceOp>(copy.op)
-                                                              : TraceOp::kUnknown;
-      e.dtype = copy.dtype;
-      e.device = copy.device;
-      e.state = static_cast<TraceState>(std::min<uint8_t>(copy.state, 3));
-      e.count = copy.count;
-      e.root = copy.root;
-      e.error = copy.error;
-      e.tag = copy.tag;
-      e.submitted_ns = copy.submitted_ns;
-      e.started_ns = copy.started_ns;
-      e.completed_ns = copy.completed_ns;
+      e.id = r->id.load(kRelaxed);
+      e.seq = r->seq.load(kRelaxed);
+      uint8_t op = r->op.load(kRelaxed);
+      e.op = op < static_cast<uint8_t>(TraceOp::kNumOps) ? static_cast<TraceOp>(op)
+                                                         : TraceOp::kUnknown;
+      e.dtype = r->dtype.load(kRelaxed);
+      e.device = r->device.load(kRelaxed);
+      e.state = static_cast<TraceState>(std::min<uint8_t>(r->state.load(kRelaxed), 3));
+      e.count = r->count.load(kRelaxed);
+      e.root = r->root.load(kRelaxed);
+      e.error = r->error.load(kRelaxed);
+      e.tag = r->tag.load(kRelaxed);
+      e.submitted_ns = r->submitted_ns.load(kRelaxed);
+      e.started_ns = r->started_ns.load(kRelaxed);
+      e.completed_ns = r->completed_ns.load(kRelaxed);
+      std::atomic_thread_fence(std::memory_order_acquire);
+      if (r->version.load(kRelaxed) != v1) continue;
+      if (e.id != id) break;  // not written yet, or overwritten: left out
       out.push_back(e);
       break;
     }

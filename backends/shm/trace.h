@@ -13,7 +13,8 @@
 // completing after the ring wrapped, exclude each other), writes the fields
 // and releases it (even again). A reader copies the record between two
 // reads of the word and keeps the copy only if the word was even and
-// unchanged, and the copy's id is the one it expected.
+// unchanged, and the copy's id is the one it expected. A new segment is
+// zero-filled: every record starts with version 0 and id 0 (none).
 //
 // Thread-safety: TraceWriter is thread-safe (ids come from an atomic
 // counter in the ring header; each record is written under its version
@@ -66,23 +67,26 @@ enum class TraceState : uint8_t {
 };
 const char* TraceStateName(TraceState state);  // "submitted", ...
 
-// One collective as this rank issued it. In shared memory: plain data
-// written between the version word's odd and even values.
+// One collective as this rank issued it. In shared memory, written between
+// the version word's odd and even values. Every field is an atomic accessed
+// with relaxed order (plain moves on x86-64): the version word orders them,
+// and a reader racing a writer reads no torn word (and race detectors see
+// none).
 struct alignas(64) TraceRecord {
-  std::atomic<uint32_t> version;  // odd while a writer holds the record
-  uint8_t op;                     // TraceOp
-  uint8_t dtype;                  // muster::DType
-  uint8_t device;                 // muster::Device (0 cpu, 1 cuda)
-  uint8_t state;                  // TraceState
-  uint64_t id;                    // record number on this ring, from 1
-  uint64_t seq;                   // the group's collective sequence number; 0 for p2p
-  uint64_t count;                 // elements (of the input, per rank)
-  int32_t root;                   // root, or peer group rank (p2p; -2: any source), else -1
-  int32_t error;                  // absl::StatusCode of a failed one
-  uint64_t tag;                   // p2p tag
-  int64_t submitted_ns;           // Unix time, nanoseconds
-  int64_t started_ns;             // 0 until started
-  int64_t completed_ns;           // 0 until completed or failed
+  std::atomic<uint32_t> version;      // odd while a writer holds the record
+  std::atomic<uint8_t> op;            // TraceOp
+  std::atomic<uint8_t> dtype;         // muster::DType
+  std::atomic<uint8_t> device;        // muster::Device (0 cpu, 1 cuda)
+  std::atomic<uint8_t> state;         // TraceState
+  std::atomic<uint64_t> id;           // record number on this ring, from 1
+  std::atomic<uint64_t> seq;          // the group's collective sequence number; 0 for p2p
+  std::atomic<uint64_t> count;        // elements (of the input, per rank)
+  std::atomic<int32_t> root;          // root, or peer group rank (p2p; -2: any source), else -1
+  std::atomic<int32_t> error;         // absl::StatusCode of a failed one
+  std::atomic<uint64_t> tag;          // p2p tag
+  std::atomic<int64_t> submitted_ns;  // Unix time, nanoseconds
+  std::atomic<int64_t> started_ns;    // 0 until started
+  std::atomic<int64_t> completed_ns;  // 0 until completed or failed
 };
 static_assert(sizeof(TraceRecord) == 128, "two cache lines per record");
 
