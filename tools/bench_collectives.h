@@ -56,7 +56,9 @@ struct CollectivesBenchOptions {
   // "bench_trace_off" (GroupOptions::trace_records = 0), in alternating
   // blocks of iterations, and rank 0 reports both medians and means and
   // their difference; then the recorder alone (Begin, Started, Finished
-  // and a clock read per collective, on a private segment) is timed.
+  // and a clock read per collective, on a private segment) is timed. With
+  // MUSTER_BENCH_TRACE_AA=1 neither group records (an A/A run: the noise
+  // of the method).
   bool trace_compare = false;
   std::string command_line;  // printed in the table header
 };
