@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -523,10 +524,11 @@ std::string ShortDuration(int64_t nanos) {
 // row's.
 std::string TraceCell(const v1::TraceRecord& t, const v1::TraceRecord& row, int64_t now) {
   std::string call;
-  if (t.op() != row.op() || t.dtype() != row.dtype() || t.count() != row.count() ||
-      t.root() != row.root()) {
+  if (t.op() != row.op() || t.dtype() != row.dtype() || t.root() != row.root()) {
     call = absl::StrCat(t.op(), " ", t.dtype(), "x", t.count(),
                         t.root() >= 0 ? absl::StrCat(" root ", t.root()) : "", " ");
+  } else if (t.count() != row.count()) {
+    call = absl::StrCat("x", t.count(), " ");
   }
   if (t.state() == "completed") {
     return absl::StrCat(call, "ok ",
@@ -691,12 +693,16 @@ Diagnosis Diagnose(const v1::GroupTrace& g, const v1::GroupInfo* info, int64_t n
     }
     ranks.push_back(p);
   }
-  // Mismatched signatures: one sequence number, different calls.
+  // Mismatched signatures: one sequence number, different calls. (Each
+  // rank's count of the object variants and all_to_all is its own.)
+  auto own_count = [](const std::string& op) {
+    return absl::EndsWith(op, "_object") || op == "all_to_all" || op == "all_reduce_coalesced";
+  };
   for (const auto& [seq, cells] : by_seq) {
     const v1::TraceRecord* first = cells[0].second;
     for (const auto& [rank, t] : cells) {
-      if (t->op() != first->op() || t->dtype() != first->dtype() || t->count() != first->count() ||
-          t->root() != first->root()) {
+      if (t->op() != first->op() || t->dtype() != first->dtype() ||
+          (t->count() != first->count() && !own_count(t->op())) || t->root() != first->root()) {
         ++d.mismatches;
         d.details.push_back(absl::StrCat(
             "#", seq, ": rank ", cells[0].first, " called ", first->op(), " ", first->dtype(), "x",
