@@ -95,6 +95,81 @@ void RegisterSdkBackendsOnce() {
 
 const char* DeviceName(Device d) { return d == Device::kCpu ? "cpu" : "cuda"; }
 
+// What the flight recorder keeps of a call on `t` (its input).
+TraceCall Traced(TraceOp op, const Tensor& t, int root = -1) {
+  TraceCall c;
+  c.op = op;
+  c.dtype = static_cast<uint8_t>(t.dtype);
+  c.device = static_cast<uint8_t>(t.device);
+  c.count = t.count;
+  c.root = root;
+  return c;
+}
+TraceCall Traced(TraceOp op, DType dtype, uint64_t count, int root = -1) {
+  TraceCall c;
+  c.op = op;
+  c.dtype = static_cast<uint8_t>(dtype);
+  c.count = count;
+  c.root = root;
+  return c;
+}
+
+int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
+
+TraceCall GpuTraceCall(const GpuCall& g) {
+  TraceOp op = TraceOp::kUnknown;
+  switch (g.op) {
+    case v1::GPU_ALL_REDUCE:
+      op = TraceOp::kAllReduce;
+      break;
+    case v1::GPU_BROADCAST:
+      op = TraceOp::kBroadcast;
+      break;
+    case v1::GPU_REDUCE:
+      op = TraceOp::kReduce;
+      break;
+    case v1::GPU_ALL_GATHER:
+      op = TraceOp::kAllGather;
+      break;
+    case v1::GPU_REDUCE_SCATTER:
+      op = TraceOp::kReduceScatter;
+      break;
+    case v1::GPU_ALL_TO_ALL:
+      op = TraceOp::kAllToAll;
+      break;
+    case v1::GPU_GATHER:
+      op = TraceOp::kGather;
+      break;
+    case v1::GPU_SCATTER:
+      op = TraceOp::kScatter;
+      break;
+    case v1::GPU_BARRIER:
+      op = TraceOp::kBarrier;
+      break;
+    case v1::GPU_SEND_RECV:
+      op = g.p2p.size() == 1 ? (g.p2p[0].send ? TraceOp::kSend : TraceOp::kRecv)
+                             : TraceOp::kBatchP2P;
+      break;
+    default:
+      break;
+  }
+  bool has_root = op == TraceOp::kBroadcast || op == TraceOp::kReduce || op == TraceOp::kGather ||
+                  op == TraceOp::kScatter;
+  uint64_t count = g.count;
+  if (op == TraceOp::kAllToAll) {
+    count = 0;
+    for (size_t v : g.send_counts) count += v;
+  }
+  int root = has_root ? g.root : -1;
+  if (g.p2p.size() == 1) {
+    count = g.p2p[0].tensor.count;
+    root = g.p2p[0].peer;
+  }
+  TraceCall c = Traced(op, g.dtype, count, root);
+  c.device = static_cast<uint8_t>(Device::kCuda);
+  return c;
+}
+
 }  // namespace
 
 // The work queued on some CUDA streams up to one call: an event recorded
@@ -297,9 +372,10 @@ std::shared_ptr<Work> ProcessGroup::AllReduce(Tensor t, ReduceOp op, double scal
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [t, op, scale](Communicator& c, absl::Time d) {
-    return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kAllReduce, t),
+                       [t, op, scale](Communicator& c, absl::Time d) {
+                         return c.AllReduce(t.data, t.count, t.dtype, op, scale, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tensors, ReduceOp op) {
@@ -329,7 +405,12 @@ std::shared_ptr<Work> ProcessGroup::AllReduceCoalesced(std::vector<Tensor> tenso
   absl::StatusOr<std::shared_ptr<StreamFence>> fence =
       impl_->FenceFor(*device, TensorPointers({}, tensors));
   if (!fence.ok()) return Failed(fence.status());
-  return impl_->Submit(Routed{*device, *fence}, [tensors, op](Communicator& c, absl::Time d) {
+  uint64_t elements = 0;
+  for (const Tensor& t : tensors) elements += t.count;
+  TraceCall call = Traced(TraceOp::kAllReduceCoalesced,
+                          tensors.empty() ? DType::kFloat32 : tensors[0].dtype, elements);
+  call.device = static_cast<uint8_t>(*device);
+  return impl_->Submit(Routed{*device, *fence}, call, [tensors, op](Communicator& c, absl::Time d) {
     for (const Tensor& t : tensors) {
       if (absl::Status s = c.AllReduce(t.data, t.count, t.dtype, op, 1.0, d); !s.ok()) return s;
     }
@@ -351,9 +432,10 @@ std::shared_ptr<Work> ProcessGroup::Broadcast(Tensor t, int root) {
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [t, root](Communicator& c, absl::Time d) {
-    return c.Broadcast(t.data, t.count, t.dtype, root, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kBroadcast, t, root),
+                       [t, root](Communicator& c, absl::Time d) {
+                         return c.Broadcast(t.data, t.count, t.dtype, root, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
@@ -371,9 +453,10 @@ std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [t, root, op](Communicator& c, absl::Time d) {
-    return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kReduce, t, root),
+                       [t, root, op](Communicator& c, absl::Time d) {
+                         return c.Reduce(t.data, t.count, t.dtype, op, 1.0, root, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
@@ -396,9 +479,10 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [in, out](Communicator& c, absl::Time d) {
-    return c.AllGather(in.data, out.data, in.count, in.dtype, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kAllGather, in),
+                       [in, out](Communicator& c, absl::Time d) {
+                         return c.AllGather(in.data, out.data, in.count, in.dtype, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor in) {
@@ -418,15 +502,16 @@ std::shared_ptr<Work> ProcessGroup::AllGather(std::vector<Tensor> outs, Tensor i
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [in, outs](Communicator& c, absl::Time d) {
-    std::string flat(in.bytes() * outs.size(), '\0');
-    absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
-    if (!s.ok()) return s;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
-    }
-    return absl::OkStatus();
-  });
+  return impl_->Submit(on, Traced(TraceOp::kAllGather, in),
+                       [in, outs](Communicator& c, absl::Time d) {
+                         std::string flat(in.bytes() * outs.size(), '\0');
+                         absl::Status s = c.AllGather(in.data, flat.data(), in.count, in.dtype, d);
+                         if (!s.ok()) return s;
+                         for (size_t i = 0; i < outs.size(); ++i) {
+                           std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+                         }
+                         return absl::OkStatus();
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllGatherCoalesced(std::vector<std::vector<Tensor>> outs,
@@ -458,22 +543,25 @@ std::shared_ptr<Work> ProcessGroup::AllGatherCoalesced(std::vector<std::vector<T
   }
   // One all_gather of every input packed as bytes; the signature's count
   // (total bytes) catches ranks that pass different inputs.
-  return impl_->Submit([outs, ins, total](Communicator& c, absl::Time d) {
-    std::string packed;
-    packed.reserve(total);
-    for (const Tensor& t : ins) packed.append(static_cast<const char*>(t.data), t.bytes());
-    std::string flat(total * c.size(), '\0');
-    absl::Status s = c.AllGather(packed.data(), flat.data(), total, DType::kUInt8, d);
-    if (!s.ok()) return s;
-    for (int j = 0; j < c.size(); ++j) {
-      size_t off = j * total;
-      for (size_t i = 0; i < ins.size(); ++i) {
-        std::memcpy(outs[i][j].data, flat.data() + off, ins[i].bytes());
-        off += ins[i].bytes();
-      }
-    }
-    return absl::OkStatus();
-  });
+  return impl_->Submit(Traced(TraceOp::kAllGatherCoalesced, DType::kUInt8, total),
+                       [outs, ins, total](Communicator& c, absl::Time d) {
+                         std::string packed;
+                         packed.reserve(total);
+                         for (const Tensor& t : ins)
+                           packed.append(static_cast<const char*>(t.data), t.bytes());
+                         std::string flat(total * c.size(), '\0');
+                         absl::Status s =
+                             c.AllGather(packed.data(), flat.data(), total, DType::kUInt8, d);
+                         if (!s.ok()) return s;
+                         for (int j = 0; j < c.size(); ++j) {
+                           size_t off = j * total;
+                           for (size_t i = 0; i < ins.size(); ++i) {
+                             std::memcpy(outs[i][j].data, flat.data() + off, ins[i].bytes());
+                             off += ins[i].bytes();
+                           }
+                         }
+                         return absl::OkStatus();
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, int root) {
@@ -497,15 +585,17 @@ std::shared_ptr<Work> ProcessGroup::Gather(std::vector<Tensor> outs, Tensor in, 
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [in, outs, root, is_root](Communicator& c, absl::Time d) {
-    std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
-    absl::Status s = c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
-    if (!s.ok() || !is_root) return s;
-    for (size_t i = 0; i < outs.size(); ++i) {
-      std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
-    }
-    return absl::OkStatus();
-  });
+  return impl_->Submit(on, Traced(TraceOp::kGather, in, root),
+                       [in, outs, root, is_root](Communicator& c, absl::Time d) {
+                         std::string flat(is_root ? in.bytes() * outs.size() : 0, '\0');
+                         absl::Status s =
+                             c.Gather(in.data, flat.data(), in.count, in.dtype, root, d);
+                         if (!s.ok() || !is_root) return s;
+                         for (size_t i = 0; i < outs.size(); ++i) {
+                           std::memcpy(outs[i].data, flat.data() + i * in.bytes(), in.bytes());
+                         }
+                         return absl::OkStatus();
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins, int root) {
@@ -529,16 +619,17 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [out, ins, root, is_root](Communicator& c, absl::Time d) {
-    std::string flat;
-    if (is_root) {
-      flat.resize(out.bytes() * ins.size());
-      for (size_t i = 0; i < ins.size(); ++i) {
-        std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
-      }
-    }
-    return c.Scatter(flat.data(), out.data, out.count, out.dtype, root, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kScatter, out, root),
+                       [out, ins, root, is_root](Communicator& c, absl::Time d) {
+                         std::string flat;
+                         if (is_root) {
+                           flat.resize(out.bytes() * ins.size());
+                           for (size_t i = 0; i < ins.size(); ++i) {
+                             std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+                           }
+                         }
+                         return c.Scatter(flat.data(), out.data, out.count, out.dtype, root, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, ReduceOp op) {
@@ -562,9 +653,10 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, R
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [in, out, op](Communicator& c, absl::Time d) {
-    return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
-  });
+  return impl_->Submit(
+      on, Traced(TraceOp::kReduceScatter, out), [in, out, op](Communicator& c, absl::Time d) {
+        return c.ReduceScatter(in.data, out.data, out.count, out.dtype, op, 1.0, d);
+      });
 }
 
 std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor> ins,
@@ -586,13 +678,14 @@ std::shared_ptr<Work> ProcessGroup::ReduceScatter(Tensor out, std::vector<Tensor
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [out, ins, op](Communicator& c, absl::Time d) {
-    std::string flat(out.bytes() * ins.size(), '\0');
-    for (size_t i = 0; i < ins.size(); ++i) {
-      std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
-    }
-    return c.ReduceScatter(flat.data(), out.data, out.count, out.dtype, op, 1.0, d);
-  });
+  return impl_->Submit(
+      on, Traced(TraceOp::kReduceScatter, out), [out, ins, op](Communicator& c, absl::Time d) {
+        std::string flat(out.bytes() * ins.size(), '\0');
+        for (size_t i = 0; i < ins.size(); ++i) {
+          std::memcpy(flat.data() + i * out.bytes(), ins[i].data, out.bytes());
+        }
+        return c.ReduceScatter(flat.data(), out.data, out.count, out.dtype, op, 1.0, d);
+      });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
@@ -636,9 +729,10 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
-    return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
-  });
+  return impl_->Submit(on, Traced(TraceOp::kAllToAll, in),
+                       [in, out, in_splits, out_splits](Communicator& c, absl::Time d) {
+                         return c.AllToAll(in.data, in_splits, out.data, out_splits, in.dtype, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vector<Tensor> ins) {
@@ -670,7 +764,11 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
       })) {
     return gpu;
   }
-  return impl_->Submit(on, [outs, ins, send, recv](Communicator& c, absl::Time d) {
+  uint64_t elements = 0;
+  for (size_t v : send) elements += v;
+  TraceCall call = Traced(TraceOp::kAllToAll, ins[0].dtype, elements);
+  call.device = static_cast<uint8_t>(on.device);
+  return impl_->Submit(on, call, [outs, ins, send, recv](Communicator& c, absl::Time d) {
     size_t es = DTypeSize(ins[0].dtype);
     std::string in_flat, out_flat;
     for (const Tensor& t : ins) in_flat.append(static_cast<const char*>(t.data), t.bytes());
@@ -689,7 +787,8 @@ std::shared_ptr<Work> ProcessGroup::AllToAll(std::vector<Tensor> outs, std::vect
 }
 
 std::shared_ptr<Work> ProcessGroup::CollectiveBarrier() {
-  return impl_->Submit([](Communicator& c, absl::Time d) { return c.Barrier(d); });
+  return impl_->Submit(Traced(TraceOp::kBarrier, DType::kUInt8, 0),
+                       [](Communicator& c, absl::Time d) { return c.Barrier(d); });
 }
 
 absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
@@ -705,10 +804,11 @@ absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
   // the barrier cannot even start here, and musterd's record names the
   // members that never came, at the barrier's timeout.
   auto started = std::make_shared<std::atomic<bool>>(false);
-  std::shared_ptr<Work> work = impl_->Submit([deadline, started](Communicator& c, absl::Time) {
-    started->store(true);
-    return c.Barrier(deadline);
-  });
+  std::shared_ptr<Work> work = impl_->Submit(Traced(TraceOp::kMonitoredBarrier, DType::kUInt8, 0),
+                                             [deadline, started](Communicator& c, absl::Time) {
+                                               started->store(true);
+                                               return c.Barrier(deadline);
+                                             });
   impl_->Expedite();
   absl::Status arrived = impl_->Barrier(timeout);
   if (started->load() || (arrived.ok() && work->IsCompleted())) {
@@ -730,34 +830,37 @@ absl::Status ProcessGroup::MonitoredBarrier(absl::Duration timeout) {
 
 std::shared_ptr<Work> ProcessGroup::BroadcastBytes(std::string* blob, int root) {
   if (blob == nullptr) return Failed(absl::InvalidArgumentError("broadcast_object: null blob"));
-  return impl_->Submit([blob, root](Communicator& c, absl::Time d) {
-    int64_t size = static_cast<int64_t>(blob->size());
-    absl::Status s = c.Broadcast(&size, 1, DType::kInt64, root, d);
-    if (!s.ok()) return s;
-    blob->resize(size);
-    return c.Broadcast(blob->data(), blob->size(), DType::kUInt8, root, d);
-  });
+  return impl_->Submit(Traced(TraceOp::kBroadcastObject, DType::kUInt8, blob->size(), root),
+                       [blob, root](Communicator& c, absl::Time d) {
+                         int64_t size = static_cast<int64_t>(blob->size());
+                         absl::Status s = c.Broadcast(&size, 1, DType::kInt64, root, d);
+                         if (!s.ok()) return s;
+                         blob->resize(size);
+                         return c.Broadcast(blob->data(), blob->size(), DType::kUInt8, root, d);
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::AllGatherBytes(const std::string& blob,
                                                    std::vector<std::string>* out) {
   if (out == nullptr) return Failed(absl::InvalidArgumentError("all_gather_object: null output"));
   std::string mine = blob;
-  return impl_->Submit([mine, out](Communicator& c, absl::Time d) {
-    int64_t size = static_cast<int64_t>(mine.size());
-    std::vector<int64_t> sizes(c.size());
-    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
-    if (!s.ok()) return s;
-    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-    std::string padded = mine;
-    padded.resize(largest);
-    std::string all(largest * c.size(), '\0');
-    s = c.AllGather(padded.data(), all.data(), largest, DType::kUInt8, d);
-    if (!s.ok()) return s;
-    out->clear();
-    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
-    return absl::OkStatus();
-  });
+  return impl_->Submit(Traced(TraceOp::kAllGatherObject, DType::kUInt8, mine.size()),
+                       [mine, out](Communicator& c, absl::Time d) {
+                         int64_t size = static_cast<int64_t>(mine.size());
+                         std::vector<int64_t> sizes(c.size());
+                         absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+                         if (!s.ok()) return s;
+                         int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+                         std::string padded = mine;
+                         padded.resize(largest);
+                         std::string all(largest * c.size(), '\0');
+                         s = c.AllGather(padded.data(), all.data(), largest, DType::kUInt8, d);
+                         if (!s.ok()) return s;
+                         out->clear();
+                         for (int i = 0; i < c.size(); ++i)
+                           out->push_back(all.substr(i * largest, sizes[i]));
+                         return absl::OkStatus();
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::GatherBytes(const std::string& blob,
@@ -771,22 +874,24 @@ std::shared_ptr<Work> ProcessGroup::GatherBytes(const std::string& blob,
     return Failed(absl::InvalidArgumentError("gather_object: null output at the root"));
   }
   std::string mine = blob;
-  return impl_->Submit([mine, out, root, is_root](Communicator& c, absl::Time d) {
-    // Every rank learns every size (so all agree on the padded length).
-    int64_t size = static_cast<int64_t>(mine.size());
-    std::vector<int64_t> sizes(c.size());
-    absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
-    if (!s.ok()) return s;
-    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-    std::string padded = mine;
-    padded.resize(largest);
-    std::string all(is_root ? largest * c.size() : 0, '\0');
-    s = c.Gather(padded.data(), all.data(), largest, DType::kUInt8, root, d);
-    if (!s.ok() || !is_root) return s;
-    out->clear();
-    for (int i = 0; i < c.size(); ++i) out->push_back(all.substr(i * largest, sizes[i]));
-    return absl::OkStatus();
-  });
+  return impl_->Submit(Traced(TraceOp::kGatherObject, DType::kUInt8, mine.size(), root),
+                       [mine, out, root, is_root](Communicator& c, absl::Time d) {
+                         // Every rank learns every size (so all agree on the padded length).
+                         int64_t size = static_cast<int64_t>(mine.size());
+                         std::vector<int64_t> sizes(c.size());
+                         absl::Status s = c.AllGather(&size, sizes.data(), 1, DType::kInt64, d);
+                         if (!s.ok()) return s;
+                         int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+                         std::string padded = mine;
+                         padded.resize(largest);
+                         std::string all(is_root ? largest * c.size() : 0, '\0');
+                         s = c.Gather(padded.data(), all.data(), largest, DType::kUInt8, root, d);
+                         if (!s.ok() || !is_root) return s;
+                         out->clear();
+                         for (int i = 0; i < c.size(); ++i)
+                           out->push_back(all.substr(i * largest, sizes[i]));
+                         return absl::OkStatus();
+                       });
 }
 
 std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs, std::string* out,
@@ -802,29 +907,33 @@ std::shared_ptr<Work> ProcessGroup::ScatterBytes(std::vector<std::string> blobs,
         absl::StrCat("scatter_object: the root needs ", size(), " blobs, got ", blobs.size())));
   }
   if (!is_root) blobs.clear();
-  return impl_->Submit([blobs, out, root, is_root](Communicator& c, absl::Time d) {
-    // The root tells every rank every size, then scatters padded blobs.
-    std::vector<int64_t> sizes(c.size(), 0);
-    for (size_t i = 0; is_root && i < blobs.size(); ++i) {
-      sizes[i] = static_cast<int64_t>(blobs[i].size());
-    }
-    absl::Status s = c.Broadcast(sizes.data(), sizes.size(), DType::kInt64, root, d);
-    if (!s.ok()) return s;
-    int64_t largest = *std::max_element(sizes.begin(), sizes.end());
-    std::string flat;
-    if (is_root) {
-      flat.resize(largest * c.size());
-      for (size_t i = 0; i < blobs.size(); ++i) {
-        std::memcpy(flat.data() + i * largest, blobs[i].data(), blobs[i].size());
-      }
-    }
-    std::string mine(largest, '\0');
-    s = c.Scatter(flat.data(), mine.data(), largest, DType::kUInt8, root, d);
-    if (!s.ok()) return s;
-    mine.resize(sizes[c.rank()]);
-    *out = std::move(mine);
-    return absl::OkStatus();
-  });
+  uint64_t blob_bytes = 0;
+  for (const std::string& b : blobs) blob_bytes += b.size();
+  return impl_->Submit(
+      Traced(TraceOp::kScatterObject, DType::kUInt8, blob_bytes, root),
+      [blobs, out, root, is_root](Communicator& c, absl::Time d) {
+        // The root tells every rank every size, then scatters padded blobs.
+        std::vector<int64_t> sizes(c.size(), 0);
+        for (size_t i = 0; is_root && i < blobs.size(); ++i) {
+          sizes[i] = static_cast<int64_t>(blobs[i].size());
+        }
+        absl::Status s = c.Broadcast(sizes.data(), sizes.size(), DType::kInt64, root, d);
+        if (!s.ok()) return s;
+        int64_t largest = *std::max_element(sizes.begin(), sizes.end());
+        std::string flat;
+        if (is_root) {
+          flat.resize(largest * c.size());
+          for (size_t i = 0; i < blobs.size(); ++i) {
+            std::memcpy(flat.data() + i * largest, blobs[i].data(), blobs[i].size());
+          }
+        }
+        std::string mine(largest, '\0');
+        s = c.Scatter(flat.data(), mine.data(), largest, DType::kUInt8, root, d);
+        if (!s.ok()) return s;
+        mine.resize(sizes[c.rank()]);
+        *out = std::move(mine);
+        return absl::OkStatus();
+      });
 }
 
 std::shared_ptr<Work> ProcessGroup::ISend(Tensor t, int dst, uint64_t tag) {
@@ -890,6 +999,7 @@ std::shared_ptr<ProcessGroup> ProcessGroup::Impl::Create(
     const v1::GroupInfo& info) {
   auto impl = std::make_unique<Impl>(std::move(session), world, slot, ranks, info);
   impl->CreateBackends(config, info);
+  impl->OpenTrace(info);
   return std::shared_ptr<ProcessGroup>(new ProcessGroup(std::move(impl)));
 }
 
@@ -906,6 +1016,22 @@ ProcessGroup::Impl::Impl(std::shared_ptr<WorldSession> session, const InitOption
     if (ranks_[i] == world_.rank) rank_ = static_cast<int>(i);
   }
   if (info.timeout_millis() > 0) timeout_ = absl::Milliseconds(info.timeout_millis());
+}
+
+void ProcessGroup::Impl::OpenTrace(const v1::GroupInfo& info) {
+  if (!is_member() || world_.trace_records <= 0 || info.shm_name().empty()) return;
+  int index = -1;
+  for (int i = 0; i < info.shm_group_ranks_size(); ++i) {
+    if (info.shm_group_ranks(i) == rank_) index = i;
+  }
+  if (index < 0) return;
+  absl::StatusOr<std::unique_ptr<GroupSegment>> segment =
+      GroupSegment::Open(info.shm_name(), info.shm_group_ranks_size());
+  if (!segment.ok()) return;  // the backend reports what is wrong with it
+  trace_segment_ = std::shared_ptr<GroupSegment>(std::move(*segment));
+  auto writer = std::make_shared<TraceWriter>(trace_segment_.get(), index,
+                                              static_cast<uint64_t>(world_.trace_records));
+  if (writer->enabled()) trace_ = std::move(writer);
 }
 
 void ProcessGroup::Impl::CreateBackends(const std::map<std::string, std::string>& config,
@@ -983,27 +1109,35 @@ ProcessGroup::Impl::~Impl() {
   cpu_backend_.reset();
   cuda_backend_.reset();
   for (Queued& q : queue_) {
+    if (trace_ != nullptr) {
+      trace_->Finished(q.trace_id, static_cast<int>(absl::StatusCode::kCancelled),
+                       absl::GetCurrentTimeNanos());
+    }
     Work::Impl::Of(*q.work).Complete(
         absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
   }
 }
 
-std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, Op op) {
+std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall& call, Op op) {
   std::shared_ptr<Work> work = Work::Impl::Create();
   Work::Impl& w = Work::Impl::Of(*work);
   absl::Status gone = SessionStatus();
   absl::MutexLock lock(&exec_mu_);
   w.set_sequence(++submitted_);
-  if (stopping_) {
-    w.Complete(absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
-    return work;
-  }
-  if (!gone.ok()) {
-    w.Complete(std::move(gone));
+  const absl::Time now = absl::Now();
+  const uint64_t trace_id = trace_ != nullptr ? trace_->Begin(submitted_, call, UnixNanos(now)) : 0;
+  if (stopping_ || !gone.ok()) {
+    absl::Status failed =
+        stopping_ ? absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed"))
+                  : std::move(gone);
+    if (trace_ != nullptr) {
+      trace_->Finished(trace_id, static_cast<int>(failed.code()), UnixNanos(now));
+    }
+    w.Complete(std::move(failed));
     return work;
   }
   w.set_group(this);
-  queue_.push_back(Queued{device, std::move(op), work, absl::Now()});
+  queue_.push_back(Queued{device, std::move(op), work, now, trace_id});
   if (executor_sleeping_) kick_ = true;
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
@@ -1023,8 +1157,15 @@ bool ProcessGroup::Impl::RunHead() {
         absl::StrCat("backend '", backend->name(), "' of group '", name_, "' runs no collectives"));
   }
   if (status.ok()) status = SessionStatus();
-  if (status.ok()) status = item.op(*comm, absl::Now() + timeout_);
+  if (status.ok()) {
+    const absl::Time start = absl::Now();
+    if (trace_ != nullptr) trace_->Started(item.trace_id, UnixNanos(start));
+    status = item.op(*comm, start + timeout_);
+  }
   if (!status.ok()) status = Explain(std::move(status));
+  if (trace_ != nullptr) {
+    trace_->Finished(item.trace_id, static_cast<int>(status.code()), absl::GetCurrentTimeNanos());
+  }
   Work::Impl::Of(*item.work).Complete(std::move(status));
   exec_mu_.Lock();
   running_ = false;
@@ -1116,9 +1257,10 @@ absl::StatusOr<std::shared_ptr<StreamFence>> ProcessGroup::Impl::FenceFor(
   return StreamFence::Record(tensors);
 }
 
-std::shared_ptr<Work> ProcessGroup::Impl::Submit(const Routed& routed, Op op) {
-  if (routed.fence == nullptr) return Submit(routed.device, std::move(op));
-  return Submit(routed.device,
+std::shared_ptr<Work> ProcessGroup::Impl::Submit(const Routed& routed, const TraceCall& call,
+                                                 Op op) {
+  if (routed.fence == nullptr) return Submit(routed.device, call, std::move(op));
+  return Submit(routed.device, call,
                 [fence = routed.fence, op = std::move(op)](Communicator& c, absl::Time deadline) {
                   if (absl::Status s = fence->Wait(deadline); !s.ok()) return s;
                   return op(c, deadline);
@@ -1161,9 +1303,21 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int pee
     if (absl::Status s = on.fence->Wait(absl::Now() + timeout_); !s.ok()) return Failed(s);
   }
   std::shared_ptr<Work> work = Work::Impl::Create();
-  p2p->Post(send, *group_rank, tag, t.data, t.bytes(), absl::Now() + timeout_,
-            [work, this](absl::Status s, int source) {
+  const absl::Time now = absl::Now();
+  uint64_t trace_id = 0;
+  if (trace_ != nullptr) {
+    TraceCall call =
+        Traced(send ? TraceOp::kSend : TraceOp::kRecv, t, any_source ? -2 : *group_rank);
+    call.tag = tag;
+    trace_id = trace_->Begin(0, call, UnixNanos(now));
+    trace_->Started(trace_id, UnixNanos(now));
+  }
+  p2p->Post(send, *group_rank, tag, t.data, t.bytes(), now + timeout_,
+            [work, this, trace_id](absl::Status s, int source) {
               if (!s.ok()) s = Explain(std::move(s));
+              if (trace_ != nullptr) {
+                trace_->Finished(trace_id, static_cast<int>(s.code()), absl::GetCurrentTimeNanos());
+              }
               Work::Impl::Of(*work).Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
             });
   return work;
@@ -1235,14 +1389,34 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
     }
     path = gpu_;
   }
+  const int64_t submitted_ns = absl::GetCurrentTimeNanos();
   absl::StatusOr<GpuPath::Launched> launched = path->Run(call);
+  // The recorder: submitted when asked, started when musterd enqueued it on
+  // the stream, completed when a Synchronize saw the GPU pass it.
+  uint64_t trace_id = 0;
+  if (trace_ != nullptr) {
+    TraceCall t = GpuTraceCall(call);
+    trace_id = trace_->Begin(launched.ok() ? launched->sequence : 0, t, submitted_ns);
+    if (!launched.ok()) {
+      trace_->Finished(trace_id, static_cast<int>(launched.status().code()),
+                       absl::GetCurrentTimeNanos());
+    } else {
+      trace_->Started(trace_id, absl::GetCurrentTimeNanos());
+    }
+  }
   if (!launched.ok()) return Failed(Explain(launched.status()));
   std::shared_ptr<Work> work = Work::Impl::Create();
   Work::Impl& w = Work::Impl::Of(*work);
   w.set_sequence(launched->sequence);
   std::shared_ptr<void> marker(launched->marker, [path](void* e) { path->Release(e); });
-  w.set_synchronize([path, marker, sequence = launched->sequence](absl::Time deadline) {
-    return path->Synchronize(marker.get(), sequence, deadline);
+  // The Work may outlive the group: it keeps the ring's mapping.
+  w.set_synchronize([path, marker, sequence = launched->sequence, segment = trace_segment_,
+                     trace = trace_, trace_id](absl::Time deadline) {
+    absl::Status s = path->Synchronize(marker.get(), sequence, deadline);
+    if (trace != nullptr && s.code() != absl::StatusCode::kDeadlineExceeded) {
+      trace->Finished(trace_id, static_cast<int>(s.code()), absl::GetCurrentTimeNanos());
+    }
+    return s;
   });
   w.Complete(absl::OkStatus());
   return work;

@@ -16,6 +16,12 @@
 // so it may outlive it (the group's destructor completes every Work it
 // still holds).
 //
+// The flight recorder: where musterd gave the group a segment and this rank
+// maps it, the group keeps this rank's ring of its last collectives there
+// (backends/shm/trace.h): a record per call at Submit, its start when the
+// executor (or a waiting caller) runs it, its end; point to point and CUDA
+// calls too.
+//
 // Threads: one executor thread per group (started by the first Submit,
 // joined by the destructor) runs the collectives nobody waits for.
 // Thread-safety: both classes are thread-safe.
@@ -37,6 +43,8 @@
 #include "absl/time/time.h"
 #include "backends/backend.h"
 #include "backends/communicator.h"
+#include "backends/shm/segment.h"
+#include "backends/shm/trace.h"
 #include "client/gpu_path.h"
 #include "muster/world.h"
 #include "proto/groups.pb.h"
@@ -145,11 +153,16 @@ class ProcessGroup::Impl {
   absl::StatusOr<int> GlobalRank(int group_rank) const;
   absl::Status Barrier(absl::Duration timeout);
 
-  // Queues `op` for the communicator of the backend serving `device`.
-  std::shared_ptr<Work> Submit(Device device, Op op);
+  // Queues `op` for the communicator of the backend serving `device`;
+  // `call` is what the flight recorder records of it.
+  std::shared_ptr<Work> Submit(Device device, const TraceCall& call, Op op);
   // The same; `op` runs once the call's streams passed the fence (if any).
-  std::shared_ptr<Work> Submit(const Routed& routed, Op op);
-  std::shared_ptr<Work> Submit(Op op) { return Submit(Device::kCpu, std::move(op)); }
+  std::shared_ptr<Work> Submit(const Routed& routed, const TraceCall& call, Op op);
+  std::shared_ptr<Work> Submit(const TraceCall& call, Op op) {
+    return Submit(Device::kCpu, call, std::move(op));
+  }
+  // This rank's flight recorder on the group (null: none; see above).
+  TraceWriter* trace() const { return trace_.get(); }
   // Point to point through the backend's PointToPoint. `peer`: a global
   // rank, or -1 for a receive from any source.
   std::shared_ptr<Work> SubmitP2P(bool send, Tensor tensor, int peer, uint64_t tag);
@@ -187,6 +200,9 @@ class ProcessGroup::Impl {
  private:
   // Creates the group's backend for each device of `config`.
   void CreateBackends(const std::map<std::string, std::string>& config, const v1::GroupInfo& info);
+  // Maps the group's segment for the flight recorder, if this rank has a
+  // ring in it and recording is on.
+  void OpenTrace(const v1::GroupInfo& info);
   // Through the session this group shares with its World (a group may
   // outlive it): World::session_status(), and a failed call's status as
   // the caller should see it (UNAVAILABLE naming the daemon once it is
@@ -227,6 +243,7 @@ class ProcessGroup::Impl {
     Op op;
     std::shared_ptr<Work> work;
     absl::Time submitted;
+    uint64_t trace_id;  // its flight-recorder record (0: none)
   };
   std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
   bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
@@ -241,6 +258,10 @@ class ProcessGroup::Impl {
   bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   std::thread executor_;
+  // This process's own mapping of the group's segment, for the recorder
+  // (the backend's communicator has its own).
+  std::shared_ptr<GroupSegment> trace_segment_;
+  std::shared_ptr<TraceWriter> trace_;
 };
 
 }  // namespace muster

@@ -77,6 +77,11 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
     if (g < 0) RETURN_IF_ERROR(EnvInt("TORCHELASTIC_RESTART_COUNT", &g));
     o.generation = g < 0 ? 0 : g;
   }
+  if (o.trace_records < 0) {
+    int n = -1;
+    RETURN_IF_ERROR(EnvInt("MUSTER_TRACE_RECORDS", &n));
+    o.trace_records = n < 0 ? 2048 : n;
+  }
   if (o.store_token.empty()) o.store_token = EnvString("MUSTER_STORE_TOKEN");
   if (std::string file = EnvString("MUSTER_STORE_TOKEN_FILE");
       o.store_token.empty() && !file.empty()) {
@@ -477,6 +482,7 @@ absl::StatusOr<std::shared_ptr<ProcessGroup>> World::Impl::FormGroup(const std::
                                  timeout + absl::Seconds(30), [&](grpc::ClientContext* context) {
                                    return session_->groups()->CreateGroup(context, req, &resp);
                                  }));
+  if (options.trace_records >= 0) epoch_options.trace_records = options.trace_records;
   return ProcessGroup::Impl::Create(session_, epoch_options, options_.rank, ranks, *config,
                                     resp.group());
 }

@@ -155,6 +155,16 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.hostname = Hostname();
   registry_options.store_token = options.store.token;
   registry_options.shm_slot_bytes = options.shm_slot_bytes;
+  registry_options.trace_records = options.trace_records;
+  registry_options.dump_dir = options.dump_dir;
+  if (registry_options.dump_dir.empty()) {
+    size_t slash = options.socket_path.rfind('/');
+    std::string socket_dir =
+        slash == std::string::npos ? "." : options.socket_path.substr(0, slash);
+    registry_options.dump_dir = absl::StrCat(
+        options.store.state_dir.empty() ? socket_dir : options.store.state_dir, "/dumps");
+  }
+  if (registry_options.dump_dir == "none") registry_options.dump_dir.clear();
   registry_options.max_world_size = options.max_world_size;
   registry_options.max_group_size = options.max_group_size;
   registry_options.max_jobs = options.max_jobs;

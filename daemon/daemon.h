@@ -72,6 +72,11 @@ struct DaemonOptions {
   StoreServerOptions store;
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
+  // Flight recorder: records per rank in each group's segment (0: none),
+  // and where broken groups' recorders are written ("": set by Start from
+  // the state directory or the socket's; "none": not written).
+  uint64_t trace_records = 2048;
+  std::string dump_dir;
   // Test builds: the GPU runtime musterd's NCCL engine uses (default: the
   // real CUDA/NCCL one).
   // The CUDA/NCCL runtime plugin (libmuster_cuda.so); "" = look in the

@@ -114,6 +114,7 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t memory_budget_bytes = options.store.memory_budget_bytes;
   int64_t max_connection_bytes = options.store.max_connection_bytes;
   int64_t shm_slot_bytes = options.shm_slot_bytes;
+  int64_t trace_records = static_cast<int64_t>(options.trace_records);
   std::string cluster_token_file;
   std::string tls_cert, tls_key, tls_ca;
   std::string socket_mode = "0660";
@@ -232,6 +233,13 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("shm-slot-bytes", &shm_slot_bytes,
                "Shared memory per rank of each node-local group: the most one collective\n"
                "round moves per rank (larger buffers take several rounds).");
+  flags.AddInt("trace-records", &trace_records,
+               "Flight recorder: how many of its last collectives each rank keeps per group in\n"
+               "the group's shared memory (musterctl trace; 0: none; at most 1048576).");
+  flags.AddString("dump-dir", &options.dump_dir,
+                  "Where the flight recorder of a group's local members is written when the\n"
+                  "group breaks (JSON; the path is logged and shown by musterctl jobs/group).\n"
+                  "Empty: <state-dir>/dumps, else dumps/ next to the socket; 'none': off.");
   flags.AddBool("store-fsync", &options.store.fsync,
                 "With --state-dir: fsync the log before acknowledging writes (survives power\n"
                 "loss, slower). Without it writes survive a crash of musterd, not of the host.");
@@ -308,6 +316,12 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   options.store.memory_budget_bytes = memory_budget_bytes;
   options.store.max_connection_bytes = max_connection_bytes;
   options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
+  if (trace_records < 0 || trace_records > (int64_t{1} << 20)) {
+    std::fprintf(stderr, "musterd: --trace-records must be in [0, 1048576], got %lld\n",
+                 static_cast<long long>(trace_records));
+    return 2;
+  }
+  options.trace_records = static_cast<uint64_t>(trace_records);
   for (auto [name, value] : {std::pair<const char*, int64_t>{"max-world-size", max_world_size},
                              {"max-group-size", max_group_size},
                              {"max-jobs", max_jobs}}) {

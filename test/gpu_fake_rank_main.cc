@@ -19,6 +19,7 @@
 //   free        free a buffer, allocate another, all_reduce again
 //   crash       exit at once without leaving the job (a dead rank)
 //   afterdeath  all_reduce until it fails; OK if ABORTED naming rank 1
+//   pause       sleep 2 s (while a test reads the daemon's view)
 //   latency     2000 one-float all_reduces; prints "LATENCY p50_us=.. p90_us=.."
 //   desync      the last rank broadcasts while the others all_reduce: every
 //               rank FAILED_PRECONDITION naming both; then an all_reduce works
@@ -296,6 +297,10 @@ absl::Status Run(World& world, const std::string& step) {
     }
     std::sort(us.begin(), us.end());
     std::printf("LATENCY p50_us=%.1f p90_us=%.1f\n", us[us.size() / 2], us[us.size() * 9 / 10]);
+    return absl::OkStatus();
+  }
+  if (step == "pause") {
+    absl::SleepFor(absl::Seconds(2));
     return absl::OkStatus();
   }
   if (step == "crash") {

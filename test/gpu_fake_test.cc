@@ -2,9 +2,11 @@
 // musterd with FakeGpuRuntime) and real rank processes whose "CUDA" buffers
 // are shared memory (ShmCudaDriver). Covers the SDK's routing and requests,
 // the Gpu gRPC service, the registry's hooks (group formation -> split,
-// rank death -> abort) and the engine, across processes.
+// rank death -> abort) and the engine, across processes, and the flight
+// recorder's records of CUDA collectives.
 #include <catch2/catch.hpp>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -140,6 +142,52 @@ TEST_CASE("a rank that dies aborts the GPU communicators; the daemon serves the 
   CHECK(out.find("COMM job=after group=world rank=0 origin=init state=ready") != std::string::npos);
   CHECK(out.find("COMM job=after group=world rank=1") != std::string::npos);
   CHECK(out.find("job=dies") == std::string::npos);
+}
+
+TEST_CASE("the flight recorder keeps CUDA collectives (musterctl trace)") {
+  auto daemon = StartFakeGpuDaemon();
+  Ranks ranks;
+  StartRanks(ranks, *daemon, "gputrace", {"allreduce,bcast,pause", "allreduce,bcast,pause"});
+  // all_reduce float32x1000 (synchronized: completed), then broadcast
+  // int64x7 from group rank 1 (waited for: enqueued, "started").
+  std::string json;
+  absl::Time until = absl::Now() + absl::Seconds(60);
+  auto complete = [&] {
+    return absl::StrContains(json, "\"rank\":0,") && absl::StrContains(json, "\"rank\":1,") &&
+           json.find("broadcast") != std::string::npos &&
+           json.find("broadcast", json.find("broadcast") + 1) != std::string::npos;
+  };
+  while (absl::Now() < until) {
+    auto r = Run({RunfilePath("tools/musterctl"), daemon->SocketFlag(), "trace", "gputrace",
+                  "world", "--json"});
+    REQUIRE(r.ok());
+    json = r->out + r->err;
+    if (complete()) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  INFO(json);
+  REQUIRE(complete());
+  for (int rank = 0; rank < 2; ++rank) {
+    std::string prefix = absl::StrCat("\"rank\":", rank, ",\"group_rank\":", rank);
+    bool reduce = false, bcast = false;
+    for (absl::string_view line : absl::StrSplit(json, '\n')) {
+      if (!absl::StrContains(line, prefix)) continue;
+      if (absl::StrContains(line,
+                            "\"op\":\"all_reduce\",\"dtype\":\"float32\",\"device\":"
+                            "\"cuda\",\"count\":1000") &&
+          absl::StrContains(line, "\"state\":\"completed\"")) {
+        reduce = true;
+      }
+      if (absl::StrContains(line,
+                            "\"op\":\"broadcast\",\"dtype\":\"int64\",\"device\":"
+                            "\"cuda\",\"count\":7,\"root\":1")) {
+        bcast = true;
+      }
+    }
+    CHECK(reduce);
+    CHECK(bcast);
+  }
+  for (auto& p : ranks.processes) (void)p->Wait(absl::Seconds(30));
 }
 
 }  // namespace

@@ -7,7 +7,8 @@
 # ranks), that node B reaches the store only through its daemon (fan-in),
 # and that a rank killed on node B fails node A's pending barrier and the
 # collectives waiting for it (on node A over Gloo, on node B in shared
-# memory) within 2 s, naming the rank.
+# memory) within 2 s, naming the rank. Each daemon's flight recorder shows
+# its own members of the spanning world group and dumps them when it breaks.
 # Needs root (ip netns); without it the test is reported as skipped.
 set -uo pipefail
 
@@ -45,7 +46,29 @@ peers=$(ip netns exec "$NA" ss -Htn state established "( sport = :$PORT )" | awk
   | grep -c "^$IPB:" || true)
 (( peers >= 1 && peers <= 4 )) || fail "node B holds $peers store connections to node A (want 1-4)"
 
+# The flight recorder of a spanning group: each daemon shows its own
+# members' records (from their node's segment), aligned by sequence number.
+for try in $(seq 1 100); do
+  trace_b=$(ip netns exec "$NB" "$MUSTERCTL" --socket "$WORK/b.sock" trace two-node world --json) \
+    || fail "trace B"
+  n=$(echo "$trace_b" | grep -c '"seq":1,"op":"all_reduce","dtype":"int32","device":"cpu","count":100000' || true)
+  (( n == 2 )) && break
+  sleep 0.1
+done
+(( n == 2 )) || fail "B trace lacks ranks 2 and 3's all_reduce #1: $trace_b"
+echo "$trace_b" | grep -q '"rank":0,' && fail "B trace shows node A's rank 0: $trace_b"
+trace_a=$(ip netns exec "$NA" "$MUSTERCTL" --socket "$WORK/a.sock" trace two-node world --json) \
+  || fail "trace A"
+echo "$trace_a" | grep -q '"rank":0,"group_rank":0,.*"seq":1,"op":"all_reduce"' || fail "A trace: $trace_a"
+
 for r in 0 1 2 3; do wait "$(eval echo \$rank_pid_$r)"; done
+# Rank 2's death broke the world group on both nodes: each daemon dumped
+# its members' records.
+for ns_sock in "$NA $WORK/a.sock" "$NB $WORK/b.sock"; do
+  set -- $ns_sock
+  jobs=$(ip netns exec "$1" "$MUSTERCTL" --socket "$2" jobs) || fail "jobs on $1"
+  echo "$jobs" | grep -q "job two-node dump: .*trace-two-node-world-e0-" || fail "no dump on $1: $jobs"
+done
 for r in 0 1 2 3; do
   grep -q "rank $r: init ok name=world rank=$r size=4" "$WORK/rank$r.out" || fail "rank $r init"
   grep -q "rank $r: barrier world ok" "$WORK/rank$r.out" || fail "rank $r barrier"

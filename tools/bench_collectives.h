@@ -51,6 +51,15 @@ struct CollectivesBenchOptions {
   bool shared = false;
   // "none", or "rank": pin each rank to CPU local_rank % (allowed CPUs).
   std::string pin = "none";
+  // The flight recorder's cost (backends/shm/trace.h): each op and size runs
+  // on two groups of all ranks, "bench_trace_on" (recording) and
+  // "bench_trace_off" (GroupOptions::trace_records = 0), in alternating
+  // blocks of iterations, and rank 0 reports both medians and means and
+  // their difference; then the recorder alone (Begin, Started, Finished
+  // and a clock read per collective, on a private segment) is timed. With
+  // MUSTER_BENCH_TRACE_AA=1 neither group records (an A/A run: the noise
+  // of the method).
+  bool trace_compare = false;
   std::string command_line;  // printed in the table header
 };
 

@@ -36,6 +36,10 @@ void AddCollectiveFlags(FlagSet& flags, CollectiveFlags* f) {
   flags.AddBool("shared", &f->shared,
                 "collectives: buffers from muster::AllocShared (peers read them in place)\n"
                 "instead of the heap (CPU buffers only).");
+  flags.AddBool("trace-compare", &f->trace_compare,
+                "collectives: the flight recorder's cost: every op and size on two groups of\n"
+                "all ranks, one recording and one not, interleaved in one run; plus the\n"
+                "recorder's own time per collective (CPU only).");
   flags.AddString("pin", &f->pin,
                   "collectives: none (the scheduler places the ranks) or rank (rank r runs on\n"
                   "allowed CPU local_rank mod #CPUs, all its threads included; CPU only).");

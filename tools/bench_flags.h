@@ -25,6 +25,7 @@ struct CollectiveFlags {
   int64_t root = 0;
   bool verify = false;
   bool shared = false;
+  bool trace_compare = false;
   std::string pin = "none";
   std::string device = "cpu";
 };

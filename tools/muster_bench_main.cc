@@ -243,6 +243,7 @@ int main(int argc, char** argv) {
     c.json = json;
     c.pin = coll.pin;
     c.shared = coll.shared;
+    c.trace_compare = coll.trace_compare;
     c.command_line = command_line;
     return bench::RunCollectivesBench(c);
   }

@@ -1,8 +1,11 @@
 // musterctl: inspect and control a running musterd. `musterctl --help`.
+#include <algorithm>
 #include <cstdio>
+#include <map>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -17,6 +20,7 @@
 #include "proto/session.grpc.pb.h"
 #include "proto/state_names.h"
 #include "proto/store.grpc.pb.h"
+#include "proto/trace_json.h"
 #include "tools/daemon_client.h"
 
 namespace muster {
@@ -29,6 +33,8 @@ struct CtlOptions {
   std::string prefix;
   std::string job;
   std::string reason;
+  int64_t rank = -1;  // trace: only this global rank
+  int64_t last = -1;  // trace: the last N records per rank (-1: unset)
 };
 
 // Prints rows as left-aligned columns under a header.
@@ -77,6 +83,8 @@ void GroupJson(JsonWriter& w, const v1::GroupInfo& g) {
       .String(GroupStateName(g.state()))
       .Key("broken_reason")
       .String(g.broken_reason())
+      .Key("dump_path")
+      .String(g.dump_path())
       .Key("local_synchronization")
       .Bool(g.local_synchronization())
       .Key("timeout_seconds")
@@ -401,6 +409,8 @@ int RunJobs(const CtlOptions& options) {
         for (int rank : r.replaced()) w.Int(rank);
         w.EndArray().Key("took_ms").Int(r.took_millis()).EndObject();
       }
+      w.EndArray().Key("dumps").BeginArray();
+      for (const auto& d : j.dumps()) w.String(d);
       w.EndArray().EndObject();
     }
     w.EndArray();
@@ -425,6 +435,10 @@ int RunJobs(const CtlOptions& options) {
           r.replaced().empty() ? "-" : absl::StrJoin(r.replaced(), ",").c_str(),
           static_cast<long long>(r.took_millis()));
     }
+  }
+  // Flight-recorder dumps of broken groups.
+  for (const auto& j : resp.jobs()) {
+    for (const auto& d : j.dumps()) std::printf("job %s dump: %s\n", j.job_id().c_str(), d.c_str());
   }
   return 0;
 }
@@ -483,6 +497,7 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
               GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
               g.broken_reason().c_str(), g.timeout_millis() / 1000.0);
   if (!g.tag().empty()) std::printf("tag      %s\n", g.tag().c_str());
+  if (!g.dump_path().empty()) std::printf("dump     %s\n", g.dump_path().c_str());
   std::vector<std::vector<std::string>> rows;
   for (const auto& m : g.members()) {
     rows.push_back({absl::StrCat(m.global_rank()), absl::StrCat(m.group_rank()), m.node(),
@@ -492,6 +507,341 @@ int RunGroup(const CtlOptions& options, const std::string& name) {
   }
   PrintTable({"RANK", "GROUP_RANK", "NODE", "PID", "STATE", "RESTARTS", "SUBMITTED", "COMPLETED"},
              rows);
+  return 0;
+}
+
+// A duration for a table cell: "850ns", "12.3us", "4.1ms", "41s".
+std::string ShortDuration(int64_t nanos) {
+  if (nanos < 0) nanos = 0;
+  if (nanos < 1000) return absl::StrCat(nanos, "ns");
+  if (nanos < 1000000) return absl::StrFormat("%.1fus", nanos / 1e3);
+  if (nanos < 1000000000) return absl::StrFormat("%.1fms", nanos / 1e6);
+  return absl::StrFormat("%.1fs", nanos / 1e9);
+}
+
+// One rank's record in the trace table: how it ended (its duration) or
+// what it does now (since when); the call itself where it differs from the
+// row's.
+std::string TraceCell(const v1::TraceRecord& t, const v1::TraceRecord& row, int64_t now) {
+  std::string call;
+  if (t.op() != row.op() || t.dtype() != row.dtype() || t.root() != row.root()) {
+    call = absl::StrCat(t.op(), " ", t.dtype(), "x", t.count(),
+                        t.root() >= 0 ? absl::StrCat(" root ", t.root()) : "", " ");
+  } else if (t.count() != row.count()) {
+    call = absl::StrCat("x", t.count(), " ");
+  }
+  if (t.state() == "completed") {
+    return absl::StrCat(call, "ok ",
+                        ShortDuration(t.completed_unix_nanos() - t.started_unix_nanos()));
+  }
+  if (t.state() == "failed") return absl::StrCat(call, "FAILED ", t.error());
+  if (t.state() == "started") {
+    return absl::StrCat(call, "IN IT ", ShortDuration(now - t.started_unix_nanos()));
+  }
+  return absl::StrCat(call, "queued ", ShortDuration(now - t.submitted_unix_nanos()));
+}
+
+// musterctl trace [JOB] [GROUP]: the flight recorder of this daemon's
+// members, a table per group (a row per sequence number, a column per
+// rank) or JSON Lines (one flat object per record).
+int RunTrace(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() > 3) return Usage("trace [JOB] [GROUP] [--rank R] [--last N] [--json]");
+  auto stub = v1::Groups::NewStub(ConnectToDaemon(options.target));
+  auto context = ContextWithTimeout(options.target, options.timeout);
+  v1::TraceRequest req;
+  req.set_job_id(args.size() > 1 ? args[1] : options.job);
+  if (args.size() > 2) req.set_group(args[2]);
+  if (options.rank >= 0) req.set_rank(static_cast<int>(options.rank));
+  // A table shows the last 32 by default; JSON everything kept.
+  int64_t last = options.last >= 0 ? options.last : (options.json ? 0 : 32);
+  req.set_last(last);
+  v1::TraceResponse resp;
+  grpc::Status rpc = stub->Trace(context.get(), req, &resp);
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "Trace"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  if (options.json) {
+    for (const v1::GroupTrace& g : resp.groups()) {
+      for (const v1::RankTrace& r : g.ranks()) {
+        for (const v1::TraceRecord& t : r.records()) {
+          JsonWriter w;
+          TraceRecordJson(w, g, r, t);
+          std::printf("%s\n", w.str().c_str());
+        }
+      }
+    }
+    return 0;
+  }
+  const int64_t now = resp.now_unix_nanos();
+  for (const v1::GroupTrace& g : resp.groups()) {
+    std::printf("job %s  group %s  (backend %s, %s%s%s; %d of %d members here)\n",
+                g.job_id().c_str(), g.name().c_str(), g.backend().c_str(),
+                GroupStateName(g.state()), g.broken_reason().empty() ? "" : ": ",
+                g.broken_reason().c_str(), g.ranks_size(), g.size());
+    // Rows: collectives by sequence number (every rank's #n in one row),
+    // then point to point (no sequence) in each rank's order.
+    std::map<int64_t, std::vector<const v1::TraceRecord*>> by_seq;
+    std::vector<std::vector<std::string>> p2p_rows;
+    for (int i = 0; i < g.ranks_size(); ++i) {
+      for (const v1::TraceRecord& t : g.ranks(i).records()) {
+        if (t.seq() > 0) {
+          auto& row = by_seq[t.seq()];
+          row.resize(g.ranks_size(), nullptr);
+          row[i] = &t;
+        } else {
+          std::vector<std::string> row(3 + g.ranks_size(), "");
+          row[0] = "-";
+          row[1] = t.op();
+          row[2] = absl::StrCat(t.dtype(), "x", t.count(), " peer ", t.root(), " tag ", t.tag());
+          row[3 + i] = TraceCell(t, t, now);
+          p2p_rows.push_back(std::move(row));
+        }
+      }
+    }
+    std::vector<std::string> header = {"SEQ", "OP", "CALL"};
+    for (const v1::RankTrace& r : g.ranks())
+      header.push_back(absl::StrCat("RANK ", r.global_rank()));
+    std::vector<std::vector<std::string>> rows;
+    for (const auto& [seq, cells] : by_seq) {
+      const v1::TraceRecord* first = nullptr;
+      for (const v1::TraceRecord* t : cells) {
+        if (first == nullptr) first = t;
+      }
+      std::vector<std::string> row = {
+          absl::StrCat(seq), first->op(),
+          absl::StrCat(first->dtype(), "x", first->count(),
+                       first->root() >= 0 ? absl::StrCat(" root ", first->root()) : "",
+                       first->device() == "cuda" ? " cuda" : "")};
+      for (const v1::TraceRecord* t : cells)
+        row.push_back(t == nullptr ? "-" : TraceCell(*t, *first, now));
+      rows.push_back(std::move(row));
+    }
+    for (auto& row : p2p_rows) rows.push_back(std::move(row));
+    if (rows.empty()) {
+      std::printf("  (no records)\n\n");
+      continue;
+    }
+    PrintTable(header, rows);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+// "0-2,5" for ranks {0, 1, 2, 5}.
+std::string RankRanges(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i < ranks.size();) {
+    size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    parts.push_back(j == i ? absl::StrCat(ranks[i]) : absl::StrCat(ranks[i], "-", ranks[j]));
+    i = j + 1;
+  }
+  return absl::StrJoin(parts, ",");
+}
+
+std::string Plural(size_t n, const char* one, const char* many) { return n == 1 ? one : many; }
+
+// What `musterctl why` concludes about one group from its members' records.
+struct Diagnosis {
+  std::string verdict;
+  std::vector<std::string> details;  // one line per rank, and mismatches
+  std::vector<int> lagging;          // ranks that have not entered `seq`
+  std::string op;                    // the collective the others are in
+  int64_t seq = 0;
+  int64_t since_nanos = 0;  // when the first rank entered it
+  std::vector<int> gone;
+  int mismatches = 0;
+};
+
+Diagnosis Diagnose(const v1::GroupTrace& g, const v1::GroupInfo* info, int64_t now) {
+  Diagnosis d;
+  // Members that are gone (failed), or left (their orderly exit), known
+  // to this daemon.
+  int left = 0;
+  if (info != nullptr) {
+    for (const auto& m : info->members()) {
+      if (m.state() == "failed") d.gone.push_back(m.global_rank());
+      if (m.state() == "left") ++left;
+      if (m.state() == "failed" || m.state() == "left") {
+        d.details.push_back(
+            absl::StrCat("rank ", m.global_rank(), " (pid ", m.pid(), ") ", m.state()));
+      }
+    }
+  }
+  const bool all_left = info != nullptr && left > 0 && left == info->members_size();
+  // Per rank: the newest collective it entered (submitted or later) and the
+  // last it completed.
+  struct Progress {
+    int rank;
+    const v1::TraceRecord* newest = nullptr;
+    int64_t completed = 0;
+  };
+  std::vector<Progress> ranks;
+  std::map<int64_t, std::vector<std::pair<int, const v1::TraceRecord*>>> by_seq;
+  for (const v1::RankTrace& r : g.ranks()) {
+    Progress p{r.global_rank()};
+    for (const v1::TraceRecord& t : r.records()) {
+      if (t.seq() == 0) continue;  // point to point: no group-wide order
+      by_seq[t.seq()].push_back({r.global_rank(), &t});
+      if (p.newest == nullptr || t.seq() > p.newest->seq()) p.newest = &t;
+      if (t.state() == "completed") p.completed = std::max(p.completed, t.seq());
+    }
+    ranks.push_back(p);
+  }
+  // Mismatched signatures: one sequence number, different calls. (Each
+  // rank's count of the object variants and all_to_all is its own.)
+  auto own_count = [](const std::string& op) {
+    return absl::EndsWith(op, "_object") || op == "all_to_all" || op == "all_reduce_coalesced";
+  };
+  for (const auto& [seq, cells] : by_seq) {
+    const v1::TraceRecord* first = cells[0].second;
+    for (const auto& [rank, t] : cells) {
+      if (t->op() != first->op() || t->dtype() != first->dtype() ||
+          (t->count() != first->count() && !own_count(t->op())) || t->root() != first->root()) {
+        ++d.mismatches;
+        d.details.push_back(absl::StrCat(
+            "#", seq, ": rank ", cells[0].first, " called ", first->op(), " ", first->dtype(), "x",
+            first->count(), ", rank ", rank, " ", t->op(), " ", t->dtype(), "x", t->count()));
+        break;
+      }
+    }
+  }
+  int64_t top = 0;
+  for (const Progress& p : ranks) {
+    if (p.newest != nullptr) top = std::max<int64_t>(top, p.newest->seq());
+  }
+  std::vector<int> entered;
+  const v1::TraceRecord* top_record = nullptr;
+  for (const Progress& p : ranks) {
+    if (p.newest != nullptr && p.newest->seq() == top) {
+      entered.push_back(p.rank);
+      int64_t at = p.newest->started_unix_nanos() > 0 ? p.newest->started_unix_nanos()
+                                                      : p.newest->submitted_unix_nanos();
+      if (top_record == nullptr || at < d.since_nanos) d.since_nanos = at;
+      if (top_record == nullptr) top_record = p.newest;
+    } else {
+      d.lagging.push_back(p.rank);
+    }
+    std::string line = absl::StrCat("rank ", p.rank, ": last completed #", p.completed);
+    if (p.newest != nullptr && p.newest->state() != "completed") {
+      int64_t at = p.newest->started_unix_nanos() > 0 ? p.newest->started_unix_nanos()
+                                                      : p.newest->submitted_unix_nanos();
+      absl::StrAppend(
+          &line, "; ", p.newest->state() == "failed" ? "failed in " : "in ", p.newest->op(), " #",
+          p.newest->seq(), " (", p.newest->dtype(), "x", p.newest->count(), ")",
+          p.newest->state() == "failed" ? absl::StrCat(": ", p.newest->error())
+                                        : absl::StrCat(" for ", ShortDuration(now - at)));
+    } else {
+      absl::StrAppend(&line, "; not in a collective");
+    }
+    d.details.push_back(line);
+  }
+  if (top_record != nullptr) {
+    d.op = top_record->op();
+    d.seq = top;
+  }
+  // The verdict, most telling first.
+  if (!d.lagging.empty() && top_record != nullptr) {
+    d.verdict =
+        absl::StrCat(Plural(d.lagging.size(), "rank ", "ranks "), RankRanges(d.lagging),
+                     Plural(d.lagging.size(), " has", " have"), " not entered ", d.op, " #", d.seq,
+                     " that ", Plural(entered.size(), "rank ", "ranks "), RankRanges(entered),
+                     " entered ", ShortDuration(now - d.since_nanos), " ago");
+  } else if (!d.gone.empty()) {
+    d.verdict = absl::StrCat(Plural(d.gone.size(), "rank ", "ranks "), RankRanges(d.gone),
+                             Plural(d.gone.size(), " is", " are"), " gone");
+  } else if (d.mismatches > 0) {
+    d.verdict = absl::StrCat("mismatched collectives (", d.mismatches, ", see below)");
+  } else if (all_left) {
+    d.verdict =
+        absl::StrCat("finished: every member left",
+                     top_record != nullptr ? absl::StrCat(" after #", top, " (", d.op, ")") : "");
+  } else if (top_record == nullptr) {
+    d.verdict = "no collectives recorded";
+  } else {
+    bool all_done = true;
+    for (const Progress& p : ranks) all_done &= p.completed == top;
+    d.verdict =
+        all_done
+            ? absl::StrCat("idle: every local member completed #", top, " (", d.op, ")")
+            : absl::StrCat("every local member is in ", d.op, " #", top, " (for ",
+                           ShortDuration(now - d.since_nanos),
+                           g.ranks_size() < g.size() ? "; waiting for members on other nodes?" : "",
+                           ")");
+  }
+  if (!g.broken_reason().empty()) absl::StrAppend(&d.verdict, "; broken: ", g.broken_reason());
+  return d;
+}
+
+// musterctl why [JOB]: per group, who is stuck in what (this daemon's
+// members, from the flight recorder and the registry).
+int RunWhy(const CtlOptions& options, const std::vector<std::string>& args) {
+  if (args.size() > 2) return Usage("why [JOB] [--json]");
+  auto channel = ConnectToDaemon(options.target);
+  auto stub = v1::Groups::NewStub(channel);
+  v1::TraceRequest req;
+  req.set_job_id(args.size() > 1 ? args[1] : options.job);
+  req.set_last(64);
+  v1::TraceResponse trace;
+  auto context = ContextWithTimeout(options.target, options.timeout);
+  grpc::Status rpc = stub->Trace(context.get(), req, &trace);
+  if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return Unreachable(options, FromGrpc(rpc, "Trace"));
+  }
+  if (!rpc.ok()) {
+    std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
+    return 1;
+  }
+  v1::ListGroupsRequest list;
+  list.set_job_id(req.job_id());
+  v1::ListGroupsResponse groups;
+  auto list_context = ContextWithTimeout(options.target, options.timeout);
+  (void)stub->ListGroups(list_context.get(), list, &groups);
+  const int64_t now = trace.now_unix_nanos();
+  JsonWriter w;
+  if (options.json) w.BeginArray();
+  for (const v1::GroupTrace& g : trace.groups()) {
+    const v1::GroupInfo* info = nullptr;
+    for (const v1::GroupInfo& i : groups.groups()) {
+      if (i.job_id() == g.job_id() && i.name() == g.name()) info = &i;
+    }
+    Diagnosis d = Diagnose(g, info, now);
+    if (options.json) {
+      w.BeginObject()
+          .Key("job")
+          .String(g.job_id())
+          .Key("group")
+          .String(g.name())
+          .Key("verdict")
+          .String(d.verdict)
+          .Key("op")
+          .String(d.op)
+          .Key("seq")
+          .Int(d.seq)
+          .Key("since_unix_nanos")
+          .Int(d.since_nanos)
+          .Key("lagging")
+          .BeginArray();
+      for (int r : d.lagging) w.Int(r);
+      w.EndArray().Key("gone").BeginArray();
+      for (int r : d.gone) w.Int(r);
+      w.EndArray().Key("mismatches").Int(d.mismatches).Key("details").BeginArray();
+      for (const std::string& line : d.details) w.String(line);
+      w.EndArray().EndObject();
+      continue;
+    }
+    std::printf("job %s group %s: %s\n", g.job_id().c_str(), g.name().c_str(), d.verdict.c_str());
+    for (const std::string& line : d.details) std::printf("  %s\n", line.c_str());
+  }
+  if (options.json) {
+    w.EndArray();
+    std::printf("%s\n", w.str().c_str());
+  }
   return 0;
 }
 
@@ -619,7 +969,12 @@ int main(int argc, char** argv) {
       "  groups                 groups: backend, state, members (--job J)\n"
       "  group NAME             one group: members, sequence numbers (--job J)\n"
       "  abort JOB [GROUP]      fail a job's (or group's) operations (--reason TEXT)\n"
-      "  gpu                    NCCL communicators owned by the daemon (--job J)");
+      "  gpu                    NCCL communicators owned by the daemon (--job J)\n"
+      "  trace [JOB] [GROUP]    the flight recorder: each local rank's last collectives,\n"
+      "                         a row per sequence number, a column per rank\n"
+      "                         (--rank R, --last N; --json: one object per record)\n"
+      "  why [JOB]              per group: who lags, what the others are blocked in\n"
+      "                         and since when, gone ranks, mismatched calls; a verdict");
   flags.AddString("socket", &socket_path,
                   "Unix socket of the daemon. Default: $MUSTER_SOCKET, else musterd's default.");
   flags.AddString("addr", &address,
@@ -640,6 +995,9 @@ int main(int argc, char** argv) {
   flags.AddString("prefix", &options.prefix, "store keys: only keys starting with this.");
   flags.AddString("job", &options.job, "ranks, groups, group, gpu: only this job.");
   flags.AddString("reason", &options.reason, "abort: the reason the ranks will see.");
+  flags.AddInt("rank", &options.rank, "trace: only this global rank.");
+  flags.AddInt("last", &options.last,
+               "trace: the last N records per rank (default: 32 in a table, all with --json).");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);
 
   if (!socket_path.empty() && !address.empty()) {
@@ -671,6 +1029,8 @@ int main(int argc, char** argv) {
   if (args[0] == "group" && args.size() == 2) return muster::RunGroup(options, args[1]);
   if (args[0] == "abort") return muster::RunAbort(options, args);
   if (args[0] == "gpu" && args.size() == 1) return muster::RunGpu(options);
+  if (args[0] == "trace") return muster::RunTrace(options, args);
+  if (args[0] == "why") return muster::RunWhy(options, args);
   std::fprintf(stderr, "musterctl: unknown command '%s' (see musterctl --help)\n", args[0].c_str());
   return 2;
 }

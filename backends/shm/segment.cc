@@ -22,7 +22,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 3;
+constexpr uint32_t kVersion = 4;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -44,7 +44,8 @@ GroupSegment::~GroupSegment() { ::munmap(base_, bytes_); }
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::string& name,
                                                                    int nranks, uint64_t slot_bytes,
                                                                    uint64_t mailbox_bytes,
-                                                                   int64_t owner_uid) {
+                                                                   int64_t owner_uid,
+                                                                   uint64_t trace_records) {
   if (nranks < 1 || nranks > kMaxRanks) {
     return absl::InvalidArgumentError(
         absl::StrCat("a shared-memory group has 1..", kMaxRanks, " ranks, not ", nranks));
@@ -54,8 +55,15 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   uint64_t offset = SlotsOffset(nranks);
   uint64_t mailboxes_offset = offset + slot_bytes * nranks;
   uint64_t mailbox_stride = sizeof(MailboxHeader) + mailbox_bytes;
-  // Untouched pages of tmpfs cost nothing: unused mailboxes are free.
-  uint64_t bytes = mailboxes_offset + mailbox_stride * nranks * nranks;
+  trace_records = std::min(trace_records, kMaxTraceRecords);
+  // Untouched pages of tmpfs cost nothing: unused mailboxes are free, and
+  // a trace ring costs what its rank has written.
+  uint64_t trace_offset = RoundUp(mailboxes_offset + mailbox_stride * nranks * nranks, 4096);
+  uint64_t trace_stride =
+      trace_records == 0
+          ? 0
+          : RoundUp(sizeof(TraceRingHeader) + sizeof(TraceRecord) * trace_records, 4096);
+  uint64_t bytes = trace_offset + trace_stride * nranks;
   int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
   if (owner_uid >= 0 && static_cast<uid_t>(owner_uid) != ::geteuid() &&
@@ -90,6 +98,9 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   h->sleepers.store(0);
   h->outcome.store(0);
   std::memset(h->abort_reason, 0, sizeof(h->abort_reason));
+  h->trace_records = trace_records;
+  h->trace_offset = trace_offset;
+  h->trace_stride = trace_stride;
   auto* controls = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
   for (int i = 0; i < nranks; ++i) {
     auto* c = new (&controls[i]) RankControl();
@@ -104,6 +115,14 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
         new (static_cast<char*>(base) + mailboxes_offset + i * mailbox_stride) MailboxHeader();
     m->written.store(0);
     m->read.store(0);
+  }
+  // The file is zero-filled (ftruncate of a new object): every record's
+  // version and id are 0; only the ring headers are constructed here.
+  for (int i = 0; trace_records > 0 && i < nranks; ++i) {
+    auto* ring = new (static_cast<char*>(base) + trace_offset + trace_stride * i) TraceRingHeader();
+    ring->next.store(0);
+    ring->capacity.store(0);
+    ring->pid.store(0);
   }
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
@@ -128,7 +147,11 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
   if (magic != kMagic || h->version != kVersion || static_cast<int>(h->nranks) != expected_nranks ||
       h->mailboxes_offset + (sizeof(MailboxHeader) + h->mailbox_bytes) * h->nranks * h->nranks >
-          static_cast<uint64_t>(st.st_size)) {
+          static_cast<uint64_t>(st.st_size) ||
+      h->trace_records > kMaxTraceRecords ||
+      (h->trace_records > 0 &&
+       (h->trace_stride < sizeof(TraceRingHeader) + sizeof(TraceRecord) * h->trace_records ||
+        h->trace_offset + h->trace_stride * h->nranks > static_cast<uint64_t>(st.st_size)))) {
     ::munmap(base, st.st_size);
     return absl::DataLossError(absl::StrCat("shared memory ", name, " is not a ", expected_nranks,
                                             "-rank muster group segment"));

@@ -5,6 +5,7 @@
 // Layout (all offsets fixed at creation):
 //   SegmentHeader | RankControl x nranks | slot 0 | slot 1 | ... (slot_bytes each)
 //   | mailbox (0→0), (0→1), ... (n-1→n-1)   (point-to-point rings)
+//   | trace ring 0 | ... | trace ring n-1       (flight recorder, trace.h)
 // Every rank owns its RankControl and its slot: it writes only those, and
 // reads everyone's. Progress is published through monotonically increasing
 // round counters (release/acquire). The header also carries the abort flag
@@ -32,6 +33,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "backends/shm/trace.h"
 #include "core/signature.h"
 
 namespace muster {
@@ -72,6 +74,9 @@ struct alignas(64) SegmentHeader {
   // member completes a round another failed (see collectives.h).
   std::atomic<uint64_t> outcome;
   char abort_reason[512];
+  uint64_t trace_records;  // records per rank's trace ring (0: none)
+  uint64_t trace_offset;   // of trace ring 0
+  uint64_t trace_stride;   // bytes per rank's trace ring
 };
 
 // Why a segment was aborted: the group broke (collectives fail ABORTED), or
@@ -84,14 +89,16 @@ class GroupSegment {
   static constexpr uint64_t kMagic = 0x4d55535445525347ull;  // "MUSTERSG"
   static constexpr int kMaxRanks = 256;
   static constexpr uint64_t kMetaWords = 64;
+  // Flight-recorder records per rank (musterd --trace-records).
+  static constexpr uint64_t kDefaultTraceRecords = 2048;
+  static constexpr uint64_t kMaxTraceRecords = 1 << 20;
 
   // Creates (and truncates) the segment `name` (a POSIX shm name, "/…"),
   // readable and writable by its owner only: `owner_uid` (the user whose
   // ranks map it) if >= 0, else the calling process's user.
-  static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(const std::string& name, int nranks,
-                                                              uint64_t slot_bytes,
-                                                              uint64_t mailbox_bytes = 256 << 10,
-                                                              int64_t owner_uid = -1);
+  static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(
+      const std::string& name, int nranks, uint64_t slot_bytes, uint64_t mailbox_bytes = 256 << 10,
+      int64_t owner_uid = -1, uint64_t trace_records = kDefaultTraceRecords);
   // Maps an existing segment; checks its magic and rank count.
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Open(const std::string& name,
                                                             int expected_nranks);
@@ -117,6 +124,17 @@ class GroupSegment {
     return reinterpret_cast<char*>(&mailbox(from, to)) + sizeof(MailboxHeader);
   }
   uint64_t mailbox_bytes() const { return header_->mailbox_bytes; }
+  // Rank i's flight-recorder ring (trace.h): its header, then
+  // trace_records() records.
+  uint64_t trace_records() const { return header_->trace_records; }
+  TraceRingHeader& trace_ring(int i) {
+    return *reinterpret_cast<TraceRingHeader*>(static_cast<char*>(base_) + header_->trace_offset +
+                                               header_->trace_stride * static_cast<uint64_t>(i));
+  }
+  TraceRecord* trace_records(int i) {
+    return reinterpret_cast<TraceRecord*>(reinterpret_cast<char*>(&trace_ring(i)) +
+                                          sizeof(TraceRingHeader));
+  }
 
   // Sets the abort flag (first reason wins) and wakes every waiter.
   void Abort(const std::string& reason, AbortKind kind = AbortKind::kAborted);

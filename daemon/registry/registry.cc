@@ -1,20 +1,25 @@
 #include "daemon/registry/registry.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
+#include "backends/shm/trace.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "muster/types.h"
 #include "proto/state_names.h"
+#include "proto/trace_json.h"
 
 namespace muster {
 namespace {
@@ -130,6 +135,18 @@ void Registry::ReapLoop() {
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     std::vector<std::shared_ptr<JobCoordinator>> removed;
     absl::Time now = absl::Now();
+    // Groups a member broke itself (a collective timed out, a desync): the
+    // segment says so; musterd learns it here and keeps the evidence.
+    for (auto& [id, job] : jobs_) {
+      for (auto& [name, g] : job.groups) {
+        if (g.dumped || g.segment == nullptr ||
+            g.segment->header().aborted.load(std::memory_order_acquire) !=
+                static_cast<uint32_t>(AbortKind::kAborted)) {
+          continue;
+        }
+        DumpGroup(job, g, g.segment->abort_reason());
+      }
+    }
     for (auto it = jobs_.begin(); it != jobs_.end();) {
       Job& job = it->second;
       if (job.idle_since == absl::InfiniteFuture() || now - job.idle_since < options_.job_grace) {
@@ -618,6 +635,7 @@ void Registry::MarkFailed(Job& job, int rank, const std::string& host, int64_t p
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     if (g.info.broken_reason().empty()) g.info.set_broken_reason(what);
     if (g.segment != nullptr) g.segment->Abort(what);
+    DumpGroup(job, g, what);
     if (observer_ != nullptr) observer_->GroupBroken(job.id, name, what);
   }
   if (observer_ != nullptr && r.local) observer_->RankGone(job.id, rank);
@@ -1057,6 +1075,7 @@ absl::Status Registry::AbortGroup(const std::string& job_id, const std::string& 
   if (it->second.segment != nullptr) {
     it->second.segment->Abort(absl::StrCat("group aborted: ", it->second.abort_reason));
   }
+  DumpGroup(*job, it->second, absl::StrCat("group aborted: ", it->second.abort_reason));
   if (observer_ != nullptr) {
     observer_->GroupBroken(job_id, name, absl::StrCat("group aborted: ", it->second.abort_reason));
   }
@@ -1376,6 +1395,7 @@ absl::Status Registry::AbortJob(const std::string& job_id, const std::string& re
     g.info.set_state(v1::GROUP_STATE_BROKEN);
     g.info.set_broken_reason(absl::StrCat("job aborted: ", job->abort_reason));
     if (g.segment != nullptr) g.segment->Abort(absl::StrCat("job aborted: ", job->abort_reason));
+    DumpGroup(*job, g, absl::StrCat("job aborted: ", job->abort_reason));
     if (observer_ != nullptr) {
       observer_->GroupBroken(job_id, name, absl::StrCat("job aborted: ", job->abort_reason));
     }
@@ -1416,6 +1436,7 @@ std::vector<v1::JobInfo> Registry::ListJobs(const Caller& who) {
     info.set_uid(job.owner_uid);
     info.set_epoch(job.epoch);
     for (const v1::Reconfiguration& r : job.reconfigurations) *info.add_reconfigurations() = r;
+    for (const std::string& d : job.dumps) info.add_dumps(d);
     int local = 0, alive = 0, failed = 0;
     for (const auto& [r, rec] : job.ranks) {
       if (rec.local) ++local;
@@ -1505,7 +1526,7 @@ void Registry::AttachSegment(Job& job, Group& g) {
   if (local.empty()) return;  // only non-members of it run here
   std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++);
   auto segment = GroupSegment::Create(name, static_cast<int>(local.size()), options_.shm_slot_bytes,
-                                      256 << 10, job.owner_uid);
+                                      256 << 10, job.owner_uid, options_.trace_records);
   if (!segment.ok()) {
     g.info.set_shm_error(std::string(segment.status().message()));
     MLOG(WARNING) << "job " << job.id << ": group '" << g.info.name()
@@ -1516,6 +1537,143 @@ void Registry::AttachSegment(Job& job, Group& g) {
   g.shm_ranks = local;
   g.info.set_shm_name(name);
   for (int r : local) g.info.add_shm_group_ranks(r);
+}
+
+Registry::TraceSource Registry::TraceSourceOf(const Job& job, const Group& g) {
+  TraceSource source;
+  source.segment = g.segment;
+  v1::GroupTrace& t = source.group;
+  t.set_job_id(job.id);
+  t.set_name(g.info.name());
+  t.set_backend(g.info.backend());
+  t.set_state(g.info.state());
+  t.set_broken_reason(g.info.broken_reason());
+  t.set_size(static_cast<int>(g.ranks.size()));
+  t.set_epoch(g.info.epoch());
+  for (int group_rank : g.shm_ranks) {
+    v1::RankTrace* r = t.add_ranks();
+    r->set_group_rank(group_rank);
+    int global = group_rank < static_cast<int>(g.ranks.size()) ? g.ranks[group_rank] : -1;
+    r->set_global_rank(global);
+    auto it = job.ranks.find(global);
+    if (it != job.ranks.end()) {
+      r->set_pid(it->second.info.pid());
+      r->set_state(RankStateName(it->second.info.state()));
+    }
+  }
+  return source;
+}
+
+v1::GroupTrace Registry::ReadRecords(const TraceSource& source, int64_t last,
+                                     std::optional<int> only_rank) {
+  v1::GroupTrace out = source.group;
+  out.clear_ranks();
+  for (int i = 0; i < source.group.ranks_size(); ++i) {
+    const v1::RankTrace& meta = source.group.ranks(i);
+    if (only_rank.has_value() && meta.global_rank() != *only_rank) continue;
+    v1::RankTrace* r = out.add_ranks();
+    *r = meta;
+    if (source.segment == nullptr) continue;
+    for (const TraceEntry& e : ReadTrace(*source.segment, i, static_cast<uint64_t>(last))) {
+      v1::TraceRecord* t = r->add_records();
+      t->set_id(e.id);
+      t->set_seq(static_cast<int64_t>(e.seq));
+      t->set_op(TraceOpName(e.op));
+      t->set_dtype(e.dtype < kNumDTypes ? DTypeName(static_cast<DType>(e.dtype)) : "unknown");
+      t->set_device(e.device == 1 ? "cuda" : "cpu");
+      t->set_count(static_cast<int64_t>(e.count));
+      t->set_root(e.root);
+      t->set_tag(e.tag);
+      t->set_state(TraceStateName(e.state));
+      if (e.state == TraceState::kFailed) {
+        t->set_error(absl::StatusCodeToString(static_cast<absl::StatusCode>(e.error)));
+      }
+      t->set_submitted_unix_nanos(e.submitted_ns);
+      t->set_started_unix_nanos(e.started_ns);
+      t->set_completed_unix_nanos(e.completed_ns);
+    }
+  }
+  return out;
+}
+
+absl::StatusOr<v1::TraceResponse> Registry::Trace(const v1::TraceRequest& request,
+                                                  const Caller& who) {
+  if (request.last() < 0) return absl::InvalidArgumentError("trace: --last must be >= 0");
+  if (!request.job_id().empty()) {
+    if (absl::Status s = CheckAccess(request.job_id(), who); !s.ok()) return s;
+  }
+  std::vector<TraceSource> sources;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (!request.job_id().empty() && id != request.job_id()) continue;
+      if (!who.MayAccess(job.owner_uid)) continue;
+      for (const auto& [name, g] : job.groups) {
+        if (!request.group().empty() && name != request.group()) continue;
+        if (g.info.state() == v1::GROUP_STATE_DESTROYED ||
+            g.info.state() == v1::GROUP_STATE_FORMING) {
+          continue;
+        }
+        sources.push_back(TraceSourceOf(job, g));
+      }
+    }
+  }
+  if (!request.group().empty() && sources.empty()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no formed group '", request.group(), "'",
+        request.job_id().empty() ? "" : absl::StrCat(" in job '", request.job_id(), "'")));
+  }
+  v1::TraceResponse response;
+  std::optional<int> rank;
+  if (request.has_rank()) rank = request.rank();
+  for (const TraceSource& source : sources) {
+    *response.add_groups() = ReadRecords(source, request.last(), rank);
+  }
+  response.set_now_unix_nanos(absl::GetCurrentTimeNanos());
+  return response;
+}
+
+void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {
+  if (options_.dump_dir.empty() || g.segment == nullptr || g.dumped) return;
+  g.dumped = true;
+  std::string safe;
+  for (char c : absl::StrCat(job.id, "-", g.info.name())) {
+    safe +=
+        std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.' ? c : '_';
+  }
+  const std::string path =
+      absl::StrCat(options_.dump_dir, "/trace-", safe, "-e", g.info.epoch(), "-",
+                   absl::FormatTime("%Y%m%dT%H%M%E3SZ", absl::Now(), absl::UTCTimeZone()), ".json");
+  g.info.set_dump_path(path);
+  job.dumps.push_back(path);
+  TraceSource source = TraceSourceOf(job, g);
+  source.group.set_state(v1::GROUP_STATE_BROKEN);
+  source.group.set_broken_reason(reason);
+  const std::string dir = options_.dump_dir;
+  Spawn(WorkerPool::Kind::kBlocking, [source = std::move(source), reason, path, dir] {
+    // The members learn of the break through the segment within
+    // microseconds; give them a moment to record how their collective in
+    // flight ended.
+    absl::SleepFor(absl::Milliseconds(200));
+    std::string text =
+        TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason, absl::GetCurrentTimeNanos());
+    ::mkdir(dir.c_str(), 0755);
+    std::string tmp = absl::StrCat(path, ".tmp");
+    FILE* f = std::fopen(tmp.c_str(), "w");
+    bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+    if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
+    if (!ok) {
+      MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
+                    << ": cannot write its flight recorder to " << path << ": "
+                    << std::strerror(errno);
+      std::remove(tmp.c_str());
+      return;
+    }
+    MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
+                  << " broke (" << reason << "): flight recorder of its "
+                  << source.group.ranks_size() << " local member(s) written to " << path;
+  });
 }
 
 void Registry::ReleaseSegments(Job& job, const std::string& reason, AbortKind kind) {

@@ -35,6 +35,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
@@ -89,6 +90,11 @@ struct RegistryOptions {
   // Bytes per rank of each node-local group's shared-memory segment (the
   // largest piece one collective round moves per rank).
   uint64_t shm_slot_bytes = 4 << 20;
+  // Flight-recorder records per rank in each segment (backends/shm/trace.h).
+  uint64_t trace_records = 2048;
+  // Where a broken group's recorder is written (one JSON file per break,
+  // proto/trace_json.h); "": not written.
+  std::string dump_dir;
   // Largest world and group accepted (checked before anything is allocated).
   int max_world_size = 1 << 20;
   int max_group_size = 1 << 20;
@@ -186,6 +192,9 @@ class Registry {
   std::vector<v1::GroupInfo> ListGroups(const std::string& job_id, const Caller& caller);
   absl::StatusOr<v1::GroupInfo> GetGroup(const std::string& job_id, const std::string& name,
                                          const Caller& caller);
+  // The flight recorder of this daemon's members of the groups `request`
+  // names (read from the segments outside the registry's lock).
+  absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request, const Caller& caller);
 
   struct Counts {
     int sessions = 0;
@@ -239,6 +248,7 @@ class Registry {
     // node-local group; this node's members of a spanning group).
     std::shared_ptr<GroupSegment> segment;
     std::vector<int> shm_ranks;  // group rank of each segment rank
+    bool dumped = false;         // its recorder was written since it (re)formed
   };
   struct Job {
     std::string id;
@@ -262,7 +272,21 @@ class Registry {
     absl::Time first_failure = absl::InfiniteFuture();
     std::vector<std::string> failed_since;
     std::set<int> replaced_since;
+    std::vector<std::string> dumps;  // recorder dumps of its broken groups
   };
+  // What reading a group's recorder needs, copied under the lock.
+  struct TraceSource {
+    v1::GroupTrace group;  // with one RankTrace per segment rank, no records yet
+    std::shared_ptr<GroupSegment> segment;
+  };
+  TraceSource TraceSourceOf(const Job& job, const Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Fills in the records (the last `last` per rank; 0: all). No lock.
+  static v1::GroupTrace ReadRecords(const TraceSource& source, int64_t last,
+                                    std::optional<int> only_rank);
+  // Writes group `g`'s recorder to a file under dump_dir (once per
+  // formation; on a worker, shortly after, so that the members' own records
+  // of the failure are in it), records the path.
+  void DumpGroup(Job& job, Group& g, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Runs `fn` on the registry's worker pool.
   void Spawn(WorkerPool::Kind kind, std::function<void()> fn);

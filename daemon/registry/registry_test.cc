@@ -7,11 +7,16 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "absl/synchronization/notification.h"
+#include "backends/shm/trace.h"
 #include "daemon/store/local_store.h"
 #include "daemon/store/store_server.h"
+#include "muster/types.h"
 
 namespace muster {
 namespace {
@@ -72,7 +77,7 @@ struct Fixture {
   std::vector<std::unique_ptr<RecordingSink>> sinks;
   std::map<int, std::string> sessions;
 
-  Fixture() {
+  explicit Fixture(std::string dump_dir = "") {
     StoreServerOptions store_options;
     store_options.listen_address = "127.0.0.1";
     store_options.port = 0;
@@ -83,6 +88,7 @@ struct Fixture {
     RegistryOptions options;
     options.hostname = "node-a";
     options.job_grace = absl::Seconds(60);
+    options.dump_dir = dump_dir;
     StoreServer* server = store.get();
     options.job_store = [server](const std::string&) {
       JobStoreAccess access;
@@ -337,6 +343,86 @@ TEST_CASE(
   REQUIRE(alone.Await().status().code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(alone.value.status().message().find("epoch 2 of job 'job' timed out; ranks that never "
                                             "arrived: 1") != std::string::npos);
+}
+
+TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {
+  char dir_template[] = "/tmp/registry-trace-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string dumps = std::string(dir_template) + "/dumps";
+  Fixture f(dumps);
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
+  REQUIRE(g0.Await().ok());
+  REQUIRE(g1.Await().ok());
+  const v1::GroupInfo& info = *g0.value;
+  REQUIRE(!info.shm_name().empty());
+  // What the ranks' SDK does: write records into their rings.
+  auto segment = GroupSegment::Open(info.shm_name(), 2);
+  REQUIRE(segment.ok());
+  for (int r = 0; r < 2; ++r) {
+    TraceWriter w(segment->get(), r, 2048);
+    TraceCall call;
+    call.op = TraceOp::kAllReduce;
+    call.dtype = static_cast<uint8_t>(DType::kFloat32);
+    call.count = 10 + r;
+    w.Finished(w.Begin(1, call, 100), 0, 200);
+    w.Started(w.Begin(2, call, 300), 400);
+  }
+  v1::TraceRequest req;
+  req.set_job_id("job");
+  req.set_group("pair");
+  auto trace = f.registry->Trace(req, f.caller);
+  REQUIRE(trace.ok());
+  REQUIRE(trace->groups_size() == 1);
+  const v1::GroupTrace& g = trace->groups(0);
+  REQUIRE(g.ranks_size() == 2);
+  CHECK(g.ranks(1).global_rank() == 1);
+  REQUIRE(g.ranks(1).records_size() == 2);
+  CHECK(g.ranks(1).records(0).op() == "all_reduce");
+  CHECK(g.ranks(1).records(0).dtype() == "float32");
+  CHECK(g.ranks(1).records(0).count() == 11);
+  CHECK(g.ranks(1).records(0).state() == "completed");
+  CHECK(g.ranks(1).records(1).state() == "started");
+  req.set_rank(0);
+  req.set_last(1);
+  trace = f.registry->Trace(req, f.caller);
+  REQUIRE(trace.ok());
+  REQUIRE(trace->groups(0).ranks_size() == 1);
+  REQUIRE(trace->groups(0).ranks(0).records_size() == 1);
+  CHECK(trace->groups(0).ranks(0).records(0).seq() == 2);
+
+  // Another user sees nothing of the job.
+  Caller other = f.caller;
+  other.uid = f.caller.uid + 1;
+  CHECK(f.registry->Trace(req, other).status().code() == absl::StatusCode::kPermissionDenied);
+  v1::TraceRequest everything;
+  auto none = f.registry->Trace(everything, other);
+  REQUIRE(none.ok());
+  CHECK(none->groups_size() == 0);
+
+  // Aborting the group writes its recorder (once, however often it breaks).
+  REQUIRE(f.registry->AbortGroup("job", "pair", "testing", f.caller).ok());
+  REQUIRE(f.registry->AbortGroup("job", "pair", "again", f.caller).ok());
+  auto aborted = f.registry->GetGroup("job", "pair", f.caller);
+  REQUIRE(aborted.ok());
+  const std::string path = aborted->dump_path();
+  CHECK(path.rfind(dumps + "/trace-job-pair-e0-", 0) == 0);
+  REQUIRE(Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }));
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("\"reason\":\"group aborted: testing\"") != std::string::npos);
+  CHECK(text.find("\"rank\":1,\"group_rank\":1") != std::string::npos);
+  CHECK(text.find("\"count\":11") != std::string::npos);
+  auto jobs = f.registry->ListJobs(f.caller);
+  REQUIRE(jobs.size() == 1);
+  REQUIRE(jobs[0].dumps_size() == 1);
+  CHECK(jobs[0].dumps(0) == path);
+  std::remove(path.c_str());
+  ::rmdir(dumps.c_str());
+  ::rmdir(dir_template);
 }
 
 TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {

@@ -308,6 +308,17 @@ grpc::ServerUnaryReactor* GroupsService::AbortGroup(grpc::CallbackServerContext*
                                                request->reason(), *caller));
 }
 
+grpc::ServerUnaryReactor* GroupsService::Trace(grpc::CallbackServerContext* context,
+                                               const v1::TraceRequest* request,
+                                               v1::TraceResponse* response) {
+  ADMIT_OR_FINISH(caller, context, request);
+  // Reads shared memory only (a few hundred kilobytes per rank at most):
+  // short enough for the reactor thread.
+  auto trace = registry_->Trace(*request, *caller);
+  if (trace.ok()) *response = std::move(*trace);
+  return Finish(context, trace.status());
+}
+
 grpc::ServerUnaryReactor* GroupsService::Barrier(grpc::CallbackServerContext* context,
                                                  const v1::BarrierRequest* request,
                                                  v1::BarrierResponse*) {

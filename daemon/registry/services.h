@@ -75,6 +75,9 @@ class GroupsService final : public v1::Groups::CallbackService {
   grpc::ServerUnaryReactor* PendingJoins(grpc::CallbackServerContext* context,
                                          const v1::PendingJoinsRequest* request,
                                          v1::PendingJoinsResponse* response) override;
+  grpc::ServerUnaryReactor* Trace(grpc::CallbackServerContext* context,
+                                  const v1::TraceRequest* request,
+                                  v1::TraceResponse* response) override;
 
  private:
   Registry* registry_;

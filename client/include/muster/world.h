@@ -70,6 +70,10 @@ struct InitOptions {
   // moment; the job's other ranks join later (the world grows: the others
   // see them in PendingJoins and call Reconfigure with allow_shrink).
   int min_world_size = -1;
+  // Flight recorder: how many of its last collectives this rank keeps per
+  // group where musterd reads them (`musterctl trace`), at most musterd's
+  // --trace-records. -1: MUSTER_TRACE_RECORDS, else 2048; 0: record nothing.
+  int64_t trace_records = -1;
 };
 
 // Fills every unset field of `options` from the environment, the way
@@ -83,6 +87,7 @@ struct GroupOptions {
   bool local_synchronization = false;
   std::string name;  // default: "group_<n>", n counting this rank's groups
   std::string tag;
+  int64_t trace_records = -1;  // flight recorder (InitOptions); -1: the world's
 };
 
 // A CPU buffer: `count` elements of `dtype` at `data` (not owned).

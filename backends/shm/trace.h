@@ -1,0 +1,155 @@
+// The flight recorder: each rank's ring of its last collectives on one
+// group, kept in the group's shared-memory segment (see segment.h) so that
+// musterd reads it at any time without asking the rank (`musterctl trace`,
+// `musterctl why`, the dumps of a broken group).
+//
+// Layout (per segment rank, at GroupSegment::trace_ring(i)):
+//   TraceRingHeader | TraceRecord x capacity
+// Record ids count from 1 per rank; record `id` lives at (id - 1) % capacity.
+//
+// Consistency without locks: every record has a version word (a per-record
+// seqlock). A writer takes it by moving it from even to odd (compare and
+// swap, so the rare writers of the same slot, e.g. a long-pending receive
+// completing after the ring wrapped, exclude each other), writes the fields
+// and releases it (even again). A reader copies the record between two
+// reads of the word and keeps the copy only if the word was even and
+// unchanged, and the copy's id is the one it expected. A new segment is
+// zero-filled: every record starts with version 0 and id 0 (none).
+//
+// Thread-safety: TraceWriter is thread-safe (ids come from an atomic
+// counter in the ring header; each record is written under its version
+// word). Only one process writes a rank's ring: the rank itself. Readers
+// (ReadTrace) never block writers and may run in any process.
+#ifndef MUSTER_BACKENDS_SHM_TRACE_H_
+#define MUSTER_BACKENDS_SHM_TRACE_H_
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+namespace muster {
+
+class GroupSegment;
+
+// What a record describes: the SDK's calls (not the communicator's steps:
+// an all_gather_object is one record).
+enum class TraceOp : uint8_t {
+  kUnknown = 0,
+  kAllReduce,
+  kAllReduceCoalesced,
+  kBroadcast,
+  kReduce,
+  kAllGather,
+  kAllGatherCoalesced,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kAllToAll,
+  kBarrier,
+  kMonitoredBarrier,
+  kBroadcastObject,
+  kAllGatherObject,
+  kGatherObject,
+  kScatterObject,
+  kSend,
+  kRecv,
+  kBatchP2P,
+  kNumOps,
+};
+// "all_reduce", "send", ...
+const char* TraceOpName(TraceOp op);
+
+enum class TraceState : uint8_t {
+  kSubmitted = 0,  // queued, not started
+  kStarted = 1,    // running (entered the communicator)
+  kCompleted = 2,
+  kFailed = 3,
+};
+const char* TraceStateName(TraceState state);  // "submitted", ...
+
+// One collective as this rank issued it. In shared memory, written between
+// the version word's odd and even values. Every field is an atomic accessed
+// with relaxed order (plain moves on x86-64): the version word orders them,
+// and a reader racing a writer reads no torn word (and race detectors see
+// none).
+struct alignas(64) TraceRecord {
+  std::atomic<uint32_t> version;      // odd while a writer holds the record
+  std::atomic<uint8_t> op;            // TraceOp
+  std::atomic<uint8_t> dtype;         // muster::DType
+  std::atomic<uint8_t> device;        // muster::Device (0 cpu, 1 cuda)
+  std::atomic<uint8_t> state;         // TraceState
+  std::atomic<uint64_t> id;           // record number on this ring, from 1
+  std::atomic<uint64_t> seq;          // the group's collective sequence number; 0 for p2p
+  std::atomic<uint64_t> count;        // elements (of the input, per rank)
+  std::atomic<int32_t> root;          // root, or peer group rank (p2p; -2: any source), else -1
+  std::atomic<int32_t> error;         // absl::StatusCode of a failed one
+  std::atomic<uint64_t> tag;          // p2p tag
+  std::atomic<int64_t> submitted_ns;  // Unix time, nanoseconds
+  std::atomic<int64_t> started_ns;    // 0 until started
+  std::atomic<int64_t> completed_ns;  // 0 until completed or failed
+};
+static_assert(sizeof(TraceRecord) == 128, "two cache lines per record");
+
+struct alignas(64) TraceRingHeader {
+  std::atomic<uint64_t> next;      // the last record id begun (0: none)
+  std::atomic<uint32_t> capacity;  // records this rank keeps (<= the segment's; 0: off)
+  std::atomic<int32_t> pid;        // the writing process
+};
+
+// A consistent copy of one record (ReadTrace).
+struct TraceEntry {
+  uint64_t id = 0;
+  uint64_t seq = 0;
+  TraceOp op = TraceOp::kUnknown;
+  uint8_t dtype = 0;
+  uint8_t device = 0;
+  TraceState state = TraceState::kSubmitted;
+  uint64_t count = 0;
+  int32_t root = -1;
+  int32_t error = 0;
+  uint64_t tag = 0;
+  int64_t submitted_ns = 0, started_ns = 0, completed_ns = 0;
+};
+
+// What a collective is, for TraceWriter::Begin.
+struct TraceCall {
+  TraceOp op = TraceOp::kUnknown;
+  uint8_t dtype = 0;
+  uint8_t device = 0;
+  uint64_t count = 0;
+  int32_t root = -1;
+  uint64_t tag = 0;
+};
+
+// Writes one rank's ring. The segment outlives the writer.
+class TraceWriter {
+ public:
+  // Records at most `capacity` (clamped to the segment's) collectives of
+  // segment rank `rank`; resumes after the ring's last id (an earlier
+  // handle of this rank may have written it). capacity 0: records nothing.
+  TraceWriter(GroupSegment* segment, int rank, uint64_t capacity);
+  bool enabled() const { return capacity_ > 0; }
+  uint64_t capacity() const { return capacity_; }
+  // Starts a record (state submitted); returns its id (0 when disabled).
+  uint64_t Begin(uint64_t seq, const TraceCall& call, int64_t now_ns);
+  // The collective entered its communicator.
+  void Started(uint64_t id, int64_t now_ns);
+  // It ended; `code` is its absl::StatusCode (0: completed).
+  void Finished(uint64_t id, int code, int64_t now_ns);
+
+ private:
+  TraceRecord* Lock(uint64_t id);  // null if the slot holds another record now
+  static void Unlock(TraceRecord* r);
+  TraceRingHeader* header_ = nullptr;
+  TraceRecord* records_ = nullptr;
+  uint64_t capacity_ = 0;
+};
+
+// The last `last` records (0: all kept) of segment rank `rank`, oldest
+// first. Records being written at the moment are retried briefly, then
+// left out.
+std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last = 0);
+
+}  // namespace muster
+
+#endif  // MUSTER_BACKENDS_SHM_TRACE_H_
