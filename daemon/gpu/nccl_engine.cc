@@ -996,7 +996,15 @@ void NcclEngine::Watchdog() {
     }
     for (auto& [job, group, reason] : breaks) {
       for (auto& slot : breakable) {
-        if (slot->job == job && slot->group == group) Fail(*slot, reason, /*break_group=*/false);
+        if (slot->job != job || slot->group != group) continue;
+        // Only the slots the break was meant for: a group formed again
+        // (a later job epoch) already has new ones.
+        bool requested;
+        {
+          std::lock_guard<std::mutex> slot_lock(slot->mu);
+          requested = slot->break_requested;
+        }
+        if (requested) Fail(*slot, reason, /*break_group=*/false);
       }
     }
     for (auto& slot : snapshot) {
