@@ -822,7 +822,7 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
   }
   std::unique_lock<std::mutex> lock(table_mu_);
   std::shared_ptr<SignatureTable>& entry =
-      tables_[TableKey{slot.job, slot.group, slot.generation, slot.local_group_ranks.front()}];
+      tables_[TableKey{slot.job, slot.uid_group, slot.generation, slot.local_group_ranks.front()}];
   if (entry == nullptr) {
     entry = std::make_shared<SignatureTable>();
     entry->local = slot.local_group_ranks;
@@ -888,13 +888,16 @@ absl::Status NcclEngine::Agree(Slot& slot, const v1::GpuCollectiveRequest& reque
 }
 
 void NcclEngine::BreakTables(const std::string& job_id, const std::string& group, int global_rank,
-                             const std::string& reason, bool drop) {
+                             const std::string& reason, bool drop, bool exact) {
   {
     std::lock_guard<std::mutex> lock(table_mu_);
     for (auto it = tables_.begin(); it != tables_.end();) {
       SignatureTable& table = *it->second;
-      bool ours =
-          std::get<0>(it->first) == job_id && (group.empty() || std::get<1>(it->first) == group);
+      const std::string& name = std::get<1>(it->first);  // "g" or "e<epoch>/g"
+      bool ours = std::get<0>(it->first) == job_id &&
+                  (group.empty() || name == group ||
+                   (!exact && name.size() > group.size() + 1 && name[0] == 'e' &&
+                    absl::EndsWith(name, "/" + group)));
       if (ours && global_rank >= 0) {
         ours = false;
         for (int j : table.local) ours = ours || table.global_ranks[j] == global_rank;
@@ -942,7 +945,9 @@ void NcclEngine::Fail(Slot& slot, const std::string& reason, bool break_group) {
                   << ", rank " << slot.global_rank << ") aborted: " << reason;
   }
   // Members waiting to agree with this one stop waiting.
-  if (first) BreakTables(slot.job, slot.group, -1, reason, /*drop=*/false);
+  // Its own epoch's tables only: a slot of an earlier epoch failing late
+  // must not break the group formed again meanwhile.
+  if (first) BreakTables(slot.job, slot.uid_group, -1, reason, /*drop=*/false, /*exact=*/true);
   if (first && break_group) directory_->BreakGroup(slot.job, slot.group, reason);
 }
 

@@ -193,8 +193,10 @@ class NcclEngine {
   // Fails the group's tables' current and later collectives with ABORTED
   // and `reason` (waiters wake). `drop`: forget them (the group or a
   // member goes; the next use starts at #1).
+  // `group` names a group in every job epoch ("world" also matches
+  // "e2/world"), unless `exact` (one epoch's tables: a slot's uid_group).
   void BreakTables(const std::string& job_id, const std::string& group, int global_rank,
-                   const std::string& reason, bool drop);
+                   const std::string& reason, bool drop, bool exact = false);
   // Waits until the slot's comm finished its pending operation; the error
   // otherwise (the comm is then aborted and the group broken).
   absl::Status AwaitComm(Slot& slot, void* comm, absl::Time deadline, const std::string& what);
