@@ -252,6 +252,17 @@ std::unique_ptr<TcpStore> Native(int port) {
   return std::move(*store);
 }
 
+// What one loop iteration may take in these tests: 10 ms of CPU in an
+// optimized build (2.6 ms measured for the WAIT_FOR below). Unoptimized
+// builds (CI's fastbuild) run the missing-key count's 131,072 hash lookups
+// and a 16 MiB value's copies about 10x slower (40 ms and 3 iterations over
+// 10 ms measured), so there the bound is 10x too.
+#ifdef NDEBUG
+constexpr absl::Duration kIterationBound = absl::Milliseconds(10);
+#else
+constexpr absl::Duration kIterationBound = absl::Milliseconds(100);
+#endif
+
 TEST_CASE("a timed-out native WAIT_FOR of 131072 keys names a few and counts them in bounded CPU") {
   StoreServerOptions options;
   options.listen_address = "127.0.0.1";
@@ -273,7 +284,11 @@ TEST_CASE("a timed-out native WAIT_FOR of 131072 keys names a few and counts the
   CHECK_THAT(std::string(waited.message()), Catch::Contains("missing/0, missing/1"));
   CHECK_THAT(std::string(waited.message()), !Catch::Contains("missing/7,"));
   CHECK(waited.message().size() < 4096);
-  CHECK(stats.slow_iterations == slow_before);
+  if (kIterationBound == absl::Milliseconds(10)) {
+    CHECK(stats.slow_iterations == slow_before);
+  } else {
+    CHECK(stats.max_iteration_cpu < kIterationBound);
+  }
   // The connection is in step: the next request gets its own reply.
   REQUIRE(client->Set("after", "x").ok());
   CHECK(*client->Get("after") == "x");
@@ -307,7 +322,11 @@ TEST_CASE("a 16 MiB SET and its GET sent together are handled in separate iterat
       std::printf("16 MiB SET+GET round %d: %llu iterations over 10 ms, longest so far %s\n", round,
                   static_cast<unsigned long long>(stats.slow_iterations - slow_before),
                   absl::FormatDuration(stats.max_iteration_cpu).c_str());
-      CHECK(stats.slow_iterations - slow_before <= 2);  // the SET's, the GET's
+      if (kIterationBound == absl::Milliseconds(10)) {
+        CHECK(stats.slow_iterations - slow_before <= 2);  // the SET's, the GET's
+      } else {
+        CHECK(stats.max_iteration_cpu < kIterationBound);
+      }
     }
     (*server)->Stop();
   }
