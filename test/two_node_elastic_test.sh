@@ -6,7 +6,7 @@
 # the job's store, every rank joins epoch 1 (node 0's ranks learn of the
 # failure and of the replacement through the store), and the job completes
 # with the right result on both nodes, the survivors' processes unchanged.
-# Then the same job with node 1's musterd killed instead of a rank.
+# (node 1's musterd killed instead: two_node_elastic_daemon_death_test.sh.)
 set -uo pipefail
 source "$(dirname "$0")/netns_lib.sh"
 MUSTER_RUN=$(find_bin tools/muster-run)
@@ -48,46 +48,3 @@ grep -q "START rank=3 pid=[0-9]* epoch=1 restarts=1" "$WORK/node1.out" \
   || fail "the replacement did not join epoch 1"
 echo "PASS: two-node elastic job (rank 3 on node 1 replaced, every rank in epoch 1)"
 
-# Node 1's musterd dies (SIGKILL) mid-job: node 1's launcher records its
-# ranks as failed in the job's store (their daemon cannot), starts a new
-# musterd and the ranks again; node 0's ranks reconfigure with them.
-PORT=$(( PORT + 1 ))
-launch_daemon_death() {  # node namespace -> $WORK/dd-node<node>.out
-  local node=$1 ns=$2
-  ip netns exec "$ns" env MUSTER_SOCKET="$WORK/none.sock" "$MUSTER_RUN" --nnodes 2 \
-    --node-rank "$node" --nproc-per-node 2 --master-addr "$IPA" --master-port "$PORT" \
-    --job-id elastic3 --restart-policy rank --max-restarts 2 --stop-grace-seconds 2 -- \
-    "$RANK" --steps 60 --step-ms 20 >"$WORK/dd-node$node.out" 2>&1 &
-}
-launch_daemon_death 0 "$NA"
-pa=$!
-launch_daemon_death 1 "$NB"
-pb=$!
-pids+=($pa $pb)
-for _ in $(seq 1 200); do
-  grep -q "START rank=3" "$WORK/dd-node1.out" 2>/dev/null && break
-  sleep 0.05
-done
-sleep 0.4
-socket=$(sed -n 's/.*started an embedded musterd for this job (socket \([^)]*\)).*/\1/p' \
-  "$WORK/dd-node1.out" | head -1)
-[[ -n "$socket" ]] || fail "node 1's embedded musterd socket not found"
-dpid=$(pgrep -f -- "--socket=$socket" | head -1)
-[[ -n "$dpid" ]] || fail "node 1's embedded musterd not found"
-kill -9 "$dpid"
-wait $pa; ra=$?
-wait $pb; rb=$?
-cat "$WORK/dd-node0.out" "$WORK/dd-node1.out"
-[[ $ra -eq 0 && $rb -eq 0 ]] || fail "daemon death: exit codes $ra $rb (want 0 0)"
-expected=$(( 10 * 60 * 61 / 2 ))
-for r in 0 1 2 3; do
-  out="$WORK/dd-node$(( r / 2 )).out"
-  grep -q "FINAL rank=$r total=$expected steps=60 epoch=1 " "$out" \
-    || fail "daemon death: rank $r has no FINAL total=$expected in epoch 1"
-  starts=$(grep -c "START rank=$r " "$out")
-  want=1; (( r >= 2 )) && want=2
-  [[ $starts -eq $want ]] || fail "daemon death: rank $r started $starts times (want $want)"
-done
-grep -q "the embedded musterd was killed by signal 9.*restarting musterd, then the ranks" \
-  "$WORK/dd-node1.out" || fail "node 1 did not say it restarts its musterd"
-echo "PASS: two-node elastic job (node 1's musterd killed: its ranks restarted with a new one)"
