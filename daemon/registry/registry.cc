@@ -1,5 +1,6 @@
 #include "daemon/registry/registry.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -1650,16 +1651,24 @@ void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {
   source.group.set_state(v1::GROUP_STATE_BROKEN);
   source.group.set_broken_reason(reason);
   const std::string dir = options_.dump_dir;
-  Spawn(WorkerPool::Kind::kBlocking, [source = std::move(source), reason, path, dir] {
+  const int64_t owner = job.owner_uid;
+  Spawn(WorkerPool::Kind::kBlocking, [source = std::move(source), reason, path, dir, owner] {
     // The members learn of the break through the segment within
     // microseconds; give them a moment to record how their collective in
     // flight ended.
     absl::SleepFor(absl::Milliseconds(200));
     std::string text =
         TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason, absl::GetCurrentTimeNanos());
-    ::mkdir(dir.c_str(), 0755);
+    // Another user's job is not anyone's to read: the directory lists
+    // nothing to others, a dump belongs to the job's user (mode 0600).
+    ::mkdir(dir.c_str(), 0711);
     std::string tmp = absl::StrCat(path, ".tmp");
-    FILE* f = std::fopen(tmp.c_str(), "w");
+    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+    if (fd >= 0 && owner >= 0 && ::geteuid() == 0 && static_cast<uid_t>(owner) != 0) {
+      (void)!::fchown(fd, static_cast<uid_t>(owner), static_cast<gid_t>(-1));
+    }
+    FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
+    if (f == nullptr && fd >= 0) ::close(fd);
     bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
     if (f != nullptr) ok = std::fclose(f) == 0 && ok;
     if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;

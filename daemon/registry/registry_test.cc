@@ -4,6 +4,7 @@
 // once, and the Validate* helpers.
 #include "daemon/registry/registry.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -411,6 +412,13 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   const std::string path = aborted->dump_path();
   CHECK(path.rfind(dumps + "/trace-job-pair-e0-", 0) == 0);
   REQUIRE(Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }));
+  // Only the job's user reads it; the directory lists nothing to others.
+  struct stat st;
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  CHECK(st.st_uid == static_cast<uid_t>(f.caller.uid));
+  REQUIRE(::stat(dumps.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0711);
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text.find("\"reason\":\"group aborted: testing\"") != std::string::npos);
