@@ -2,10 +2,12 @@
 
 #include <arpa/inet.h>
 #include <netdb.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <mutex>
 
 #include "absl/strings/str_cat.h"
 #include "backends/shm/collectives.h"
@@ -140,9 +142,25 @@ absl::StatusOr<std::string> LocalAddressToward(const std::string& host, int port
   return address;
 }
 
+// See the header: a dead peer must fail a collective, not kill the process.
+static void IgnoreSigpipeUnlessHandled() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction current {};
+    if (::sigaction(SIGPIPE, nullptr, &current) != 0) return;
+    if ((current.sa_flags & SA_SIGINFO) == 0 && current.sa_handler == SIG_DFL) {
+      struct sigaction ignore {};
+      ignore.sa_handler = SIG_IGN;
+      sigemptyset(&ignore.sa_mask);
+      ::sigaction(SIGPIPE, &ignore, nullptr);
+    }
+  });
+}
+
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Connect(
     std::shared_ptr<Store> store, int rank, int size, const std::string& address,
     absl::Duration timeout, bool check_signatures) {
+  IgnoreSigpipeUnlessHandled();
   std::unique_ptr<GlooCommunicator> comm(new GlooCommunicator(rank, size));
   comm->check_signatures_ = check_signatures;
   try {

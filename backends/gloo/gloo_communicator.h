@@ -18,6 +18,12 @@
 // fallback inside HierarchicalCommunicator, which checks signatures itself
 // across all members), collectives skip that exchange.
 //
+// Gloo's TCP transport writes without MSG_NOSIGNAL, so a write to a peer
+// that has gone raises SIGPIPE, whose default action kills the process
+// before Gloo can report the failure. The first Connect therefore sets
+// SIGPIPE to ignored when the process left it at its default (Python does
+// the same at start-up); a handler the application installed is kept.
+//
 // Thread-compatible: one thread drives it (the group's executor); Abort is
 // thread-safe.
 #ifndef MUSTER_BACKENDS_GLOO_GLOO_COMMUNICATOR_H_

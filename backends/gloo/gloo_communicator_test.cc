@@ -5,9 +5,14 @@
 // the conformance suite's, run by gloo_conformance_test.
 #include "backends/gloo/gloo_communicator.h"
 
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <array>
 #include <catch2/catch.hpp>
 #include <thread>
+#include <vector>
 
 #include "muster/hash_store.h"
 
@@ -31,6 +36,54 @@ std::array<std::unique_ptr<GlooCommunicator>, 2> ConnectPair() {
   REQUIRE(comms[1] != nullptr);
   comms[0] = std::move(*c0);
   return comms;
+}
+
+// Runs `body` in a child process that starts with SIGPIPE at `disposition`;
+// returns the child's wait status.
+template <typename Body>
+int InChild(void (*disposition)(int), Body body) {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    ::signal(SIGPIPE, disposition);
+    ::_exit(body());
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  return status;
+}
+
+void KeepSigpipe(int) {}
+
+// The first case, so the child's fork happens before other cases leave
+// Gloo threads behind.
+TEST_CASE("a peer that goes away fails the collective instead of killing the rank with SIGPIPE") {
+  int status = InChild(SIG_DFL, [] {
+    auto comms = ConnectPair();
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    if (now.sa_handler != SIG_IGN) return 2;
+    comms[1].reset();  // rank 1's process is gone: its sockets close
+    std::vector<float> data(1 << 20, 1.0f);
+    for (int i = 0; i < 50; ++i) {
+      absl::Status s = comms[0]->AllReduce(data.data(), data.size(), DType::kFloat32,
+                                           ReduceOp::kSum, 1, absl::Now() + absl::Seconds(5));
+      if (!s.ok()) return 0;
+    }
+    return 3;  // never noticed the peer was gone
+  });
+  INFO("wait status " << status);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  // A handler the application installed is left alone.
+  status = InChild(KeepSigpipe, [] {
+    auto comms = ConnectPair();
+    struct sigaction now {};
+    ::sigaction(SIGPIPE, nullptr, &now);
+    return now.sa_handler == KeepSigpipe ? 0 : 2;
+  });
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }
 
 TEST_CASE("a member that never connects makes Connect fail instead of hanging") {
