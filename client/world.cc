@@ -140,8 +140,19 @@ absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   r->set_generation(o.generation);
   r->set_master_store_address(absl::StrCat(o.master_addr, ":", o.master_port));
   if (!stream_->Write(hello)) return Finish("registration");
+  // `registered` comes first; a daemon older than that rule may send a
+  // failure event ahead of it, kept like later ones.
   v1::SessionServerMessage reply;
-  if (!stream_->Read(&reply) || !reply.has_registered()) return Finish("registration");
+  while (true) {
+    if (!stream_->Read(&reply)) return Finish("registration");
+    if (reply.has_registered()) break;
+    if (!reply.has_rank_failed() && !reply.has_job_aborted()) {
+      context_.TryCancel();  // an unexpected message: end the stream, don't wait on it
+      return Finish("registration");
+    }
+    absl::MutexLock lock(&mu_);
+    RecordEvent(reply);
+  }
   session_id_ = reply.registered().session_id();
   rejoin_epoch_ = reply.registered().rejoin_epoch();
   rejoin_grows_ = reply.registered().rejoin_grows();
@@ -235,17 +246,21 @@ absl::Status WorldSession::Finish(const char* what) {
   return FromGrpc(s, what);
 }
 
+void WorldSession::RecordEvent(const v1::SessionServerMessage& event) {
+  if (event.has_rank_failed()) {
+    const v1::RankInfo& r = event.rank_failed().rank();
+    failures_.push_back(absl::StrCat("rank ", r.rank().global_rank(), " (host ", r.host(), ", pid ",
+                                     r.pid(), ") failed: ", r.failure()));
+  } else if (event.has_job_aborted()) {
+    failures_.push_back(absl::StrCat("job aborted: ", event.job_aborted().reason()));
+  }
+}
+
 void WorldSession::ReadEvents() {
   v1::SessionServerMessage event;
   while (stream_->Read(&event)) {
     absl::MutexLock lock(&mu_);
-    if (event.has_rank_failed()) {
-      const v1::RankInfo& r = event.rank_failed().rank();
-      failures_.push_back(absl::StrCat("rank ", r.rank().global_rank(), " (host ", r.host(),
-                                       ", pid ", r.pid(), ") failed: ", r.failure()));
-    } else if (event.has_job_aborted()) {
-      failures_.push_back(absl::StrCat("job aborted: ", event.job_aborted().reason()));
-    }
+    RecordEvent(event);
   }
   {
     absl::MutexLock lock(&mu_);

@@ -86,6 +86,9 @@ class WorldSession {
 
   bool reader_started() const { return !daemon_.empty(); }
 
+  // Keeps a failure event (rank_failed, job_aborted) for failures().
+  void RecordEvent(const v1::SessionServerMessage& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   // The reader thread: failure events until the stream ends; then, unless
   // this rank is leaving, the daemon is gone.
   void ReadEvents();

@@ -13,7 +13,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
 #include "common/json.h"
+#include "muster/tcp_store.h"
 #include "proto/admin.grpc.pb.h"
+#include "proto/session.grpc.pb.h"
 #include "test/daemon_harness.h"
 
 namespace muster::testing {
@@ -325,6 +327,69 @@ TEST_CASE("musterd runs without its GPU plugin; musterctl gpu says why GPUs are 
   auto status = Run({Musterctl(), daemon->SocketFlag(), "status"});
   REQUIRE(status.ok());
   CHECK(status->exit.code == 0);
+}
+
+// A rank's raw session stream over the daemon's unix socket.
+struct RawSession {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::SessionClientMessage, v1::SessionServerMessage>>
+      stream;
+
+  RawSession(v1::Session::Stub* stub, const std::string& job, int rank, int world, int port) {
+    context.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+    stream = stub->Attach(&context);
+    v1::SessionClientMessage hello;
+    v1::RegisterRequest* r = hello.mutable_register_();
+    r->mutable_rank()->set_job_id(job);
+    r->mutable_rank()->set_global_rank(rank);
+    r->set_world_size(world);
+    r->set_pid(::getpid());
+    r->set_master_store_address(absl::StrCat("127.0.0.1:", port));
+    REQUIRE(stream->Write(hello));
+  }
+};
+
+TEST_CASE("registered is a session's first message even when a failure is reported meanwhile") {
+  // A replacement for rank 2 registers while rank 2's old process still
+  // holds the rank (its takeover waits for gone/2); rank 0 dies meanwhile,
+  // and its failure is pushed to every local session of the job. The
+  // replacement must read `registered` first and the failure after it (an
+  // SDK that read the failure first gave up on registering and hung).
+  auto daemon = StartDaemon();
+  TcpStoreOptions so;
+  so.port = daemon->store_port();
+  auto store = TcpStore::Connect(so);
+  REQUIRE(store.ok());
+  const std::string prefix = "muster/order/0/";
+  const std::string old_holder = "elsewhere\t999999\tdaemon-x";
+  REQUIRE((*store)->Set(prefix + "rank/2", old_holder).ok());
+
+  auto channel =
+      grpc::CreateChannel("unix:" + daemon->socket_path(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Session::NewStub(channel);
+  auto rank0 = std::make_unique<RawSession>(stub.get(), "order", 0, 3, daemon->store_port());
+  v1::SessionServerMessage reply;
+  REQUIRE(rank0->stream->Read(&reply));
+  REQUIRE(reply.has_registered());
+
+  RawSession rank2(stub.get(), "order", 2, 3, daemon->store_port());
+  absl::SleepFor(absl::Milliseconds(300));  // its takeover wait has begun
+  rank0->context.TryCancel();               // rank 0's process is gone
+  rank0->stream->Finish();
+  rank0.reset();
+  absl::SleepFor(absl::Milliseconds(500));  // the failure was pushed meanwhile
+  REQUIRE((*store)->Set(prefix + "gone/2", old_holder).ok());
+
+  REQUIRE(rank2.stream->Read(&reply));
+  INFO(reply.DebugString());
+  CHECK(reply.has_registered());
+  CHECK(reply.registered().rejoin_epoch() == 1);
+  REQUIRE(rank2.stream->Read(&reply));
+  INFO(reply.DebugString());
+  REQUIRE(reply.has_rank_failed());
+  CHECK(reply.rank_failed().rank().rank().global_rank() == 0);
+  rank2.context.TryCancel();
+  rank2.stream->Finish();
 }
 
 }  // namespace

@@ -2,9 +2,9 @@
 # An elastic job on two "nodes" (network namespaces) whose node 1 loses its
 # embedded musterd (SIGKILL) mid-job: node 1's launcher records its ranks as
 # failed in the job's store, starts a new musterd and the ranks again; node
-# 0's ranks reconfigure with them. Tagged manual (not in CI): it passes on a
-# quiet machine, but in some runs the replacements never finish Init (not
-# understood yet; see the closing note of 2026-12-01).
+# 0's ranks reconfigure with them. (Two bugs made it hang under load: a
+# failure event reached a replacement before its `registered` reply, and
+# node 0 stopped the job's store while node 1's launcher still needed it.)
 set -uo pipefail
 source "$(dirname "$0")/netns_lib.sh"
 MUSTER_RUN=$(find_bin tools/muster-run)

@@ -3,7 +3,8 @@
 # with the same master: node 0's embedded musterd serves the job's store.
 # First a job that succeeds across both nodes; then one where a rank on
 # node 1 fails, which must stop node 0's ranks too, with both launchers
-# naming the failed rank.
+# naming the failed rank; last, node 0 waits for a node whose ranks finish
+# later before it stops the store.
 set -uo pipefail
 source "$(dirname "$0")/netns_lib.sh"
 MUSTER_RUN=$(find_bin tools/muster-run)
@@ -50,4 +51,23 @@ grep -q "job bad failed: rank 3 (pid [0-9]*) exited with status 4; its last outp
 grep -Eq "job bad failed: the job failed (elsewhere|on another node) \(node 1: rank 3 \(pid [0-9]+\) exited with status 4\)" \
   "$WORK/bad-node0.out" || fail "node 0 summary"
 (( took < 20 )) || fail "the failing job took $took s to stop"
-echo "PASS: two-node launch (ok job, and a failure on node 1 stopping node 0 in ${took}s)"
+
+# Node 1's ranks finish 3 s after node 0's: node 0 keeps the job's store
+# up until node 1's launcher is done with it (the exit barrier), so node 1
+# still learns the job's outcome at once and exits 0.
+PORT=$(( PORT + 1 ))
+launch 0 "$NA" late "$RANK" "init;barrier world"
+pa=$!
+launch 1 "$NB" late /bin/sh -c "$RANK 'init;barrier world' && sleep 3"
+pb=$!
+pids+=($pa $pb)
+start=$(date +%s)
+wait $pa; ra=$?
+wait $pb; rb=$?
+late_took=$(( $(date +%s) - start ))
+[[ $ra -eq 0 && $rb -eq 0 ]] || fail "late job: exit codes $ra $rb (want 0 0)"
+grep -q "waiting up to 5m for 1 other node(s) to finish before stopping the job's store" \
+  "$WORK/late-node0.out" || fail "node 0 did not wait for node 1"
+(( late_took < 20 )) || fail "the late node's job took $late_took s"
+echo "PASS: two-node launch (ok job, a failure on node 1 stopping node 0 in ${took}s," \
+  "node 0 waiting for a late node 1: ${late_took}s)"

@@ -555,6 +555,34 @@ class Launcher {
     return PrepareDaemon();
   }
 
+  // Several nodes, this node's ranks done: says so in the job's store, and
+  // on node 0 (whose daemon serves the store) waits for the other nodes to
+  // say so too, so a node finishing a moment later still finds the store
+  // to check the job's outcome (torchrun's exit barrier).
+  void ExitBarrier(TcpStore& store, int generation, const std::string& failed_key) {
+    const std::string key = absl::StrCat("muster-run/", o_.job_id, "/exited/", generation);
+    absl::StatusOr<int64_t> n = store.Add(key, 1);
+    if (!n.ok()) {
+      Say(absl::StrCat("cannot tell the job's store this node is done: ", n.status().message()));
+      return;
+    }
+    if (o_.node_rank != 0 || *n >= o_.nnodes) return;
+    Say(absl::StrCat("waiting up to ", absl::FormatDuration(o_.exit_barrier), " for ",
+                     o_.nnodes - *n, " other node(s) to finish before stopping the job's store"));
+    absl::Time give_up = absl::Now() + o_.exit_barrier;
+    while (absl::Now() < give_up && interrupted_ == 0) {
+      Pump(100);
+      n = store.Add(key, 0);
+      if (!n.ok() || *n >= o_.nnodes) return;
+      auto failed = store.Check({failed_key});
+      if (failed.ok() && *failed) return;  // that node reports its failure itself
+    }
+    if (interrupted_ == 0) {
+      Say(absl::StrCat("gave up waiting: ", o_.nnodes - *n,
+                       " node(s) did not finish within the exit barrier"));
+    }
+  }
+
   int RunAttempts() {
     std::unique_ptr<TcpStore> store = JobStore();
     if (o_.nnodes > 1 && store == nullptr) return 1;
@@ -641,6 +669,7 @@ class Launcher {
       const Child* failed = FirstFailure();
       if (failed == nullptr && remote_failure.empty() && daemon_died_reason_.empty()) {
         Say(absl::StrCat("all ", o_.nproc_per_node, " local rank(s) exited 0"));
+        if (store != nullptr) ExitBarrier(*store, generation, failed_key);
         return 0;
       }
       std::string what;

@@ -46,6 +46,10 @@ struct LaunchOptions {
   std::string musterd_path;  // embedded daemon binary; empty: next to muster-run
   std::string token_file;    // passed to an embedded daemon; token given to ranks
   absl::Duration stop_grace = absl::Seconds(5);
+  // Several nodes: node 0 (whose daemon serves the job's store) waits this
+  // long for the other nodes' launchers to finish with the store before it
+  // stops it (the exit barrier).
+  absl::Duration exit_barrier = absl::Seconds(300);
   int tail_lines = 10;
   std::vector<std::string> command;
 };

@@ -50,6 +50,10 @@ int main(int argc, char** argv) {
                   "Store token: an embedded daemon requires it; ranks get MUSTER_STORE_TOKEN.");
   flags.AddDouble("stop-grace-seconds", &grace,
                   "After SIGTERM to the ranks, how long before SIGKILL.");
+  double exit_barrier = 300;
+  flags.AddDouble("exit-barrier-seconds", &exit_barrier,
+                  "Several nodes: how long node 0, whose musterd serves the job's store, waits\n"
+                  "for the other nodes to finish with it before stopping it.");
   std::vector<std::string> command = flags.ParseOrExit(argc, argv);
   o.nproc_per_node = static_cast<int>(nproc);
   o.nnodes = static_cast<int>(nnodes);
@@ -64,6 +68,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   o.stop_grace = absl::Seconds(grace);
+  if (exit_barrier < 0) {
+    std::fprintf(stderr, "muster-run: --exit-barrier-seconds must be >= 0, not %g\n", exit_barrier);
+    return 2;
+  }
+  o.exit_barrier = absl::Seconds(exit_barrier);
   o.command = std::move(command);
   return muster::RunLaunch(std::move(o));
 }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <deque>
+#include <vector>
 
 #include "absl/synchronization/mutex.h"
 #include "common/logging.h"
@@ -54,10 +55,22 @@ class SessionReactor final
     }
   }
 
+  // `registered` is always the stream's first message: events the registry
+  // pushes while the registration is in flight (a failure another daemon
+  // reported a moment ago) wait behind it.
   void Push(const v1::SessionServerMessage& message) override {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
+    if (!registered_sent_ && !message.has_registered()) {
+      held_.push_back(message);
+      return;
+    }
     out_.push_back(message);
+    if (message.has_registered()) {
+      registered_sent_ = true;
+      for (auto& event : held_) out_.push_back(std::move(event));
+      held_.clear();
+    }
     if (!writing_) {
       writing_ = true;
       StartWrite(&out_.front());
@@ -207,6 +220,8 @@ class SessionReactor final
   v1::SessionClientMessage in_;
   absl::Mutex mu_;
   std::deque<v1::SessionServerMessage> out_ ABSL_GUARDED_BY(mu_);
+  bool registered_sent_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<v1::SessionServerMessage> held_ ABSL_GUARDED_BY(mu_);  // until then
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool finish_pending_ ABSL_GUARDED_BY(mu_) = false;
