@@ -1,5 +1,7 @@
 #include "common/flags.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 
@@ -7,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "common/status_macros.h"
 
 namespace muster {
 
@@ -36,11 +39,50 @@ void FlagSet::AddBool(const std::string& name, bool* target, const std::string& 
                     [target](absl::string_view v) { return absl::SimpleAtob(v, target); }});
 }
 
+void FlagSet::AddAlias(char letter, const std::string& name) { aliases_.push_back({letter, name}); }
+
 const FlagSet::Flag* FlagSet::Find(absl::string_view name) const {
+  std::string wanted(name);
+  if (underscores_as_dashes_) std::replace(wanted.begin(), wanted.end(), '_', '-');
   for (const Flag& f : flags_) {
-    if (f.name == name) return &f;
+    if (f.name == wanted) return &f;
   }
   return nullptr;
+}
+
+bool FlagSet::IsSet(const std::string& name) const {
+  return std::find(set_.begin(), set_.end(), name) != set_.end();
+}
+
+absl::Status FlagSet::Set(const Flag& flag, const std::string& value, const std::string& spelled) {
+  if (!flag.set(value)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("flag ", spelled, ": cannot parse '", value, "'"));
+  }
+  if (!IsSet(flag.name)) set_.push_back(flag.name);
+  return absl::OkStatus();
+}
+
+absl::Status FlagSet::ReadEnvironment() {
+  if (env_prefix_.empty()) return absl::OkStatus();
+  for (const Flag& f : flags_) {
+    if (IsSet(f.name)) continue;
+    std::string var = env_prefix_ + f.name;
+    for (char& c : var) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    const char* value = std::getenv(var.c_str());
+    if (value == nullptr) continue;
+    std::string v = value;
+    if (f.is_bool) {
+      int64_t n;
+      if (!absl::SimpleAtoi(v, &n)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("$", var, ": cannot parse '", v, "' (want 0 or 1)"));
+      }
+      v = n != 0 ? "true" : "false";
+    }
+    RETURN_IF_ERROR(Set(f, v, "$" + var));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, char** argv) {
@@ -51,9 +93,12 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(int argc, char** argv) {
 
 absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::string>& args) {
   std::vector<std::string> positional;
+  set_.clear();
+  saw_double_dash_ = false;
   for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
+    std::string arg = args[i];
     if (arg == "--") {
+      saw_double_dash_ = positional.empty();
       positional.insert(positional.end(), args.begin() + i + 1, args.end());
       break;
     }
@@ -61,7 +106,20 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
       help_requested_ = true;
       return positional;
     }
+    if (arg.size() == 2 && arg[0] == '-' && arg[1] != '-') {
+      for (const auto& [letter, name] : aliases_) {
+        if (letter == arg[1]) arg = "--" + name;
+      }
+      if (arg.size() == 2) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("unknown flag ", arg, " (see ", program_, " --help)"));
+      }
+    }
     if (arg.size() < 3 || arg.compare(0, 2, "--") != 0) {
+      if (stop_at_first_positional_) {
+        positional.insert(positional.end(), args.begin() + i, args.end());
+        break;
+      }
       positional.push_back(arg);
       continue;
     }
@@ -89,11 +147,9 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
         return absl::InvalidArgumentError(absl::StrCat("flag --", name, " needs a value"));
       }
     }
-    if (!flag->set(value)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("flag --", name, ": cannot parse '", value, "'"));
-    }
+    RETURN_IF_ERROR(Set(*flag, value, "--" + name));
   }
+  RETURN_IF_ERROR(ReadEnvironment());
   return positional;
 }
 
@@ -102,7 +158,11 @@ std::string FlagSet::Usage() const {
   if (!out.empty() && out.back() != '\n') out += '\n';
   out += "\nFlags:\n";
   for (const Flag& f : flags_) {
-    absl::StrAppend(&out, "  --", f.name, f.is_bool ? "" : " VALUE", "\n");
+    std::string alias;
+    for (const auto& [letter, name] : aliases_) {
+      if (name == f.name) alias = absl::StrCat("-", std::string(1, letter), ", ");
+    }
+    absl::StrAppend(&out, "  ", alias, "--", f.name, f.is_bool ? "" : " VALUE", "\n");
     for (absl::string_view line : absl::StrSplit(f.help, '\n')) {
       absl::StrAppend(&out, "      ", line, "\n");
     }

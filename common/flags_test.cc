@@ -51,5 +51,40 @@ TEST_CASE("FlagSet --help lists every flag with its default") {
   CHECK(usage.find("(default: \"d\")") != std::string::npos);
 }
 
+TEST_CASE("FlagSet in torchrun style: underscores, the program's own flags, aliases, environment") {
+  int64_t nproc = 1;
+  bool module = false;
+  std::string redirects = "0";
+  std::string role = "default";
+  FlagSet flags("prog", "usage");
+  flags.set_underscores_as_dashes(true);
+  flags.set_stop_at_first_positional(true);
+  flags.set_env_prefix("PET_TEST_");
+  flags.AddInt("nproc-per-node", &nproc, "n");
+  flags.AddBool("module", &module, "m");
+  flags.AddString("redirects", &redirects, "r");
+  flags.AddString("role", &role, "role");
+  flags.AddAlias('m', "module");
+  flags.AddAlias('r', "redirects");
+  ::setenv("PET_TEST_ROLE", "trainer", 1);
+  auto rest = flags.Parse(
+      {"--nproc_per_node=4", "-r", "3", "-m", "pkg.train", "--nproc-per-node", "9", "-m"});
+  ::unsetenv("PET_TEST_ROLE");
+  REQUIRE(rest.ok());
+  CHECK(nproc == 4);  // the second --nproc-per-node belongs to the program
+  CHECK(module);
+  CHECK(redirects == "3");
+  CHECK(role == "trainer");
+  CHECK(flags.IsSet("role"));
+  CHECK(flags.IsSet("nproc-per-node"));
+  CHECK(*rest == std::vector<std::string>{"pkg.train", "--nproc-per-node", "9", "-m"});
+  CHECK(flags.Parse({"-x"}).status().message() == "unknown flag -x (see prog --help)");
+  CHECK_FALSE(flags.IsSet("role"));
+  ::setenv("PET_TEST_MODULE", "yes", 1);
+  CHECK(flags.Parse({}).status().message() == "$PET_TEST_MODULE: cannot parse 'yes' (want 0 or 1)");
+  ::unsetenv("PET_TEST_MODULE");
+  CHECK(flags.Usage().find("-m, --module") != std::string::npos);
+}
+
 }  // namespace
 }  // namespace muster

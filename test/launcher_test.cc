@@ -248,14 +248,126 @@ TEST_CASE("muster-run rejects bad usage with exit 2") {
   TempDir dir;
   auto none = Launch({"--nproc-per-node", "2"}, IsolatedEnv(dir));
   CHECK(none.exit.code == 2);
-  CHECK(absl::StrContains(none.err, "no command to run"));
+  CHECK(absl::StrContains(none.err, "no training script or program"));
   auto nodes = Launch({"--nnodes", "2", "--", "true"}, IsolatedEnv(dir));
   CHECK(nodes.exit.code == 2);
   CHECK(absl::StrContains(nodes.err, "--master-addr and --master-port are required"));
+  auto unsupported = Launch({"--numa_binding", "node", "train.py"}, IsolatedEnv(dir));
+  CHECK(unsupported.exit.code == 2);
+  CHECK(absl::StrContains(unsupported.err, "--numa-binding is not supported by muster-run"));
   auto missing = Launch({"--", "/nonexistent/binary"}, IsolatedEnv(dir));
   CHECK(missing.exit.code == 1);
   CHECK(absl::StrContains(missing.err, "cannot run /nonexistent/binary"));
   CHECK(absl::StrContains(missing.err, "exited with status 127"));
+}
+
+std::string TestRank() { return RunfilePath("test/muster-test-rank"); }
+
+TEST_CASE("while a rank is held back, a progress line names it and how long is left") {
+  TempDir dir;
+  auto r = Launch(
+      {"--nproc-per-node", "3", "--", "/bin/sh", "-c",
+       "if [ \"$RANK\" = 2 ]; then sleep 3; fi; exec " + TestRank() + " 'init;barrier world'"},
+      IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  CHECK(std::regex_search(r.err, std::regex("waiting for ranks: 2 of 3 joined \\(missing: 2\\); "
+                                            "[0-9]+ s left of the ranks' default 30 min "
+                                            "timeout")));
+  CHECK(absl::StrContains(r.err, "muster-run: all 3 ranks joined"));
+}
+
+TEST_CASE("--log-dir, --redirects and --tee write torchrun's layout; the console shows the rest") {
+  TempDir dir;
+  const std::string logs = dir.File("logs");
+  auto r = Launch(
+      {"--nproc-per-node", "2", "--rdzv-id", "layout", "--log-dir", logs, "--redirects", "0:1",
+       "--tee", "1:3", "--no-python", "/bin/sh", "-c", "echo out-$RANK; echo err-$RANK >&2"},
+      IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  // Rank 0's stdout goes to its file only; rank 1's streams to both.
+  CHECK_FALSE(absl::StrContains(r.out, "out-0"));
+  CHECK(absl::StrContains(r.err, "[rank 0] err-0"));
+  CHECK(absl::StrContains(r.out, "[rank 1] out-1"));
+  CHECK(absl::StrContains(r.err, "[rank 1] err-1"));
+  auto listing = Run({"/usr/bin/find", logs, "-type", "f"});
+  REQUIRE(listing.ok());
+  INFO(listing->out);
+  std::smatch m;
+  REQUIRE(std::regex_search(listing->out, m,
+                            std::regex(logs + "/(layout_[a-z0-9_]{8})/attempt_0/0/stdout.log")));
+  const std::string attempt = logs + "/" + std::string(m[1]) + "/attempt_0";
+  CHECK(ReadFileOrEmpty(attempt + "/0/stdout.log") == "out-0\n");
+  CHECK_FALSE(FileExists(attempt + "/0/stderr.log"));
+  CHECK(ReadFileOrEmpty(attempt + "/1/stdout.log") == "out-1\n");
+  CHECK(ReadFileOrEmpty(attempt + "/1/stderr.log") == "err-1\n");
+  auto refused = Launch({"--redirects", "3", "--no-python", "/bin/true"}, IsolatedEnv(dir));
+  CHECK(refused.exit.code == 2);
+  CHECK(absl::StrContains(refused.err, "--redirects and --tee write under --log-dir"));
+}
+
+TEST_CASE("a failed rank's error file (TORCHELASTIC_ERROR_FILE) is quoted in the summary") {
+  TempDir dir;
+  auto r = Launch({"--nproc-per-node", "2", "--no-python", "/bin/sh", "-c",
+                   "if [ \"$RANK\" = 1 ]; then printf '{\"message\": {\"message\": \"ValueError: "
+                   "bad batch\", \"extraInfo\": {\"py_callstack\": \"...\"}}}' > "
+                   "\"$TORCHELASTIC_ERROR_FILE\"; exit 3; fi; sleep 30"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 1);
+  CHECK(std::regex_search(r.err, std::regex("rank 1 \\(pid [0-9]+\\) exited with status 3: "
+                                            "ValueError: bad batch \\(its error file [^)]*"
+                                            "/attempt_0/1/error.json\\)")));
+}
+
+TEST_CASE("--rdzv-backend c10d: nodes join through the store in arrival order") {
+  TempDir dir;
+  const int port = 20000 + ::getpid() % 20000;
+  const std::string endpoint = absl::StrCat("127.0.0.1:", port);
+  auto node = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> args = {MusterRun(), "--nnodes",       "2",      "--nproc-per-node",
+                                     "2",         "--rdzv-backend", "c10d",   "--rdzv-endpoint",
+                                     endpoint,    "--rdzv-id",      "rdzvjob"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--", TestRank(), "init;barrier world"});
+    return args;
+  };
+  // The first is on the store's address; the second says it is not the host.
+  TempDir out;
+  auto first = Subprocess::Start(node({}), out.path(), IsolatedEnv(dir));
+  REQUIRE(first.ok());
+  absl::SleepFor(absl::Milliseconds(1500));
+  auto second = Run(node({"--rdzv-conf", "is_host=false,join_timeout=60"}), IsolatedEnv(dir),
+                    absl::Seconds(60));
+  REQUIRE(second.ok());
+  auto done = (*first)->Wait(absl::Seconds(60));
+  INFO((*first)->Stdout() << (*first)->Stderr() << second->out << second->err);
+  REQUIRE(done.ok());
+  CHECK(done->exited);
+  CHECK(done->code == 0);
+  CHECK(second->exit.code == 0);
+  CHECK(absl::StrContains((*first)->Stderr(), "node 0 of 2 (serving the job's store)"));
+  CHECK(absl::StrContains(second->err, "node 1 of 2"));
+  CHECK(absl::StrContains((*first)->Stderr(), "waiting for nodes: 1 of 2 joined"));
+  for (int rank = 0; rank < 4; ++rank) {
+    const std::string& out = rank < 2 ? (*first)->Stdout() : second->out;
+    CHECK(absl::StrContains(
+        out, absl::StrCat("rank ", rank, ": init ok name=world rank=", rank, " size=4")));
+  }
+}
+
+TEST_CASE("--nnodes MIN:MAX closes with the nodes that came once no more come") {
+  TempDir dir;
+  const int port = 20000 + (::getpid() + 7) % 20000;
+  auto r = Launch({"--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "muster",
+                   "--rdzv-endpoint", absl::StrCat("127.0.0.1:", port), "--rdzv-conf",
+                   "last_call_timeout=2", "--", TestRank(), "init;barrier world"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  CHECK(absl::StrContains(r.err, "the job's nodes gathered: 1"));
+  CHECK(absl::StrContains(r.out, "rank 1: init ok name=world rank=1 size=2"));
 }
 
 }  // namespace

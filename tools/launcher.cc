@@ -85,7 +85,13 @@ std::optional<v1::StatusResponse> ProbeDaemon(const std::string& socket) {
 // One child process with its output pipes.
 struct Child {
   int rank = -1;  // -1: the embedded daemon
+  int local_rank = -1;
   pid_t pid = -1;
+  // torchrun's --log-dir files (-1: none) and whether each stream shows on
+  // the console (--redirects sends it to the file only; --local-ranks-filter).
+  int out_file = -1, err_file = -1;
+  bool out_console = true, err_console = true;
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE
   int out_fd = -1;
   int err_fd = -1;
   std::string out_partial, err_partial;
@@ -100,19 +106,23 @@ class Launcher {
 
   int Run() {
     if (int bad = Validate(); bad != 0) return bad;
+    if (o_.forward_signals.empty()) o_.forward_signals = {SIGTERM, SIGINT, SIGHUP, SIGQUIT};
     sigset_t mask;
     sigemptyset(&mask);
-    sigaddset(&mask, SIGINT);
-    sigaddset(&mask, SIGTERM);
+    for (int sig : o_.forward_signals) sigaddset(&mask, sig);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, &old_mask_);
     signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (!PrepareDaemon()) {
+    if (!PrepareDaemon() || !PrepareLogs()) {
       StopDaemon();
       return 1;
     }
     int code = RunAttempts();
     StopDaemon();
+    if (!temp_log_root_.empty()) {
+      std::error_code ec;
+      std::filesystem::remove_all(temp_log_root_, ec);
+    }
     return code;
   }
 
@@ -121,17 +131,28 @@ class Launcher {
     if (o_.command.empty()) return Usage("no command to run (muster-run [flags] -- CMD ARGS...)");
     if (o_.nproc_per_node < 1) return Usage("--nproc-per-node must be >= 1");
     if (o_.nnodes < 1) return Usage("--nnodes must be >= 1");
-    if (o_.node_rank < 0 || o_.node_rank >= o_.nnodes) {
-      return Usage(absl::StrCat("--node-rank must be in [0, ", o_.nnodes - 1, "]"));
+    if (o_.rendezvous == LaunchOptions::Rendezvous::kStatic) {
+      if (o_.node_rank < 0 || o_.node_rank >= o_.nnodes) {
+        return Usage(absl::StrCat("--node-rank must be in [0, ", o_.nnodes - 1, "]"));
+      }
+      o_.serves_store = o_.node_rank == 0;
+      o_.min_nodes = o_.nnodes;
+    }
+    for (const auto* streams : {&o_.redirect, &o_.tee}) {
+      for (const auto& [rank, bits] : *streams) {
+        if (bits != 0 && o_.log_dir.empty()) {
+          return Usage("--redirects and --tee write under --log-dir: give one");
+        }
+      }
     }
     if (o_.max_restarts < 0) return Usage("--max-restarts must be >= 0");
-    if (o_.nnodes > 1 && (o_.master_addr.empty() || o_.master_port <= 0)) {
+    if (MultiNode() && (o_.master_addr.empty() || o_.master_port <= 0)) {
       return Usage("with --nnodes > 1, --master-addr and --master-port are required");
     }
     if (o_.master_port < 0 || o_.master_port > 65535) return Usage("--master-port out of range");
     if (o_.job_id.empty()) {
       o_.job_id =
-          o_.nnodes > 1 ? absl::StrCat("run-", o_.master_port) : absl::StrCat("run-", ::getpid());
+          MultiNode() ? absl::StrCat("run-", o_.master_port) : absl::StrCat("run-", ::getpid());
     }
     if (!o_.token_file.empty()) {
       std::ifstream in(o_.token_file);
@@ -142,6 +163,9 @@ class Launcher {
     }
     return 0;
   }
+
+  // Several nodes may take part (a store shared through the network).
+  bool MultiNode() const { return o_.nnodes > 1; }
 
   int Usage(const std::string& message) {
     Say(message);
@@ -182,12 +206,12 @@ class Launcher {
     work_dir_ = tmpl;
     socket_ = work_dir_ + "/musterd.sock";
     std::string ready = work_dir_ + "/ready.json";
-    bool serves_store = o_.node_rank == 0;
+    bool serves_store = o_.serves_store;
     std::vector<std::string> argv = {
         musterd,
         "--socket=" + socket_,
         "--grpc-port=0",
-        "--listen=" + std::string(o_.nnodes > 1 ? "0.0.0.0" : "127.0.0.1"),
+        "--listen=" + std::string(MultiNode() ? "0.0.0.0" : "127.0.0.1"),
         "--ready-file=" + ready,
         "--log-level=warning"};
     if (serves_store) {
@@ -299,15 +323,23 @@ class Launcher {
     return pid;
   }
 
-  std::map<std::string, std::string> RankEnv(int local_rank, int generation, int restarts = 0) {
+  // torchrun's environment for a rank (and muster's). `child` gets its
+  // error file's path.
+  std::map<std::string, std::string> RankEnv(int local_rank, int generation, int restarts,
+                                             Child* child) {
     int world = o_.nnodes * o_.nproc_per_node;
     int rank = o_.node_rank * o_.nproc_per_node + local_rank;
     std::map<std::string, std::string> env = {
         {"RANK", absl::StrCat(rank)},
-        {"LOCAL_RANK", absl::StrCat(local_rank)},
+        {"LOCAL_RANK", absl::StrCat(o_.virtual_local_rank ? 0 : local_rank)},
         {"WORLD_SIZE", absl::StrCat(world)},
         {"LOCAL_WORLD_SIZE", absl::StrCat(o_.nproc_per_node)},
         {"GROUP_RANK", absl::StrCat(o_.node_rank)},
+        {"GROUP_WORLD_SIZE", absl::StrCat(o_.nnodes)},
+        {"ROLE_NAME", o_.role},
+        {"ROLE_RANK", absl::StrCat(rank)},
+        {"ROLE_WORLD_SIZE", absl::StrCat(world)},
+        {"TORCHELASTIC_SIGNALS_TO_HANDLE", o_.signals_text},
         {"MASTER_ADDR", o_.master_addr},
         {"MASTER_PORT", absl::StrCat(o_.master_port)},
         {"MUSTER_SOCKET", socket_},
@@ -324,25 +356,134 @@ class Launcher {
     };
     if (!token_.empty()) env["MUSTER_STORE_TOKEN"] = token_;
     if (std::getenv("PYTHONUNBUFFERED") == nullptr) env["PYTHONUNBUFFERED"] = "1";
+    if (std::getenv("TORCH_NCCL_ASYNC_ERROR_HANDLING") == nullptr) {
+      env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1";
+    }
+    if (o_.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
+      env["OMP_NUM_THREADS"] = "1";
+    }
+    if (o_.virtual_local_rank) env["CUDA_VISIBLE_DEVICES"] = absl::StrCat(local_rank);
+    if (child != nullptr) {
+      std::string dir =
+          absl::StrCat(log_root_, "/attempt_", generation + restarts, "/", local_rank);
+      std::error_code ec;
+      std::filesystem::create_directories(dir, ec);
+      child->error_file = dir + "/error.json";
+      std::filesystem::remove(child->error_file, ec);
+      env["TORCHELASTIC_ERROR_FILE"] = child->error_file;
+      OpenLogs(*child, local_rank, dir);
+    }
     return env;
   }
 
-  // Prints complete lines from `data` with the rank prefix; keeps a tail.
+  // <log dir>/<run id>_<random>/, torchrun's layout (or a temporary
+  // directory for the error files alone).
+  bool PrepareLogs() {
+    std::string base = o_.log_dir;
+    if (base.empty()) {
+      char tmpl[] = "/tmp/muster-run-logs-XXXXXX";
+      if (::mkdtemp(tmpl) == nullptr) {
+        Say(absl::StrCat("mkdtemp: ", std::strerror(errno)));
+        return false;
+      }
+      base = temp_log_root_ = tmpl;
+    }
+    std::string suffix(8, ' ');
+    const char* letters = "abcdefghijklmnopqrstuvwxyz0123456789_";
+    uint64_t seed = absl::ToUnixNanos(absl::Now()) ^ (static_cast<uint64_t>(::getpid()) << 20);
+    for (char& c : suffix) {
+      seed = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+      c = letters[(seed >> 33) % 37];
+    }
+    log_root_ = absl::StrCat(base, "/", o_.job_id, "_", suffix);
+    std::error_code ec;
+    std::filesystem::create_directories(log_root_, ec);
+    if (ec) {
+      Say(absl::StrCat("cannot create the log directory ", log_root_, ": ", ec.message()));
+      return false;
+    }
+    return true;
+  }
+
+  // Which of the rank's streams go to files in `dir`, and which show on
+  // the console (torchrun's --redirects, --tee, --local-ranks-filter).
+  void OpenLogs(Child& c, int local_rank, const std::string& dir) {
+    auto bits = [local_rank](const std::map<int, int>& m) {
+      auto it = m.find(local_rank);
+      if (it != m.end()) return it->second;
+      it = m.find(-1);
+      return it == m.end() ? 0 : it->second;
+    };
+    const int redirect = bits(o_.redirect), tee = bits(o_.tee);
+    const bool shown = o_.console_ranks.empty() || o_.console_ranks.count(local_rank) > 0;
+    c.out_console = shown && (redirect & 1) == 0;
+    c.err_console = shown && (redirect & 2) == 0;
+    if (((redirect | tee) & 1) != 0) {
+      c.out_file =
+          ::open((dir + "/stdout.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    }
+    if (((redirect | tee) & 2) != 0) {
+      c.err_file =
+          ::open((dir + "/stderr.log").c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    }
+  }
+
+  // The message of a rank's error file (torch's @record writes
+  // {"message": {"message": "...", "extraInfo": ...}}), or "".
+  static std::string ErrorFileMessage(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return "";
+    std::stringstream ss;
+    ss << in.rdbuf();
+    const std::string text = ss.str();
+    // The innermost "message" whose value is a string.
+    size_t at = 0;
+    while ((at = text.find("\"message\"", at)) != std::string::npos) {
+      size_t colon = text.find(':', at);
+      size_t value =
+          colon == std::string::npos ? colon : text.find_first_not_of(" \t\n", colon + 1);
+      at += 9;
+      if (value == std::string::npos || text[value] != '"') continue;
+      std::string message;
+      for (size_t i = value + 1; i < text.size() && text[i] != '"'; ++i) {
+        if (text[i] == '\\' && i + 1 < text.size()) {
+          char e = text[++i];
+          message += e == 'n' ? '\n' : e == 't' ? '\t' : e;
+        } else {
+          message += text[i];
+        }
+      }
+      return message;
+    }
+    return "";
+  }
+
+  // Prints complete lines from `data` with the rank prefix (unless the
+  // stream is not shown on the console) and writes `data` to the stream's
+  // log file, if any; keeps a tail.
   void Emit(Child& c, std::string& partial, const char* data, size_t n, FILE* to, bool flush_all) {
+    const bool is_out = &partial == &c.out_partial;
+    const int file = is_out ? c.out_file : c.err_file;
+    const bool console = is_out ? c.out_console : c.err_console;
+    for (size_t done = 0; file >= 0 && done < n;) {
+      ssize_t w = ::write(file, data + done, n - done);
+      if (w <= 0) break;
+      done += static_cast<size_t>(w);
+    }
     partial.append(data, n);
     size_t start = 0;
     while (true) {
       size_t nl = partial.find('\n', start);
       if (nl == std::string::npos) break;
       std::string line = partial.substr(start, nl - start);
-      std::fprintf(to, "[rank %d] %s\n", c.rank, line.c_str());
+      if (console) std::fprintf(to, "[rank %d] %s\n", c.rank, line.c_str());
       c.tail.push_back(line);
       if (c.tail.size() > static_cast<size_t>(o_.tail_lines)) c.tail.pop_front();
       start = nl + 1;
     }
     partial.erase(0, start);
     if (flush_all && !partial.empty()) {
-      std::fprintf(to, "[rank %d] %s\n", c.rank, partial.c_str());
+      if (console) std::fprintf(to, "[rank %d] %s\n", c.rank, partial.c_str());
       c.tail.push_back(partial);
       if (c.tail.size() > static_cast<size_t>(o_.tail_lines)) c.tail.pop_front();
       partial.clear();
@@ -359,6 +500,9 @@ class Launcher {
       Emit(c, partial, "", 0, to, true);
       ::close(fd);
       fd = -1;
+      int& file = &partial == &c.out_partial ? c.out_file : c.err_file;
+      if (file >= 0) ::close(file);
+      file = -1;
     }
   }
 
@@ -467,7 +611,7 @@ class Launcher {
   }
 
   std::unique_ptr<TcpStore> JobStore() {
-    if (o_.nnodes == 1) return nullptr;
+    if (!MultiNode()) return nullptr;
     TcpStoreOptions so;
     so.host = o_.master_addr;
     so.port = o_.master_port;
@@ -499,7 +643,8 @@ class Launcher {
       Child fresh;
       fresh.rank = c.rank;
       c = std::move(fresh);
-      if (Spawn(o_.command, RankEnv(static_cast<int>(i), generation, restarts), &c, "") < 0) {
+      c.local_rank = static_cast<int>(i);
+      if (Spawn(o_.command, RankEnv(static_cast<int>(i), generation, restarts, &c), &c, "") < 0) {
         Say(absl::StrCat("cannot restart rank ", c.rank));
       }
     }
@@ -566,7 +711,7 @@ class Launcher {
       Say(absl::StrCat("cannot tell the job's store this node is done: ", n.status().message()));
       return;
     }
-    if (o_.node_rank != 0 || *n >= o_.nnodes) return;
+    if (!o_.serves_store || *n >= o_.nnodes) return;
     Say(absl::StrCat("waiting up to ", absl::FormatDuration(o_.exit_barrier), " for ",
                      o_.nnodes - *n, " other node(s) to finish before stopping the job's store"));
     absl::Time give_up = absl::Now() + o_.exit_barrier;
@@ -583,11 +728,167 @@ class Launcher {
     }
   }
 
+  // One progress line: on a terminal rewritten in place (at most once a
+  // second), else printed when `what` (the line without its countdown)
+  // changes, or every 10 s.
+  void Progress(const std::string& what, const std::string& countdown) {
+    const bool tty = ::isatty(STDERR_FILENO) == 1;
+    absl::Time now = absl::Now();
+    if (now - last_progress_ < absl::Seconds(1)) return;
+    if (tty) {
+      std::fprintf(stderr, "\r\033[Kmuster-run: %s%s", what.c_str(), countdown.c_str());
+      std::fflush(stderr);
+      progress_open_ = true;
+    } else {
+      if (what == last_progress_line_ && now - last_progress_ < absl::Seconds(10)) return;
+      Say(what + countdown);
+    }
+    last_progress_ = now;
+    last_progress_line_ = what;
+  }
+  void EndProgress(const std::string& line) {
+    if (progress_open_) std::fprintf(stderr, "\r\033[K");
+    progress_open_ = false;
+    if (!last_progress_line_.empty()) Say(line);
+    last_progress_line_.clear();
+    last_progress_ = absl::InfinitePast();
+  }
+
+  // Rendezvous kStore: this node joins the job's nodes through the store;
+  // it closes with nnodes nodes, or with min_nodes..nnodes once no node
+  // came for last_call. Sets node_rank (arrival order) and nnodes.
+  bool JoinNodes(TcpStore& store) {
+    const std::string prefix = absl::StrCat("muster-run/", o_.job_id, "/rdzv/");
+    absl::StatusOr<int64_t> me = store.Add(prefix + "joined", 1);
+    if (!me.ok()) {
+      Say(absl::StrCat("cannot join the job's nodes: ", me.status().message()));
+      return false;
+    }
+    const int64_t index = *me - 1;
+    const std::string wanted = o_.min_nodes == o_.nnodes
+                                   ? absl::StrCat(o_.nnodes)
+                                   : absl::StrCat(o_.min_nodes, "..", o_.nnodes);
+    absl::Time start = absl::Now(), give_up = start + o_.join_timeout, last_change = start;
+    int64_t seen = *me;
+    std::string size_text;
+    while (true) {
+      auto closed = store.Check({prefix + "size"});
+      if (closed.ok() && *closed) {
+        auto v = store.Get(prefix + "size", absl::Seconds(10));
+        if (v.ok()) size_text = *v;
+        break;
+      }
+      absl::StatusOr<int64_t> joined = store.Add(prefix + "joined", 0);
+      if (!joined.ok()) {
+        Say(absl::StrCat("cannot read the job's nodes: ", joined.status().message()));
+        return false;
+      }
+      if (*joined != seen) last_change = absl::Now();
+      seen = *joined;
+      const int64_t n = std::min<int64_t>(seen, o_.nnodes);
+      if (n >= o_.nnodes || (n >= o_.min_nodes && absl::Now() - last_change >= o_.last_call)) {
+        (void)store.CompareSet(prefix + "size", "", absl::StrCat(n));
+        continue;
+      }
+      if (absl::Now() >= give_up) {
+        Say(absl::StrCat("the job's nodes did not gather: ", seen, " of ", wanted,
+                         " joined within the join timeout (", absl::FormatDuration(o_.join_timeout),
+                         ")"));
+        return false;
+      }
+      if (absl::Now() - start >= absl::Seconds(1)) {
+        std::string closes =
+            n >= o_.min_nodes
+                ? absl::StrCat("; closing in ",
+                               absl::ToInt64Seconds(o_.last_call - (absl::Now() - last_change)) + 1,
+                               " s unless more come")
+                : "";
+        Progress(absl::StrCat("waiting for nodes: ", seen, " of ", wanted, " joined"),
+                 absl::StrCat(closes, "; ", absl::ToInt64Seconds(give_up - absl::Now()),
+                              " s left of the join timeout"));
+      }
+      Pump(static_cast<int>(absl::ToInt64Milliseconds(o_.monitor_interval)));
+      if (interrupted_ != 0) return false;
+    }
+    int64_t size = 0;
+    if (!absl::SimpleAtoi(size_text, &size) || size < 1) {
+      Say(absl::StrCat("bad rendezvous record '", size_text, "'"));
+      return false;
+    }
+    if (index >= size) {
+      Say(absl::StrCat("this node came after the job's nodes gathered (", size,
+                       " nodes); muster-run does not add nodes to a running job"));
+      return false;
+    }
+    EndProgress(absl::StrCat("the job's nodes gathered: ", size));
+    o_.nnodes = static_cast<int>(size);
+    o_.node_rank = static_cast<int>(index);
+    Say(absl::StrCat("node ", o_.node_rank, " of ", o_.nnodes,
+                     o_.serves_store ? " (serving the job's store)" : ""));
+    return true;
+  }
+
+  // While some of the job's ranks have registered with muster and others
+  // not yet, a progress line names the missing ones (ranks that never use
+  // muster's World, e.g. torch's gloo backend, register nothing: no line).
+  void WatchRegistrations(TcpStore* store, int generation, bool now = false) {
+    if (store == nullptr || all_registered_) return;
+    if (!now && absl::Now() < next_registration_check_) return;
+    next_registration_check_ = absl::Now() + absl::Milliseconds(500);
+    const int world = o_.nnodes * o_.nproc_per_node;
+    std::vector<int> missing;
+    int present = 0;
+    for (int r = 0; r < world; ++r) {
+      auto p = store->Check({absl::StrCat("muster/", o_.job_id, "/", generation, "/rank/", r)});
+      if (!p.ok()) return;
+      if (*p) {
+        ++present;
+      } else {
+        missing.push_back(r);
+      }
+    }
+    if (present == 0) return;
+    if (missing.empty()) {
+      all_registered_ = true;
+      EndProgress(absl::StrCat("all ", world, " ranks joined"));
+      return;
+    }
+    if (first_registration_ == absl::InfiniteFuture()) first_registration_ = absl::Now();
+    const absl::Duration waited = absl::Now() - first_registration_;
+    if (waited < absl::Seconds(1)) return;
+    const size_t missing_count = missing.size();
+    if (missing.size() > 8) missing.resize(8);
+    Progress(absl::StrCat("waiting for ranks: ", present, " of ", world, " joined (missing: ",
+                          absl::StrJoin(missing, ", "), missing_count > 8 ? ", ..." : "", ")"),
+             absl::StrCat("; ", absl::ToInt64Seconds(absl::Minutes(30) - waited),
+                          " s left of the ranks' default 30 min timeout"));
+  }
+
+  // A store connection for the progress line on one node (several nodes
+  // use the job's store).
+  std::unique_ptr<TcpStore> LocalStore() {
+    if (o_.master_port <= 0) return nullptr;
+    TcpStoreOptions so;
+    so.host = o_.master_addr.empty() ? "127.0.0.1" : o_.master_addr;
+    so.port = o_.master_port;
+    so.token = token_;
+    so.connect_timeout = absl::Seconds(2);
+    auto store = TcpStore::Connect(so);
+    if (!store.ok()) return nullptr;
+    return std::move(*store);
+  }
+
   int RunAttempts() {
     std::unique_ptr<TcpStore> store = JobStore();
-    if (o_.nnodes > 1 && store == nullptr) return 1;
+    if (MultiNode() && store == nullptr) return 1;
+    if (o_.rendezvous == LaunchOptions::Rendezvous::kStore && store != nullptr &&
+        !JoinNodes(*store)) {
+      return 1;
+    }
+    std::unique_ptr<TcpStore> local_store = store == nullptr ? LocalStore() : nullptr;
+    TcpStore* progress_store = store != nullptr ? store.get() : local_store.get();
     int base = 0;
-    if (existing_daemon_ && o_.nnodes == 1) {
+    if (existing_daemon_ && !MultiNode()) {
       // A persistent daemon may have seen this job id: never reuse a
       // generation (its keys would be stale).
       TcpStoreOptions so;
@@ -613,20 +914,24 @@ class Launcher {
       ranks_.resize(o_.nproc_per_node);
       for (int i = 0; i < o_.nproc_per_node; ++i) {
         ranks_[i].rank = o_.node_rank * o_.nproc_per_node + i;
-        if (Spawn(o_.command, RankEnv(i, generation), &ranks_[i], "") < 0) return 1;
+        ranks_[i].local_rank = i;
+        if (Spawn(o_.command, RankEnv(i, generation, 0, &ranks_[i]), &ranks_[i], "") < 0) return 1;
       }
       std::string failed_key = absl::StrCat("muster-run/", o_.job_id, "/failed/", generation);
       std::string remote_failure;
       absl::Time next_check = absl::Now();
+      all_registered_ = false;
+      first_registration_ = absl::InfiniteFuture();
       while (AnyRunning()) {
         Pump(100);
+        if (interrupted_ == 0) WatchRegistrations(progress_store, generation);
         if (interrupted_ != 0 && kill_deadline_ < absl::Now()) {
           SignalRanks(SIGKILL);
           kill_deadline_ = absl::InfiniteFuture();
         }
         if (interrupted_ == 0 && daemon_pid_ < 0 && !existing_daemon_ &&
             !daemon_died_reason_.empty() && o_.restart_policy == RestartPolicy::kRank &&
-            rank_restarts_used_ < o_.max_restarts && o_.nnodes > 1 && o_.node_rank > 0 &&
+            rank_restarts_used_ < o_.max_restarts && MultiNode() && !o_.serves_store &&
             store != nullptr) {
           // Restart policy "rank" on a node whose musterd died: its ranks
           // are failed ranks of the job (restarted with a new musterd).
@@ -644,7 +949,7 @@ class Launcher {
           break;
         }
         if (store != nullptr && interrupted_ == 0 && absl::Now() >= next_check) {
-          next_check = absl::Now() + absl::Milliseconds(200);
+          next_check = absl::Now() + o_.monitor_interval;
           auto present = store->Check({failed_key});
           if (present.ok() && *present) {
             auto v = store->Get(failed_key, absl::Seconds(5));
@@ -652,6 +957,13 @@ class Launcher {
             break;
           }
         }
+      }
+      if (!last_progress_line_.empty()) {
+        // The ranks ended while a progress line was up: its last word.
+        WatchRegistrations(progress_store, generation, /*now=*/true);
+        if (progress_open_) std::fprintf(stderr, "\n");
+        progress_open_ = false;
+        last_progress_line_.clear();
       }
       if (interrupted_ != 0) {
         while (AnyRunning()) Pump(50);
@@ -676,6 +988,9 @@ class Launcher {
       if (failed != nullptr) {
         what = absl::StrCat("rank ", failed->rank, " (pid ", failed->pid, ") ",
                             Describe(failed->status));
+        if (std::string m = ErrorFileMessage(failed->error_file); !m.empty()) {
+          absl::StrAppend(&what, ": ", m, " (its error file ", failed->error_file, ")");
+        }
         std::vector<std::string> tail(failed->tail.begin(), failed->tail.end());
         failure_summary = absl::StrCat(what, tail.empty() ? "" : "; its last output:\n  ",
                                        absl::StrJoin(tail, "\n  "));
@@ -714,6 +1029,15 @@ class Launcher {
   pid_t daemon_pid_ = -1;
   std::string daemon_died_reason_;
   bool existing_daemon_ = false;
+  // The progress line.
+  absl::Time last_progress_ = absl::InfinitePast();
+  std::string last_progress_line_;
+  bool progress_open_ = false;
+  bool all_registered_ = false;
+  absl::Time first_registration_ = absl::InfiniteFuture();
+  absl::Time next_registration_check_ = absl::InfinitePast();
+  std::string log_root_;       // <log dir>/<run id>_<random>
+  std::string temp_log_root_;  // removed at the end: no --log-dir
   int signal_fd_ = -1;
   sigset_t old_mask_;
   std::vector<Child> ranks_;

@@ -17,6 +17,8 @@
 #ifndef MUSTER_TOOLS_LAUNCHER_H_
 #define MUSTER_TOOLS_LAUNCHER_H_
 
+#include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -52,6 +54,32 @@ struct LaunchOptions {
   absl::Duration exit_barrier = absl::Seconds(300);
   int tail_lines = 10;
   std::vector<std::string> command;
+
+  // torchrun's meanings (muster-run's torchrun-compatible flags).
+  std::string role = "default";  // ROLE_NAME
+  // How nodes find each other. kStatic: --node-rank given, node 0 serves
+  // the store. kStore (torchrun's c10d, or "muster"): nodes join through
+  // the store at master_addr:master_port in arrival order; the node whose
+  // address that is serves it (an embedded musterd).
+  enum class Rendezvous { kStatic, kStore };
+  Rendezvous rendezvous = Rendezvous::kStatic;
+  bool serves_store = true;  // kStore: resolved from master_addr; kStatic: node_rank == 0
+  int min_nodes = 1;         // kStore: the rendezvous closes with min..nnodes nodes
+  absl::Duration join_timeout = absl::Seconds(600);
+  absl::Duration last_call = absl::Seconds(30);  // after min_nodes, more may come this long
+  // --log-dir: <log_dir>/<run id>_<random>/attempt_<n>/<local rank>/ holds
+  // stdout.log / stderr.log (what redirects or tee name) and error.json
+  // (TORCHELASTIC_ERROR_FILE). Empty: error files go to a temporary
+  // directory, nothing else is written.
+  std::string log_dir;
+  // Per local rank, which streams go to files: bit 1 stdout, bit 2 stderr.
+  // `redirect`: file only; `tee`: file and console. Key -1: every rank.
+  std::map<int, int> redirect, tee;
+  std::set<int> console_ranks;  // --local-ranks-filter (global ranks); empty: all
+  absl::Duration monitor_interval = absl::Milliseconds(100);
+  std::vector<int> forward_signals;  // default: SIGTERM, SIGINT, SIGHUP, SIGQUIT
+  std::string signals_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
+  bool virtual_local_rank = false;  // LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
 };
 
 // Runs the job; returns muster-run's exit status (0 when every rank exited
