@@ -1,6 +1,7 @@
 #include "common/spawn.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <unistd.h>
 
@@ -44,6 +45,11 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     null_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
     if (null_fd < 0) return ErrnoToStatus(errno, "open /dev/null");
   }
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  for (int cpu : options.cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
+  }
   pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) {
@@ -62,6 +68,10 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     if (options.stdout_fd >= 0) ::dup2(options.stdout_fd, STDOUT_FILENO);
     if (options.stderr_fd >= 0) ::dup2(options.stderr_fd, STDERR_FILENO);
     ::signal(SIGPIPE, SIG_DFL);
+    if (!options.cpus.empty() && ::sched_setaffinity(0, sizeof(cpus), &cpus) != 0) {
+      SayInChild(options.who.c_str(), c_argv[0], std::strerror(errno));
+      ::_exit(127);
+    }
     if (!options.keep_signal_mask) ::sigprocmask(SIG_SETMASK, &options.signal_mask, nullptr);
     if (options.search_path) {
       ::execvpe(c_argv[0], c_argv.data(), c_env.data());

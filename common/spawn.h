@@ -40,6 +40,8 @@ struct SpawnOptions {
   // its default action.
   sigset_t signal_mask{};
   bool keep_signal_mask = false;  // inherit the caller's mask instead
+  // Non-empty: the child runs only on these CPUs (sched_setaffinity).
+  std::vector<int> cpus;
   // Names the caller in the message the child prints if exec fails.
   std::string who = "muster";
 };

@@ -1,6 +1,7 @@
 // Tests of muster-run with real processes: embedded daemon lifecycle, rank
 // environment, output prefixes, failure summaries, restarts with a new
 // generation, SIGINT, an existing daemon, and unmodified PyTorch.
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -368,6 +369,33 @@ TEST_CASE("--nnodes MIN:MAX closes with the nodes that came once no more come") 
   CHECK(r.exit.code == 0);
   CHECK(absl::StrContains(r.err, "the job's nodes gathered: 1"));
   CHECK(absl::StrContains(r.out, "rank 1: init ok name=world rank=1 size=2"));
+}
+
+TEST_CASE("--bind cores pins each local rank to one CPU muster-run may use") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  TempDir dir;
+  auto r = Launch({"--nproc-per-node", "3", "--bind", "cores", "--", "/bin/sh", "-c",
+                   "echo CPUS=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  for (int rank = 0; rank < 3; ++rank) {
+    CHECK(absl::StrContains(
+        r.out, absl::StrCat("[rank ", rank, "] CPUS=", cpus[rank % cpus.size()], "\n")));
+  }
+  auto floating = Launch({"--nproc-per-node", "1", "--bind", "none", "--", "/bin/sh", "-c",
+                          "grep -c . /proc/self/status >/dev/null"},
+                         IsolatedEnv(dir));
+  CHECK(floating.exit.code == 0);
+  auto bad = Launch({"--bind", "sockets", "--", "true"}, IsolatedEnv(dir));
+  CHECK(bad.exit.code == 2);
+  CHECK(absl::StrContains(bad.err, "--bind must be 'cores' or 'none', not 'sockets'"));
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/signalfd.h>
 #include <sys/stat.h>
@@ -113,6 +114,19 @@ class Launcher {
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, &old_mask_);
     signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (o_.bind_cores) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+        for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+          if (CPU_ISSET(cpu, &set)) allowed_cpus_.push_back(cpu);
+        }
+      }
+      if (o_.nproc_per_node > static_cast<int>(allowed_cpus_.size())) {
+        Say(absl::StrCat("--bind cores: ", o_.nproc_per_node, " ranks on ", allowed_cpus_.size(),
+                         " CPU(s); some ranks share a core"));
+      }
+    }
     if (!PrepareDaemon() || !PrepareLogs()) {
       StopDaemon();
       return 1;
@@ -293,6 +307,9 @@ class Launcher {
     options.new_process_group = true;
     options.signal_mask = old_mask_;
     options.who = "muster-run";
+    if (child != nullptr && o_.bind_cores && !allowed_cpus_.empty()) {
+      options.cpus = {allowed_cpus_[child->local_rank % allowed_cpus_.size()]};
+    }
     int log_fd = -1;
     if (child != nullptr) {
       options.stdout_fd = out[1];
@@ -1036,8 +1053,9 @@ class Launcher {
   bool all_registered_ = false;
   absl::Time first_registration_ = absl::InfiniteFuture();
   absl::Time next_registration_check_ = absl::InfinitePast();
-  std::string log_root_;       // <log dir>/<run id>_<random>
-  std::string temp_log_root_;  // removed at the end: no --log-dir
+  std::vector<int> allowed_cpus_;  // --bind cores: the CPUs muster-run may use
+  std::string log_root_;           // <log dir>/<run id>_<random>
+  std::string temp_log_root_;      // removed at the end: no --log-dir
   int signal_fd_ = -1;
   sigset_t old_mask_;
   std::vector<Child> ranks_;

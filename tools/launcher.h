@@ -80,6 +80,9 @@ struct LaunchOptions {
   std::vector<int> forward_signals;  // default: SIGTERM, SIGINT, SIGHUP, SIGQUIT
   std::string signals_text = "SIGTERM,SIGINT,SIGHUP,SIGQUIT";
   bool virtual_local_rank = false;  // LOCAL_RANK=0, CUDA_VISIBLE_DEVICES=<local rank>
+  // Pin local rank i to the i-th CPU muster-run may use (wrapping), like
+  // mpirun's --bind-to core; false: the ranks float.
+  bool bind_cores = false;
 };
 
 // Runs the job; returns muster-run's exit status (0 when every rank exited

@@ -264,8 +264,11 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   flags.AddAlias('t', "tee");
 
   // muster's own.
-  std::string policy = "job";
+  std::string policy = "job", bind = "none";
   double grace = 5, exit_barrier = 300;
+  flags.AddString("bind", &bind,
+                  "cores: pin local rank i to the i-th CPU muster-run may use (like mpirun's\n"
+                  "--bind-to core); none: let the ranks float.");
   flags.AddString("job-id", &o.job_id,
                   "Job name (default: --rdzv-id, else run-<pid> on one node, run-<master-port>\n"
                   "on several).");
@@ -428,6 +431,10 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   } else if (policy != "job") {
     return Bad(absl::StrCat("--restart-policy must be 'job' or 'rank', not '", policy, "'"));
   }
+  if (bind != "cores" && bind != "none") {
+    return Bad(absl::StrCat("--bind must be 'cores' or 'none', not '", bind, "'"));
+  }
+  o.bind_cores = bind == "cores";
   if (grace < 0) return Bad("--stop-grace-seconds must be >= 0");
   if (exit_barrier < 0) return Bad("--exit-barrier-seconds must be >= 0");
   if (monitor_interval <= 0) return Bad("--monitor-interval must be > 0");
