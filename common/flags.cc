@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "common/status_macros.h"
+#include "common/version.h"
 
 namespace muster {
 
@@ -106,6 +107,10 @@ absl::StatusOr<std::vector<std::string>> FlagSet::Parse(const std::vector<std::s
       help_requested_ = true;
       return positional;
     }
+    if (arg == "--version" && Find("version") == nullptr) {
+      version_requested_ = true;
+      return positional;
+    }
     if (arg.size() == 2 && arg[0] == '-' && arg[1] != '-') {
       for (const auto& [letter, name] : aliases_) {
         if (letter == arg[1]) arg = "--" + name;
@@ -169,6 +174,9 @@ std::string FlagSet::Usage() const {
     absl::StrAppend(&out, "      (default: ", f.default_text, ")\n");
   }
   absl::StrAppend(&out, "  --help\n      Print this help and exit.\n");
+  if (Find("version") == nullptr) {
+    absl::StrAppend(&out, "  --version\n      Print the version and exit.\n");
+  }
   return out;
 }
 
@@ -176,6 +184,10 @@ std::vector<std::string> FlagSet::ParseOrExit(int argc, char** argv) {
   auto parsed = Parse(argc, argv);
   if (help_requested_) {
     std::fputs(Usage().c_str(), stdout);
+    std::exit(0);
+  }
+  if (version_requested_) {
+    std::printf("%s %s\n", program_.c_str(), kVersion);
     std::exit(0);
   }
   if (!parsed.ok()) {

@@ -1,7 +1,9 @@
 // FlagSet: the command-line parser of every muster binary. Flags are spelled
 // with dashes (--grpc-port 0, --grpc-port=0); booleans take no value
 // (--json) or an explicit --json=false. "--" ends the flags; everything after
-// it, and every non-flag word, is positional. --help prints Usage().
+// it, and every non-flag word, is positional. --help prints Usage();
+// --version prints "<program> <muster version>" (common/version.h), unless the
+// program registers a flag of that name itself.
 //
 // Options for launchers that take torchrun's command line: underscores in a
 // flag's name read as dashes (--nproc_per_node), the first positional word
@@ -53,10 +55,13 @@ class FlagSet {
   absl::StatusOr<std::vector<std::string>> Parse(int argc, char** argv);
   absl::StatusOr<std::vector<std::string>> Parse(const std::vector<std::string>& args);
   bool help_requested() const { return help_requested_; }
+  // --version was given (and no flag "version" is registered); parsing stops.
+  bool version_requested() const { return version_requested_; }
 
   std::string Usage() const;
 
-  // Convenience for main(): parse, print help (exit 0) or the error (exit 2).
+  // Convenience for main(): parse, print help or the version (exit 0) or the
+  // error (exit 2).
   std::vector<std::string> ParseOrExit(int argc, char** argv);
 
  private:
@@ -81,6 +86,7 @@ class FlagSet {
   bool underscores_as_dashes_ = false;
   bool stop_at_first_positional_ = false;
   std::string env_prefix_;
+  bool version_requested_ = false;
 };
 
 }  // namespace muster

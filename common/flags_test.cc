@@ -86,5 +86,21 @@ TEST_CASE("FlagSet in torchrun style: underscores, the program's own flags, alia
   CHECK(flags.Usage().find("-m, --module") != std::string::npos);
 }
 
+TEST_CASE("FlagSet has --version unless the program registers its own") {
+  FlagSet flags("prog", "usage");
+  auto rest = flags.Parse({"--version", "ignored"});
+  REQUIRE(rest.ok());
+  CHECK(flags.version_requested());
+  CHECK(rest->empty());
+  CHECK(flags.Usage().find("  --version\n") != std::string::npos);
+
+  bool mine = false;
+  FlagSet own("prog", "usage");
+  own.AddBool("version", &mine, "mine");
+  REQUIRE(own.Parse({"--version"}).ok());
+  CHECK(mine);
+  CHECK_FALSE(own.version_requested());
+}
+
 }  // namespace
 }  // namespace muster

@@ -98,7 +98,6 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t grpc_port = options.grpc_port;
   double grace_seconds = absl::ToDoubleSeconds(options.shutdown_grace);
   std::string log_level = "info";
-  bool print_version = false;
   int64_t store_port = options.store.port;
   std::string token_file;
   std::string allow_unauthenticated;
@@ -176,7 +175,6 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "On SIGTERM/SIGINT, how long in-flight RPCs may finish before they are\n"
                   "cancelled (0 to 60).");
   flags.AddString("log-level", &log_level, "Least severe log level: debug, info, warning, error.");
-  flags.AddBool("version", &print_version, "Print the version and exit.");
   flags.AddBool("store", &options.store_enabled,
                 "Run the TCP key-value store (PyTorch TCPStore compatible); --store=false\n"
                 "for a daemon that only serves its local ranks.");
@@ -254,10 +252,6 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "without CUDA) musterd runs and GPU requests fail saying why.");
   std::vector<std::string> positional = flags.ParseOrExit(argc, argv);
 
-  if (print_version) {
-    std::printf("musterd %s\n", muster::kVersion);
-    return 0;
-  }
   if (!positional.empty()) {
     std::fprintf(stderr, "musterd: unexpected argument '%s' (see musterd --help)\n",
                  positional[0].c_str());

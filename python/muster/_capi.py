@@ -8,7 +8,9 @@ through `lib()`.
 Where libmuster.so comes from, first match wins:
   1. $MUSTER_LIBRARY (a path to the file);
   2. next to this module (what `pip install ./python` puts there);
-  3. <repo>/bazel-bin/client/libmuster.so (running from a source tree).
+  3. the library tools/install.sh installed with this package (the path it
+     recorded in muster/_installed.py);
+  4. <repo>/bazel-bin/client/libmuster.so (running from a source tree).
 
 Thread-safety: the library is thread-safe; ctypes releases the GIL during
 every call, so blocking waits do not stall other Python threads.
@@ -186,6 +188,15 @@ _lock = threading.Lock()
 _lib = None
 
 
+def _installed_path(name):
+    """A path tools/install.sh recorded in muster/_installed.py, or None."""
+    try:
+        from muster import _installed
+    except ImportError:
+        return None
+    return getattr(_installed, name, None)
+
+
 def library_path():
     """The libmuster.so this process uses (see the module docstring)."""
     env = os.environ.get("MUSTER_LIBRARY")
@@ -194,8 +205,11 @@ def library_path():
             raise ImportError(f"MUSTER_LIBRARY={env} is not a file")
         return env
     here = Path(__file__).resolve().parent
-    candidates = [here / "libmuster.so",
-                  here.parent.parent / "bazel-bin" / "client" / "libmuster.so"]
+    candidates = [here / "libmuster.so"]
+    installed = _installed_path("LIBRARY")
+    if installed:
+        candidates.append(Path(installed))
+    candidates.append(here.parent.parent / "bazel-bin" / "client" / "libmuster.so")
     for c in candidates:
         if c.is_file():
             return str(c)

@@ -58,11 +58,21 @@ def library_path():
     return os.path.join(_repo_root(), "bazel-bin", "client", "libmuster.so")
 
 
+def _installed_include_dir():
+    """The include directory tools/install.sh recorded, or None."""
+    try:
+        from muster import _installed
+    except ImportError:
+        return None
+    return getattr(_installed, "INCLUDE_DIR", None)
+
+
 def include_dir():
     """The directory holding muster/muster.h."""
     candidates = [
         os.environ.get("MUSTER_INCLUDE_DIR"),
         os.path.join(os.path.dirname(_HERE), "include"),  # an installed package
+        _installed_include_dir(),  # installed by tools/install.sh
         os.path.join(_repo_root(), "client", "include"),  # the source tree
         # The source tree behind a tree of symlinks (Bazel's runfiles).
         os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
