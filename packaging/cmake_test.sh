@@ -46,8 +46,12 @@ rc=$?
 if ((rc == 0)); then fail "find_package(muster 99.0) succeeded"; else pass "find_package(muster 99.0) fails"; fi
 check_has "it names the version found" "$out" "$VERSION"
 
-# A musterd of its own (socket and store port private to this test).
-"$R/daemon/musterd" --socket "$TMP/musterd.sock" --store-port 0 --ready-file "$TMP/ready.json" \
+# A musterd of its own (socket and store port private to this test; the
+# socket in a short directory: unix socket paths are at most 107 bytes).
+sockdir=$(mktemp -d /tmp/muster-cmake.XXXXXX)
+cleanup_hooks+=("rm -rf '$sockdir'")
+sock=$sockdir/musterd.sock
+"$R/daemon/musterd" --socket "$sock" --store-port 0 --ready-file "$TMP/ready.json" \
   2>"$TMP/musterd.log" &
 daemon=$!
 cleanup_hooks+=("kill $daemon 2>/dev/null; wait $daemon 2>/dev/null")
@@ -63,7 +67,7 @@ if [[ ! -s $TMP/ready.json ]]; then
 fi
 
 for prog in allreduce_c allreduce_cxx; do
-  timeout 120 "$R/tools/muster-run" --nproc-per-node 2 --socket "$TMP/musterd.sock" \
+  timeout 120 "$R/tools/muster-run" --nproc-per-node 2 --socket "$sock" \
     --job-id "cmake-$prog" -- "$TMP/build/$prog" >"$TMP/$prog.out" 2>&1
   rc=$?
   check_eq "$prog: muster-run exit status" "$rc" 0
@@ -74,7 +78,7 @@ for prog in allreduce_c allreduce_cxx; do
 done
 check_has "the C++ program's MAX all_reduce" "$(cat "$TMP/allreduce_cxx.out")" "RANK 1 OK sum=3 max=1"
 # Both jobs ran on this musterd, not on an embedded one.
-jobs=$("$R/tools/musterctl" --socket "$TMP/musterd.sock" jobs 2>&1)
+jobs=$("$R/tools/musterctl" --socket "$sock" jobs 2>&1)
 check_has "musterctl shows the C job" "$jobs" "cmake-allreduce_c"
 check_has "musterctl shows the C++ job" "$jobs" "cmake-allreduce_cxx"
 

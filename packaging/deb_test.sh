@@ -24,10 +24,12 @@ check_eq "Package" "$(dpkg-deb -f "$deb" Package)" muster
 check_eq "Version" "$(dpkg-deb -f "$deb" Version)" "$VERSION"
 depends=$(dpkg-deb -f "$deb" Depends | tr ',' '\n' | sed 's/^ *//')
 echo "Depends: $(echo "$depends" | paste -sd' ')"
-for pkg in libc6 libstdc++6 libgrpc++1.51 libprotobuf32 libabsl20220623 libgloo0; do
-  check_has "Depends names $pkg" "$depends" "^$pkg( |$)"
+for pkg in libc6 libstdc++6 libgrpc++1.51 libprotobuf32 libabsl20220623 libgloo0 libssl3; do
+  check_eq "Depends names $pkg" "$(awk -v p="$pkg" '$1 == p { print $1 }' <<<"$depends")" "$pkg"
 done
-check_has "Depends has versions from the shlibs files" "$depends" '^libgrpc\+\+1\.51 \(>= '
+check_has "Depends has versions from the shlibs files" "$depends" '^libgrpc\+\+1\.51 \(>= 1\.51'
+check_eq "Depends names no 32-bit or unrelated package" \
+  "$(grep -E '^(lib32|libc6-i386|libmuster)' <<<"$depends")" ""
 
 contents=$(dpkg-deb -c "$deb")
 check_eq "every entry is owned by root" "$(awk '$2 != "root/root"' <<<"$contents")" ""
@@ -40,6 +42,8 @@ for f in ./usr/bin/musterd ./usr/bin/musterctl ./usr/bin/muster-run \
 done
 check_eq "nothing under /etc (the unit is not enabled)" "$(grep -c ' \./etc/' <<<"$contents")" 0
 
+# dpkg wants ldconfig and start-stop-daemon on PATH (Bazel's PATH lacks sbin).
+export PATH=$PATH:/usr/sbin:/sbin
 # A fresh root: an empty dpkg database, nothing else.
 root=$TMP/root
 mkdir -p "$root/var/lib/dpkg/info" "$root/var/lib/dpkg/updates" "$root/var/lib/dpkg/triggers" \
@@ -64,7 +68,7 @@ check_has "the unit runs /usr/bin/musterd" "$(cat "$root/usr/lib/systemd/system/
   pass "the unit is in place, not enabled"
 # The library and the Python package work from there (paths redirected to
 # the fresh root; on a real install they are where _installed.py says).
-probe=$(cd "$TMP" && MUSTER_LIBRARY="$root/usr/lib/$MULTIARCH/libmuster.so.$API" \
+probe=$(cd "$TMP" && env -u PYTHONDONTWRITEBYTECODE MUSTER_LIBRARY="$root/usr/lib/$MULTIARCH/libmuster.so.$API" \
   PYTHONPATH="$root/usr/lib/python3/dist-packages" /usr/bin/python3 -c \
   'import muster, muster._installed as i; print(muster.version()); print(i.LIBRARY)' 2>&1)
 check_eq "python imports the packaged SDK" "$probe" "$VERSION"$'\n'"/usr/lib/$MULTIARCH/libmuster.so.$API"
@@ -75,12 +79,20 @@ out=$("${dpkg_root[@]}" -r muster 2>&1)
 rc=$?
 check_eq "dpkg --root -r" "$rc" 0
 ((rc == 0)) || echo "$out"
-check_eq "dpkg sees it gone" "$(dpkg-query --root="$root" -W -f='${Status}' muster 2>/dev/null)" \
-  "deinstall ok not-installed"
+# Removed, not purged: dpkg keeps the record until the postrm's purge ran.
+check_eq "dpkg sees it removed" "$(dpkg-query --root="$root" -W -f='${Status}' muster 2>&1)" \
+  "deinstall ok config-files"
 left=$(cd "$root" && find . -mindepth 1 -not -path './var/lib/dpkg*' -not -path './var/log*' \
   -not -path ./var -not -path ./var/lib | sort)
 check_eq "nothing is left outside dpkg's database" "$left" ""
 # dpkg warns when it cannot remove a directory it installed (not empty).
 check_eq "dpkg did not warn" "$(grep -i warning <<<"$out")" ""
+out=$("${dpkg_root[@]}" -P muster 2>&1)
+check_eq "dpkg --root -P" "$?" 0
+if dpkg-query --root="$root" -W muster >/dev/null 2>&1; then
+  fail "dpkg still knows muster after the purge"
+else
+  pass "after the purge dpkg knows no muster"
+fi
 
 finish deb_test

@@ -10,9 +10,9 @@ else
 fi
 TMP=$(mktemp -d "${TEST_TMPDIR:-/tmp}/muster-pkg.XXXXXX")
 cleanup_hooks=()
-cleanup() {
-  local h
-  for h in "${cleanup_hooks[@]}"; do eval "$h" || true; done
+cleanup() {  # the hooks, last added first
+  local i
+  for ((i = ${#cleanup_hooks[@]} - 1; i >= 0; --i)); do eval "${cleanup_hooks[i]}" || true; done
   rm -rf "$TMP"
 }
 trap cleanup EXIT

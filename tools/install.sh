@@ -185,7 +185,7 @@ if ((with_python)); then
   [[ $python_dir == /* ]] || die "--python-dir must be absolute, not '$python_dir'"
   pkg=$destdir$python_dir/muster
   rm -rf "$pkg"
-  (cd "$SRC/python" && find muster -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.h' \
+  (cd "$SRC/python" && find -L muster -type f \( -name '*.py' -o -name '*.cpp' -o -name '*.h' \
     -o -name '*.md' \) -not -path '*/__pycache__/*' | sort) | while read -r f; do
     install -D -m 0644 "$SRC/python/$f" "$destdir$python_dir/$f"
   done

@@ -52,48 +52,75 @@ install_args=(--prefix /usr --libdir "lib/$multiarch" --destdir "$stage"
 "$SRC/tools/install.sh" "${install_args[@]}" >"$work/install.log" ||
   { cat "$work/install.log" >&2; die "tools/install.sh failed"; }
 
-# Depends: what provides each shared library our ELF files need.
+# Depends: what provides each shared library our ELF files need (NEEDED):
+# the package owning the file the dynamic linker resolves it to (ldd), and the
+# dependency that package's shlibs file declares for it, as dpkg-shlibdeps
+# does. One dpkg -S for all files (it is slow per call).
 shipped=" $(cd "$stage" && find . -name 'lib*.so*' -printf '%f ') "
-declare -A deps=()
-needed() { readelf -d "$1" 2>/dev/null | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p'; }
-shlibs_dep() {  # SONAME -> the dependency its shlibs entry names, or nothing
-  local soname=$1 name ver
-  if [[ $soname =~ ^(.*)\.so\.([0-9.]+)$ ]]; then
+declare -A resolved=() owner=() deps=()
+elves=()
+while read -r f; do
+  readelf -h "$f" >/dev/null 2>&1 && elves+=("$f")
+done < <(find "$stage/usr/bin" "$stage/usr/lib/$multiarch" -type f)
+((${#elves[@]})) || die "no ELF files in the staged tree"
+needed=()
+for elf in "${elves[@]}"; do
+  while read -r soname; do
+    # The dynamic linker itself comes with libc6, which libc.so.6 brings in.
+    [[ -z $soname || $soname == ld-linux* || $shipped == *" $soname "* ]] && continue
+    needed+=("$soname")
+  done < <(readelf -d "$elf" | sed -n 's/.*(NEEDED).*\[\(.*\)\]/\1/p')
+  while read -r soname path; do
+    [[ -n ${resolved[$soname]:-} ]] || resolved[$soname]=$path
+  done < <(ldd "$elf" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }')
+done
+# Debian 12 merged /lib into /usr/lib; dpkg knows each file by one spelling.
+candidates=()
+for soname in "${!resolved[@]}"; do
+  path=${resolved[$soname]}
+  candidates+=("$path" "$(readlink -f "$path")" "/usr$path" "${path#/usr}")
+done
+while IFS= read -r line; do
+  pkg=${line%%: *}
+  owner[${line#*: }]=$pkg
+done < <(dpkg -S "${candidates[@]}" 2>/dev/null || true)
+# shlibs_dep SONAME PACKAGE: the dependency PACKAGE's shlibs file declares
+# for SONAME (e.g. "libgrpc++1.51 (>= 1.51.1)"), or nothing.
+shlibs_dep() {
+  local name ver f
+  if [[ $1 =~ ^(.*)\.so\.([0-9.]+)$ ]]; then
     name=${BASH_REMATCH[1]}
     ver=${BASH_REMATCH[2]}
-  elif [[ $soname =~ ^(.*)-([0-9.]+)\.so$ ]]; then
+  elif [[ $1 =~ ^(.*)-([0-9.]+)\.so$ ]]; then
     name=${BASH_REMATCH[1]}
     ver=${BASH_REMATCH[2]}
   else
     return 0
   fi
-  # shlibs lines: "[type: ]library soversion dependencies"
-  cat /var/lib/dpkg/info/*.shlibs 2>/dev/null |
-    awk -v n="$name" -v v="$ver" '$1 == n && $2 == v { $1 = ""; $2 = ""; sub(/^ +/, ""); print; exit }'
-}
-dpkg_dep() {  # SONAME ELF -> the package owning the library ldd resolves it to
-  local path p
-  path=$(ldd "$2" 2>/dev/null | awk -v s="$1" '$1 == s && $3 ~ /^\// { print $3; exit }')
-  [[ -n $path ]] || return 0
-  for p in "$path" "$(readlink -f "$path")" "/usr$path" "${path#/usr}"; do
-    dpkg -S "$p" 2>/dev/null | sed -n '1s/:.*//p' | grep . && return 0
+  for f in "/var/lib/dpkg/info/$2.shlibs" "/var/lib/dpkg/info/${2%%:*}.shlibs"; do
+    [[ -f $f ]] || continue
+    # Lines: "[type:] library soversion dependencies"; udeb lines are not ours.
+    awk -v n="$name" -v v="$ver" '$1 == n && $2 == v && !found {
+      $1 = ""; $2 = ""; sub(/^ +/, ""); print; found = 1 }' "$f"
+    return 0
   done
-  return 0
 }
-while read -r elf; do
-  while read -r soname; do
-    [[ -z $soname || $shipped == *" $soname "* ]] && continue
-    dep=$(shlibs_dep "$soname")
-    [[ -n $dep ]] || dep=$(dpkg_dep "$soname" "$elf")
-    if [[ -z $dep ]]; then
-      echo "package.sh: warning: no Debian package provides $soname (needed by ${elf#"$stage"})" >&2
-      continue
-    fi
-    deps[$dep]=1
-  done < <(needed "$elf")
-done < <(find "$stage/usr/bin" "$stage/usr/lib/$multiarch" -type f | while read -r f; do
-  if readelf -h "$f" >/dev/null 2>&1; then echo "$f"; fi
-done)
+for soname in $(printf '%s\n' "${needed[@]}" | sort -u); do
+  path=${resolved[$soname]:-}
+  pkg=""
+  if [[ -n $path ]]; then
+    for p in "$path" "$(readlink -f "$path")" "/usr$path" "${path#/usr}"; do
+      pkg=${owner[$p]:-}
+      [[ -n $pkg ]] && break
+    done
+  fi
+  if [[ -z $pkg ]]; then
+    echo "package.sh: warning: no Debian package provides $soname${path:+ ($path)}" >&2
+    continue
+  fi
+  dep=$(shlibs_dep "$soname" "$pkg")
+  deps[${dep:-${pkg%%:*}}]=1
+done
 depends=$(printf '%s\n' "${!deps[@]}" | sort -u | paste -sd, | sed 's/,/, /g')
 [[ -n $depends ]] || die "found no library dependencies (readelf/ldd missing?)"
 

@@ -20,6 +20,7 @@ PACKAGES=(
   iproute2 systemd libssl-dev openssl util-linux
   python3-torch libtorch-dev pybind11-dev ninja-build
   python3-numpy python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
+  cmake pkg-config
 )
 
 # torch 2.x for the Python tests and benchmarks (MUSTER_TORCH_VENV moves it).
