@@ -50,6 +50,41 @@ mkdir -p "$TMP/sockdir" && touch "$TMP/sockdir/d.sock"
 check_eq "musterctl --socket <path><TAB>" "$(complete_words musterctl --socket "$TMP/sockdir/d")" \
   "$TMP/sockdir/d.sock"
 
+# Commands, subcommands and flags come from the --help of the musterctl on
+# PATH (a newer one's new command completes): a stand-in with its own help.
+mkdir -p "$TMP/fake"
+cat >"$TMP/fake/musterctl" <<'FAKE'
+#!/bin/sh
+cat <<'HELP'
+musterctl: a stand-in.
+Usage: musterctl [flags] COMMAND
+
+Commands:
+  status                 s
+  store get KEY          g
+  store frob KEY         f
+  brandnew [X]           b
+                         continued
+
+Flags:
+  --socket VALUE
+      s
+  --fresh-flag
+      f
+  --help
+      Print this help and exit.
+HELP
+FAKE
+chmod +x "$TMP/fake/musterctl"
+check_eq "commands from the program's --help" \
+  "$(PATH="$TMP/fake:$PATH" complete_words musterctl "")" $'brandnew\nstatus\nstore'
+check_eq "store subcommands from the program's --help" \
+  "$(PATH="$TMP/fake:$PATH" complete_words musterctl store "")" $'frob\nget'
+check_eq "flags from the program's --help" \
+  "$(PATH="$TMP/fake:$PATH" complete_words musterctl --)" $'--fresh-flag\n--help\n--socket'
+check_eq "bool flags from --help take no value" \
+  "$(PATH="$TMP/fake:$PATH" complete_words musterctl --fresh-flag b)" brandnew
+
 # Every flag in each program's --help completes from "--".
 for prog in musterctl muster-run musterd; do
   got=$(complete_words "$prog" --)

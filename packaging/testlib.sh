@@ -21,6 +21,14 @@ API=$(sed -n 's/^#define MUSTER_C_API_VERSION \([0-9]*\).*/\1/p' "$R/client/incl
 MULTIARCH=$(gcc -print-multiarch 2>/dev/null || true)
 [[ -n $MULTIARCH ]] || MULTIARCH=x86_64-linux-gnu
 failures=0
+# A sanitizer build (--config=asan/tsan) of libmuster.so needs its runtime
+# loaded first, which a plain program or Python does not do: the checks that
+# load it into one are skipped there (see python/tests/run_pytest.sh).
+SANITIZED=0
+if [[ -e $R/client/libmuster.so.1 ]]; then
+  lib_deps=$(ldd "$R/client/libmuster.so.1" 2>/dev/null || true)
+  grep -qE 'lib(a|t)san' <<<"$lib_deps" && SANITIZED=1
+fi
 
 fail() {
   echo "FAIL: $*"
