@@ -1,3 +1,4 @@
+# shellcheck shell=bash disable=SC2034  # sourced; its variables are for the tests
 # Shared by //packaging's tests: where the runfiles are, a scratch directory
 # removed on exit, and check helpers that print what they expected.
 set -uo pipefail

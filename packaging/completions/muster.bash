@@ -62,11 +62,11 @@ _muster_complete_value() {
   case $1 in
     --socket | --*-file | --*file | --tls-* | --musterd | --gpu-plugin | --dump-dir | --state-dir | \
       --log-dir | --log_dir | --run-path | --run_path)
-      COMPREPLY=($(compgen -f -- "$2"))
+      mapfile -t COMPREPLY < <(compgen -f -- "$2")
       compopt -o filenames 2>/dev/null
       ;;
-    --restart-policy) COMPREPLY=($(compgen -W "job rank" -- "$2")) ;;
-    --log-level) COMPREPLY=($(compgen -W "debug info warning error" -- "$2")) ;;
+    --restart-policy) mapfile -t COMPREPLY < <(compgen -W "job rank" -- "$2") ;;
+    --log-level) mapfile -t COMPREPLY < <(compgen -W "debug info warning error" -- "$2") ;;
     *) COMPREPLY=() ;;
   esac
 }
@@ -90,7 +90,7 @@ _musterctl() {
     return 0
   fi
   if [[ $cur == -* ]]; then
-    COMPREPLY=($(compgen -W "$_muster_flags" -- "$cur"))
+    mapfile -t COMPREPLY < <(compgen -W "$_muster_flags" -- "$cur")
     return 0
   fi
   # The positional words before the cursor, flags and their values skipped.
@@ -104,9 +104,9 @@ _musterctl() {
     positional+=("$word")
   done
   if ((${#positional[@]} == 0)); then
-    COMPREPLY=($(compgen -W "$_muster_commands" -- "$cur"))
+    mapfile -t COMPREPLY < <(compgen -W "$_muster_commands" -- "$cur")
   elif [[ ${positional[0]} == store && ${#positional[@]} -eq 1 ]]; then
-    COMPREPLY=($(compgen -W "$_muster_store_commands" -- "$cur"))
+    mapfile -t COMPREPLY < <(compgen -W "$_muster_store_commands" -- "$cur")
   fi
   return 0
 }
@@ -135,9 +135,9 @@ _muster_run() {
   done
   if ((command_at >= 0)); then
     if ((COMP_CWORD == command_at)); then
-      COMPREPLY=($(compgen -c -- "$cur") $(compgen -f -- "$cur"))
+      mapfile -t COMPREPLY < <(compgen -c -- "$cur"; compgen -f -- "$cur")
     else
-      COMPREPLY=($(compgen -f -- "$cur"))
+      mapfile -t COMPREPLY < <(compgen -f -- "$cur")
     fi
     compopt -o filenames 2>/dev/null
     return 0
@@ -147,10 +147,10 @@ _muster_run() {
     return 0
   fi
   if [[ $cur == -* ]]; then
-    COMPREPLY=($(compgen -W "$_muster_flags --" -- "$cur"))
+    mapfile -t COMPREPLY < <(compgen -W "$_muster_flags --" -- "$cur")
     return 0
   fi
-  COMPREPLY=($(compgen -f -- "$cur"))
+  mapfile -t COMPREPLY < <(compgen -f -- "$cur")
   compopt -o filenames 2>/dev/null
   return 0
 }
@@ -165,7 +165,7 @@ _musterd() {
     _muster_complete_value "$prev" "$cur"
     return 0
   fi
-  COMPREPLY=($(compgen -W "$_muster_flags" -- "$cur"))
+  mapfile -t COMPREPLY < <(compgen -W "$_muster_flags" -- "$cur")
   return 0
 }
 
