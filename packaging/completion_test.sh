@@ -92,11 +92,19 @@ for prog in musterctl muster-run musterd; do
   while read -r flag; do
     n=$((n + 1))
     grep -qx -- "$flag" <<<"$got" || fail "$prog --<TAB> lacks $flag"
-  done < <("$prog" --help | sed -n 's/^  \(--[A-Za-z0-9_-]*\).*/\1/p')
+  done < <("$prog" --help | sed -n 's/^  \(-[A-Za-z], \)\{0,1\}\(--[A-Za-z0-9_-]*\).*/\2/p')
   ((n > 3)) && pass "$prog --<TAB> offers all $n flags of --help" || fail "$prog --help has $n flags"
 done
 
 check_has "muster-run --nproc<TAB>" "$(complete_words muster-run --nproc)" "^--nproc-per-node$"
+# One-letter aliases ("-m, --module" in --help) complete, and -r takes a value.
+check_has "muster-run -<TAB> offers -m" "$(complete_words muster-run -)" "^-m$"
+check_eq "muster-run -r <TAB>" "$(complete_words muster-run -r "")" $'0\n1\n2\n3'
+check_eq "muster-run --rdzv-backend <TAB>" "$(complete_words muster-run --rdzv-backend "")" \
+  $'c10d\nmuster\nstatic'
+touch "$TMP/sockdir/train.py"
+check_has "muster-run --nnodes 2 train.py <path><TAB>: the script's own words are files" \
+  "$(complete_words muster-run --nnodes 2 train.py "$TMP/sockdir/tr")" "train\.py$"
 check_eq "muster-run --restart-policy <TAB>" "$(complete_words muster-run --restart-policy "")" \
   $'job\nrank'
 check_has "muster-run ... -- ech<TAB>: a command" \

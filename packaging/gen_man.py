@@ -11,7 +11,7 @@ Every muster binary prints its help the same way (common/flags.cc):
     Free text, and blocks such as "Commands:" with indented rows.
 
     Flags:
-      --flag VALUE
+      --flag VALUE           (or "-f, --flag VALUE": with a one-letter alias)
           Help text, several lines.
           (default: ...)
 
@@ -22,6 +22,7 @@ from --help keeps it from drifting from the program.
 """
 import datetime
 import os
+import re
 import subprocess
 import sys
 
@@ -100,12 +101,14 @@ def render(name, version, help_text):
         stripped = line.strip()
         if not stripped:
             continue
-        if line.startswith("  --"):
+        flag_line = re.match(r"^  (-[A-Za-z], )?(--[A-Za-z0-9_-]+)( [A-Z]+)?$", line)
+        if flag_line:
             if current is not None:
                 out.append(esc(" ".join(current)))
-            flag, _, value = stripped.partition(" ")
+            short, flag, value = flag_line.groups()
+            names = (f"\\fB{esc(short[:-2])}\\fR, " if short else "") + f"\\fB{esc(flag)}\\fR"
             out.append(".TP")
-            out.append(f"\\fB{esc(flag)}\\fR" + (f" \\fI{esc(value)}\\fR" if value else ""))
+            out.append(names + (f" \\fI{esc(value.strip())}\\fR" if value else ""))
             current = []
         elif current is not None:
             current.append(stripped)

@@ -64,10 +64,11 @@ for prog in musterd musterctl muster-run; do
   # Every flag of --help is in the page.
   while read -r flag; do
     grep -qF "\\fB${flag//-/\\-}\\fR" <<<"$page" || fail "$prog.1 lacks $flag"
-  done < <("$root/bin/$prog" --help | sed -n 's/^  \(--[a-z0-9-]*\).*/\1/p')
+  done < <("$root/bin/$prog" --help | sed -n 's/^  \(-[A-Za-z], \)\{0,1\}\(--[a-z0-9-]*\).*/\2/p')
 done
 page=$(zcat "$root/share/man/man1/muster-run.1.gz")
 check_has "muster-run.1 names the flag --nproc-per-node" "$page" 'nproc\\-per\\-node'
+check_has "muster-run.1 shows a one-letter alias" "$page" '^\\fB\\-m\\fR, \\fB\\-\\-module\\fR$'
 if command -v groff >/dev/null; then
   rendered=$(zcat "$root/share/man/man1/musterctl.1.gz" | groff -man -Tutf8 -ww 2>&1 >/dev/null)
   check_eq "groff renders musterctl.1 without warnings" "$rendered" ""

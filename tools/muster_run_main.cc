@@ -2,6 +2,7 @@
 // work too). See --help.
 #include <cstdio>
 
+#include "common/version.h"
 #include "tools/launcher.h"
 #include "tools/run_command_line.h"
 
@@ -14,6 +15,10 @@ int main(int argc, char** argv) {
   }
   if (line->help) {
     std::fputs(line->usage.c_str(), stdout);
+    return 0;
+  }
+  if (line->version) {
+    std::printf("muster-run %s\n", muster::kVersion);
     return 0;
   }
   if (!line->notice.empty()) std::fprintf(stderr, "muster-run: %s\n", line->notice.c_str());

@@ -294,6 +294,10 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
     out.help = true;
     return out;
   }
+  if (flags.version_requested()) {
+    out.version = true;
+    return out;
+  }
   if (!positional.ok()) return positional.status();
 
   // Flags muster cannot honour.

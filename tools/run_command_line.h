@@ -21,9 +21,10 @@ namespace muster {
 
 struct RunCommandLine {
   LaunchOptions options;
-  bool help = false;   // --help: print `usage`, run nothing
-  std::string usage;   // the --help text
-  std::string notice;  // what muster-run should print before starting (may be empty)
+  bool help = false;     // --help: print `usage`, run nothing
+  bool version = false;  // --version: print "muster-run <version>", run nothing
+  std::string usage;     // the --help text
+  std::string notice;    // what muster-run should print before starting (may be empty)
 };
 
 // `args`: argv[1..]. InvalidArgument names a bad or unsupported flag.

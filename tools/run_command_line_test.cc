@@ -44,6 +44,14 @@ TEST_CASE("a script runs with python -u; its own flags stay its own; both spelli
   ::unsetenv("MUSTER_PYTHON");
 }
 
+TEST_CASE("--version before the program is muster-run's, after it the program's") {
+  CHECK(Parsed({"--version"}).version);
+  CHECK(Parsed({"--nproc-per-node", "2", "--version"}).version);
+  RunCommandLine line = Parsed({"--no-python", "./prog", "--version"});
+  CHECK_FALSE(line.version);
+  CHECK(line.options.command == std::vector<std::string>{"./prog", "--version"});
+}
+
 TEST_CASE("torchrun's PET_ environment variables stand in for flags not given") {
   ::setenv("PET_NPROC_PER_NODE", "3", 1);
   ::setenv("PET_MAX_RESTARTS", "2", 1);

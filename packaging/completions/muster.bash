@@ -8,7 +8,7 @@
 # (once per shell and program, then cached), so completion never drifts from
 # the binary: every "  --flag" line of the Flags list is a flag, "  --flag
 # VALUE" takes a value, and musterctl's "Commands:" rows give the commands and
-# the store subcommands.
+# the store subcommands. One-letter aliases ("-m, --module") complete too.
 
 # _muster_help_cache PROGRAM: fills _muster_flags, _muster_value_flags,
 # _muster_commands and _muster_store_commands for PROGRAM (a path or a name
@@ -30,9 +30,11 @@ _muster_help_cache() {
         continue
       fi
       if ((in_flags)); then
-        if [[ $line =~ ^\ \ (--[A-Za-z0-9_-]+)(\ [A-Z]+)?$ ]]; then
-          flags+=" ${BASH_REMATCH[1]}"
-          [[ -n ${BASH_REMATCH[2]} ]] && value_flags+=" ${BASH_REMATCH[1]}"
+        # "  --flag", "  --flag VALUE", "  -f, --flag [VALUE]"
+        if [[ $line =~ ^\ \ (-[A-Za-z],\ )?(--[A-Za-z0-9_-]+)(\ [A-Z]+)?$ ]]; then
+          local short=${BASH_REMATCH[1]%, } long=${BASH_REMATCH[2]}
+          flags+=" $long${short:+ $short}"
+          [[ -n ${BASH_REMATCH[3]} ]] && value_flags+=" $long${short:+ $short}"
         fi
       elif ((in_commands)); then
         [[ -z $line ]] && { in_commands=0; continue; }
@@ -66,6 +68,12 @@ _muster_complete_value() {
       compopt -o filenames 2>/dev/null
       ;;
     --restart-policy) mapfile -t COMPREPLY < <(compgen -W "job rank" -- "$2") ;;
+    --rdzv-backend | --rdzv_backend)
+      mapfile -t COMPREPLY < <(compgen -W "static c10d muster" -- "$2") ;;
+    --nproc-per-node | --nproc_per_node)
+      mapfile -t COMPREPLY < <(compgen -W "auto cpu gpu 1 2 4 8" -- "$2") ;;
+    --redirects | --tee | -r | -t) mapfile -t COMPREPLY < <(compgen -W "0 1 2 3" -- "$2") ;;
+    --bind) mapfile -t COMPREPLY < <(compgen -W "cores none" -- "$2") ;;
     --log-level) mapfile -t COMPREPLY < <(compgen -W "debug info warning error" -- "$2") ;;
     *) COMPREPLY=() ;;
   esac
