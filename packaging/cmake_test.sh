@@ -59,7 +59,7 @@ sock=$sockdir/musterd.sock
   2>"$TMP/musterd.log" &
 daemon=$!
 cleanup_hooks+=("kill $daemon 2>/dev/null; wait $daemon 2>/dev/null")
-for _ in $(seq 200); do
+for _ in $(seq 600); do  # up to 30 s on a loaded machine
   [[ -s $TMP/ready.json ]] && break
   kill -0 "$daemon" 2>/dev/null || break
   sleep 0.05
