@@ -406,6 +406,48 @@ std::string Daemon::RenderMetrics() const {
     m.Family("muster_reconfigurations_total", "counter",
              "Epochs formed by elastic jobs after a rank was replaced.");
     m.Sample("muster_reconfigurations_total", static_cast<double>(r.reconfigurations));
+    // Per-op collectives, from the flight recorders (one per rank and call;
+    // see daemon/registry/collective_metrics.h).
+    CollectiveMetrics::Snapshot c = registry_->collective_metrics();
+    m.Family("muster_collectives_total", "counter",
+             "Collectives (and point-to-point calls) this musterd's ranks finished, completed or "
+             "failed, one per rank and call, by op and backend (from the flight recorder).");
+    for (const auto& [key, n] : c.calls) {
+      m.Sample("muster_collectives_total", {{"op", key.first}, {"backend", key.second}},
+               static_cast<double>(n));
+    }
+    m.Family("muster_collective_bytes_total", "counter",
+             "Input bytes (count x dtype size, per rank) of the completed collectives, by op and "
+             "backend.");
+    for (const auto& [key, n] : c.bytes) {
+      m.Sample("muster_collective_bytes_total", {{"op", key.first}, {"backend", key.second}},
+               static_cast<double>(n));
+    }
+    m.Family("muster_collective_duration_seconds", "histogram",
+             "Time from start (entering the communicator) to completion of the completed "
+             "collectives, by op and backend.");
+    for (const auto& [key, h] : c.seconds) {
+      m.HistogramSamples("muster_collective_duration_seconds",
+                         {{"op", key.first}, {"backend", key.second}}, h);
+    }
+    m.Family("muster_collective_failures_total", "counter",
+             "Collectives that failed, by op, backend and cause (timeout, aborted, mismatch, "
+             "peer_gone, invalid_argument, other).");
+    for (const auto& [key, n] : c.failures) {
+      m.Sample(
+          "muster_collective_failures_total",
+          {{"op", std::get<0>(key)}, {"backend", std::get<1>(key)}, {"cause", std::get<2>(key)}},
+          static_cast<double>(n));
+    }
+    m.Family("muster_collective_records_missed_total", "counter",
+             "Flight-recorder records overwritten before musterd counted them (a rank issued more "
+             "than --trace-records calls on a group between two sweeps, 100 ms apart): the "
+             "per-op counters miss these.");
+    for (const char* backend : {"gloo", "nccl", "shm", "third_party"}) c.missed.emplace(backend, 0);
+    for (const auto& [backend, n] : c.missed) {
+      m.Sample("muster_collective_records_missed_total", {{"backend", backend}},
+               static_cast<double>(n));
+    }
   }
   if (gpu_service_ != nullptr) {
     v1::ListCommunicatorsResponse gpu = gpu_service_->AllCommunicators();

@@ -145,8 +145,14 @@ void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
   Unlock(r);
 }
 
-std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last) {
+namespace {
+
+// Records [first, next] of `rank` (clamped to what the ring keeps); `last`
+// > 0 keeps only the last `last` of them.
+std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t first, uint64_t last,
+                                  TraceRange* range) {
   std::vector<TraceEntry> out;
+  if (range != nullptr) *range = TraceRange{};
   if (rank < 0 || rank >= segment.nranks() || segment.trace_records() == 0) return out;
   TraceRingHeader& header = segment.trace_ring(rank);
   uint64_t capacity =
@@ -155,8 +161,14 @@ std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last
   const uint64_t next = header.next.load(std::memory_order_acquire);
   uint64_t kept = std::min(next, capacity);
   if (last > 0) kept = std::min(kept, last);
+  uint64_t begin = next - kept + 1;
+  if (range != nullptr) {
+    range->oldest = next - std::min(next, capacity) + 1;
+    range->next = next;
+  }
+  begin = std::max(begin, first);
   TraceRecord* records = segment.trace_records(rank);
-  for (uint64_t id = next - kept + 1; id <= next && kept > 0; ++id) {
+  for (uint64_t id = begin; id <= next && kept > 0; ++id) {
     TraceRecord* r = &records[(id - 1) % capacity];
     for (int attempt = 0; attempt < 1000; ++attempt) {
       uint32_t v1 = r->version.load(std::memory_order_acquire);
@@ -191,6 +203,17 @@ std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last) {
+  return ReadRange(segment, rank, 0, last, nullptr);
+}
+
+std::vector<TraceEntry> ReadTraceFrom(GroupSegment& segment, int rank, uint64_t first,
+                                      TraceRange* range) {
+  return ReadRange(segment, rank, first, 0, range);
 }
 
 }  // namespace muster

@@ -150,6 +150,18 @@ class TraceWriter {
 // left out.
 std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last = 0);
 
+// The ids a ring held when it was read: records oldest..next (none when
+// next is 0). Ids below `oldest` were overwritten.
+struct TraceRange {
+  uint64_t oldest = 1;
+  uint64_t next = 0;
+};
+// The records of segment rank `rank` from id `first` on (those the ring
+// still keeps), oldest first, and the range the ring held (`range`, may be
+// null). For readers that follow a ring, e.g. musterd's metrics.
+std::vector<TraceEntry> ReadTraceFrom(GroupSegment& segment, int rank, uint64_t first,
+                                      TraceRange* range);
+
 }  // namespace muster
 
 #endif  // MUSTER_BACKENDS_SHM_TRACE_H_

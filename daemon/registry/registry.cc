@@ -82,6 +82,7 @@ Registry::Registry(RegistryOptions options)
   }
   pool_ = std::make_unique<WorkerPool>(options_.max_workers, /*reserved_for_short=*/4);
   reaper_ = std::thread([this] { ReapLoop(); });
+  sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
 Registry::~Registry() { Shutdown(); }
@@ -120,6 +121,7 @@ void Registry::Shutdown() {
   }
   coordinators.clear();  // joins the failure watchers outside the lock
   if (reaper_.joinable()) reaper_.join();
+  if (sweeper_.joinable()) sweeper_.join();
 }
 
 void Registry::NoteIfIdle(Job& job) {
@@ -173,6 +175,37 @@ void Registry::ReapLoop() {
     removed.clear();
     mu_.Lock();
   }
+}
+
+std::vector<CollectiveMetrics::Source> Registry::SweepSources() {
+  std::vector<CollectiveMetrics::Source> sources;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [name, g] : job.groups) {
+      if (g.segment != nullptr) sources.push_back({g.segment->name(), g.segment, g.info.backend()});
+    }
+  }
+  return sources;
+}
+
+void Registry::SweepLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.collective_sweep_period)) {
+    std::vector<CollectiveMetrics::Source> sources = SweepSources();
+    mu_.Unlock();
+    collective_metrics_.Sweep(sources);
+    sources.clear();  // the last references to removed segments go here, outside the lock
+    mu_.Lock();
+  }
+}
+
+CollectiveMetrics::Snapshot Registry::collective_metrics() {
+  std::vector<CollectiveMetrics::Source> sources;
+  {
+    absl::MutexLock lock(&mu_);
+    sources = SweepSources();
+  }
+  collective_metrics_.Sweep(sources);
+  return collective_metrics_.snapshot();
 }
 
 absl::Status Registry::Authorize(const Job& job, const Caller& who) {

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "backends/shm/segment.h"
 #include "daemon/access/caller.h"
+#include "daemon/registry/collective_metrics.h"
 #include "daemon/registry/job_coordinator.h"
 #include "daemon/registry/worker_pool.h"
 #include "proto/groups.pb.h"
@@ -108,6 +109,9 @@ struct RegistryOptions {
   // Worker threads for store traffic and waits (a few are kept for short
   // tasks, so that waits never starve the arrivals they wait for).
   int max_workers = 64;
+  // How often the flight recorders are swept into the per-op collective
+  // metrics (collective_metrics.h; also on every metrics scrape).
+  absl::Duration collective_sweep_period = absl::Milliseconds(100);
 };
 
 // Checks a rank's registration on its own (ids, sizes, the store address);
@@ -216,6 +220,9 @@ class Registry {
     std::map<std::string, uint64_t> group_breaks;  // by cause: member_failed, aborted
   };
   Metrics metrics();
+  // Per-op collective counters of this daemon's ranks, swept from the
+  // recorders now (outside the registry's lock).
+  CollectiveMetrics::Snapshot collective_metrics();
 
  private:
   struct Rank {
@@ -307,6 +314,11 @@ class Registry {
   void NoteIfIdle(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes jobs idle for longer than job_grace, until Shutdown.
   void ReapLoop();
+  // Sweeps the recorders into collective_metrics_ every
+  // collective_sweep_period, until Shutdown.
+  void SweepLoop();
+  // The segments of every group, for a sweep.
+  std::vector<CollectiveMetrics::Source> SweepSources() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why an operation needing `ranks` of `group` (may be null) cannot go on;
   // empty if it can.
   std::string AbortReason(const std::string& job_id, const std::string& group,
@@ -356,6 +368,8 @@ class Registry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<WorkerPool> pool_;
   std::thread reaper_;
+  CollectiveMetrics collective_metrics_;
+  std::thread sweeper_;  // SweepLoop
   // For metrics(); guarded by mu_.
   uint64_t rank_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reconfigurations_ ABSL_GUARDED_BY(mu_) = 0;
