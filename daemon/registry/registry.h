@@ -106,6 +106,12 @@ struct RegistryOptions {
   // How the registry reaches the job store at `master` ("host:port");
   // unset: over TCP with store_token (TcpJobStore).
   std::function<JobStoreAccess(const std::string& master)> job_store;
+  // How Trace(gather) asks another node's daemon at `address` ("host:port",
+  // its TCP gRPC server) for its members' records, giving up at
+  // `deadline`; unset: it asks none (the answer lists them unreachable).
+  std::function<absl::StatusOr<v1::TraceResponse>(
+      const std::string& address, const v1::TraceRequest& request, absl::Time deadline)>
+      peer_trace;
   // Worker threads for store traffic and waits (a few are kept for short
   // tasks, so that waits never starve the arrivals they wait for).
   int max_workers = 64;
@@ -199,6 +205,16 @@ class Registry {
   // The flight recorder of this daemon's members of the groups `request`
   // names (read from the segments outside the registry's lock).
   absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request, const Caller& caller);
+  // Trace, and with request.gather() also the records of the groups'
+  // members on other nodes, from their daemons (options.peer_trace, in
+  // parallel, each given kPeerTraceTimeout), merged per group; `done` runs
+  // on a worker thread (or at once without gather).
+  using TraceDone = std::function<void(absl::StatusOr<v1::TraceResponse>)>;
+  void TraceGathered(const v1::TraceRequest& request, const Caller& caller, TraceDone done);
+  static constexpr absl::Duration kPeerTraceTimeout = absl::Milliseconds(800);
+  // This daemon's TCP gRPC address, published with its ranks for peers'
+  // Trace(gather). Set before the first session (never changes after).
+  void SetControlAddress(const std::string& address) { control_address_ = address; }
 
   struct Counts {
     int sessions = 0;
@@ -358,7 +374,8 @@ class Registry {
 
   const RegistryOptions options_;
   RegistryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::string daemon_id_;  // options_.daemon_address or a generated one
+  std::string daemon_id_;        // options_.daemon_address or a generated one
+  std::string control_address_;  // SetControlAddress, before any session
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<std::string, int>> sessions_
