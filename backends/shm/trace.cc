@@ -90,6 +90,16 @@ void TraceWriter::Unlock(TraceRecord* r) {
 }
 
 uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns) {
+  return Write(seq, call, TraceState::kSubmitted, now_ns, 0);
+}
+
+uint64_t TraceWriter::BeginStarted(uint64_t seq, const TraceCall& call, int64_t submitted_ns,
+                                   int64_t started_ns) {
+  return Write(seq, call, TraceState::kStarted, submitted_ns, started_ns);
+}
+
+uint64_t TraceWriter::Write(uint64_t seq, const TraceCall& call, TraceState state,
+                            int64_t submitted_ns, int64_t started_ns) {
   if (capacity_ == 0) return 0;
   uint64_t id = header_->next.fetch_add(1, std::memory_order_relaxed) + 1;
   TraceRecord* r = Lock(id);
@@ -100,13 +110,13 @@ uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns)
   r->op.store(static_cast<uint8_t>(call.op), kRelaxed);
   r->dtype.store(call.dtype, kRelaxed);
   r->device.store(call.device, kRelaxed);
-  r->state.store(static_cast<uint8_t>(TraceState::kSubmitted), kRelaxed);
+  r->state.store(static_cast<uint8_t>(state), kRelaxed);
   r->count.store(call.count, kRelaxed);
   r->root.store(call.root, kRelaxed);
   r->error.store(0, kRelaxed);
   r->tag.store(call.tag, kRelaxed);
-  r->submitted_ns.store(now_ns, kRelaxed);
-  r->started_ns.store(0, kRelaxed);
+  r->submitted_ns.store(submitted_ns, kRelaxed);
+  r->started_ns.store(started_ns, kRelaxed);
   r->completed_ns.store(0, kRelaxed);
   Unlock(r);
   // The next record's lines were last written `capacity` collectives ago
