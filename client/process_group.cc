@@ -1108,6 +1108,7 @@ ProcessGroup::Impl::~Impl() {
   // group's session and ranks: before those go).
   cpu_backend_.reset();
   cuda_backend_.reset();
+  if (trace_ != nullptr) BeginDeferred();
   for (Queued& q : queue_) {
     if (trace_ != nullptr) {
       trace_->Finished(q.trace_id, static_cast<int>(absl::StatusCode::kCancelled),
@@ -1125,7 +1126,14 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   absl::MutexLock lock(&exec_mu_);
   w.set_sequence(++submitted_);
   const absl::Time now = absl::Now();
-  const uint64_t trace_id = trace_ != nullptr ? trace_->Begin(submitted_, call, UnixNanos(now)) : 0;
+  // A call that will start at once (nothing queued or running before it:
+  // the caller's own Wait, or the executor within its poll period) is
+  // recorded when it starts, in one write; one queued behind others is
+  // recorded now, as submitted, and so are those ahead of it.
+  const bool defer = trace_ != nullptr && queue_.empty() && !running_ && !stopping_ && gone.ok();
+  if (trace_ != nullptr && !defer) BeginDeferred();
+  const uint64_t trace_id =
+      trace_ != nullptr && !defer ? trace_->Begin(submitted_, call, UnixNanos(now)) : 0;
   if (stopping_ || !gone.ok()) {
     absl::Status failed =
         stopping_ ? absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed"))
@@ -1137,7 +1145,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
     return work;
   }
   w.set_group(this);
-  queue_.push_back(Queued{device, std::move(op), work, now, trace_id});
+  queue_.push_back(Queued{device, std::move(op), work, now, trace_id, defer, submitted_, call});
   if (executor_sleeping_) kick_ = true;
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
@@ -1159,8 +1167,17 @@ bool ProcessGroup::Impl::RunHead() {
   if (status.ok()) status = SessionStatus();
   if (status.ok()) {
     const absl::Time start = absl::Now();
-    if (trace_ != nullptr) trace_->Started(item.trace_id, UnixNanos(start));
+    if (trace_ != nullptr) {
+      if (item.deferred) {
+        item.trace_id =
+            trace_->BeginStarted(item.seq, item.call, UnixNanos(item.submitted), UnixNanos(start));
+      } else {
+        trace_->Started(item.trace_id, UnixNanos(start));
+      }
+    }
     status = item.op(*comm, start + timeout_);
+  } else if (trace_ != nullptr && item.deferred) {
+    item.trace_id = trace_->Begin(item.seq, item.call, UnixNanos(item.submitted));
   }
   if (!status.ok()) status = Explain(std::move(status));
   if (trace_ != nullptr) {
@@ -1170,6 +1187,14 @@ bool ProcessGroup::Impl::RunHead() {
   exec_mu_.Lock();
   running_ = false;
   return true;
+}
+
+void ProcessGroup::Impl::BeginDeferred() {
+  for (Queued& q : queue_) {
+    if (!q.deferred) continue;
+    q.deferred = false;
+    q.trace_id = trace_->Begin(q.seq, q.call, UnixNanos(q.submitted));
+  }
 }
 
 void ProcessGroup::Impl::Expedite() {

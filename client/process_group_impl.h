@@ -243,8 +243,17 @@ class ProcessGroup::Impl {
     Op op;
     std::shared_ptr<Work> work;
     absl::Time submitted;
-    uint64_t trace_id;  // its flight-recorder record (0: none)
+    uint64_t trace_id;  // its flight-recorder record (0: none, or not begun yet)
+    // A call submitted to an idle group is recorded when it starts, in one
+    // write (TraceWriter::BeginStarted): `deferred` until then, with what
+    // the record needs. Submit begins the records of deferred calls before
+    // a later call queues behind them (so a queued call shows as submitted).
+    bool deferred = false;
+    uint64_t seq = 0;
+    TraceCall call;
   };
+  // Begins the records of the deferred calls in the queue.
+  void BeginDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
   bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
   bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective

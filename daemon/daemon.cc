@@ -30,6 +30,7 @@
 #include "daemon/store/local_store.h"
 #include "daemon/store/store_service.h"
 #include "daemon/systemd_notify.h"
+#include "proto/groups.grpc.pb.h"
 
 namespace muster {
 namespace {
@@ -174,6 +175,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.job_store = [own_store, store_token](const std::string& master) {
     return ReachJobStore(own_store, master, store_token);
   };
+  // Trace(gather): another node's daemon, over its TCP gRPC server, with
+  // this daemon's cluster credentials (the token; with --tls-ca, TLS with
+  // this daemon's certificate as the client's).
+  {
+    std::string token = options.access.token, ca = options.tls_ca_pem;
+    std::string cert = options.tls_cert_pem, key = options.tls_key_pem;
+    registry_options.peer_trace = [token, ca, cert, key](
+                                      const std::string& address, const v1::TraceRequest& request,
+                                      absl::Time deadline) -> absl::StatusOr<v1::TraceResponse> {
+      std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+      if (!ca.empty()) {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = ca;
+        ssl.pem_cert_chain = cert;
+        ssl.pem_private_key = key;
+        credentials = grpc::SslCredentials(ssl);
+      }
+      grpc::ChannelArguments args;
+      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
+      auto stub = v1::Groups::NewStub(grpc::CreateCustomChannel(address, credentials, args));
+      grpc::ClientContext context;
+      context.set_deadline(absl::ToChronoTime(deadline));
+      if (!token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
+      v1::TraceResponse response;
+      grpc::Status status = stub->Trace(&context, request, &response);
+      if (!status.ok()) {
+        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
+                            status.error_message());
+      }
+      return response;
+    };
+  }
   const AccessPolicy* policy = daemon->access_.get();
   daemon->registry_ = std::make_unique<Registry>(registry_options);
   daemon->session_service_ = std::make_unique<SessionService>(daemon->registry_.get(), policy);
@@ -223,6 +256,13 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
         absl::StrCat("cannot serve gRPC on ", tcp_address,
                      " (is the port in use, the address not local, or the TLS key or "
                      "certificate invalid?)"));
+  }
+  if (serve_tcp) {
+    // Where peers' Trace(gather) finds this daemon: the listen address, or
+    // the hostname when it is a wildcard.
+    std::string host = options.listen_address;
+    if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") host = Hostname();
+    daemon->registry_->SetControlAddress(JoinHostPort(host, daemon->grpc_port_));
   }
   daemon->unix_listener_->Serve(daemon->server_.get());
   MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path
@@ -406,6 +446,48 @@ std::string Daemon::RenderMetrics() const {
     m.Family("muster_reconfigurations_total", "counter",
              "Epochs formed by elastic jobs after a rank was replaced.");
     m.Sample("muster_reconfigurations_total", static_cast<double>(r.reconfigurations));
+    // Per-op collectives, from the flight recorders (one per rank and call;
+    // see daemon/registry/collective_metrics.h).
+    CollectiveMetrics::Snapshot c = registry_->collective_metrics();
+    m.Family("muster_collectives_total", "counter",
+             "Collectives (and point-to-point calls) this musterd's ranks finished, completed or "
+             "failed, one per rank and call, by op and backend (from the flight recorder).");
+    for (const auto& [key, n] : c.calls) {
+      m.Sample("muster_collectives_total", {{"op", key.first}, {"backend", key.second}},
+               static_cast<double>(n));
+    }
+    m.Family("muster_collective_bytes_total", "counter",
+             "Input bytes (count x dtype size, per rank) of the completed collectives, by op and "
+             "backend.");
+    for (const auto& [key, n] : c.bytes) {
+      m.Sample("muster_collective_bytes_total", {{"op", key.first}, {"backend", key.second}},
+               static_cast<double>(n));
+    }
+    m.Family("muster_collective_duration_seconds", "histogram",
+             "Time from start (entering the communicator) to completion of the completed "
+             "collectives, by op and backend.");
+    for (const auto& [key, h] : c.seconds) {
+      m.HistogramSamples("muster_collective_duration_seconds",
+                         {{"op", key.first}, {"backend", key.second}}, h);
+    }
+    m.Family("muster_collective_failures_total", "counter",
+             "Collectives that failed, by op, backend and cause (timeout, aborted, mismatch, "
+             "peer_gone, invalid_argument, other).");
+    for (const auto& [key, n] : c.failures) {
+      m.Sample(
+          "muster_collective_failures_total",
+          {{"op", std::get<0>(key)}, {"backend", std::get<1>(key)}, {"cause", std::get<2>(key)}},
+          static_cast<double>(n));
+    }
+    m.Family("muster_collective_records_missed_total", "counter",
+             "Flight-recorder records overwritten before musterd counted them (a rank issued more "
+             "than --trace-records calls on a group between two sweeps, 100 ms apart): the "
+             "per-op counters miss these.");
+    for (const char* backend : {"gloo", "nccl", "shm", "third_party"}) c.missed.emplace(backend, 0);
+    for (const auto& [backend, n] : c.missed) {
+      m.Sample("muster_collective_records_missed_total", {{"backend", backend}},
+               static_cast<double>(n));
+    }
   }
   if (gpu_service_ != nullptr) {
     v1::ListCommunicatorsResponse gpu = gpu_service_->AllCommunicators();

@@ -2,7 +2,10 @@
 // --metrics-listen 127.0.0.1:0 reports its port in the ready file; every
 // scrape parses strictly as Prometheus text; and the numbers move with a
 // job's work: ranks and groups by state, collectives completed in shared
-// memory, store keys, a rank's failure and the group it broke.
+// memory, store keys, a rank's failure and the group it broke; the per-op
+// collective counters (from the flight recorder) move exactly by what a
+// scripted job issued: calls, bytes and durations per op, and a mismatched
+// collective in the failures by cause.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -129,6 +132,123 @@ TEST_CASE("/metrics parses as Prometheus text and moves with a job's work") {
   CHECK(after->Value("muster_jobs{state=\"failed\"}") == 1);
   CHECK(after->Value("muster_ranks{state=\"failed\"}") == 1);
   CHECK(after->Value("muster_metrics_scrapes_total") == 3);
+}
+
+bool AllPrinted(Ranks& ranks, const std::string& text) {
+  for (auto& p : ranks.processes) {
+    if (!absl::StrContains(p->Stdout(), text)) return false;
+  }
+  return true;
+}
+
+void AwaitPrinted(Ranks& ranks, const std::string& text) {
+  absl::Time until = absl::Now() + absl::Seconds(60);
+  while (!AllPrinted(ranks, text) && absl::Now() < until) absl::SleepFor(absl::Milliseconds(20));
+  std::string outputs;
+  for (auto& p : ranks.processes) outputs += p->Stdout() + p->Stderr();
+  INFO(outputs);
+  REQUIRE(AllPrinted(ranks, text));
+}
+
+TEST_CASE("per-op collective metrics move exactly with the collectives a job issued") {
+  auto daemon = TestDaemon::Start({{"--metrics-listen=127.0.0.1:0"}});
+  REQUIRE(daemon.ok());
+  std::smatch m;
+  std::string ready = ReadFileOrEmpty((*daemon)->ready_file());
+  REQUIRE(std::regex_search(ready, m, std::regex("\"metrics_port\":([0-9]+)")));
+  int port = std::stoi(m[1]);
+
+  // Two ranks form group "m"; once both said "ready", the counters are read;
+  // then each issues 3 all_reduce int32x10 (40 bytes), 2 broadcast
+  // float32x7 (28 bytes) and a barrier on "m", and finally a mismatched
+  // call (rank 0 all_reduce, rank 1 broadcast under the same sequence
+  // number) that fails on both.
+  Ranks ranks;
+  const std::string go = ranks.dir.File("go");
+  const std::string ops =
+      "allreduce m 10;allreduce m 10;allreduce m 10;bcast m 7 0;bcast m 7 0;cbarrier m;";
+  Start(ranks, **daemon, "per-op", 2,
+        {"init;group m 0,1;mark ready;waitfile " + go + ";" + ops +
+             "allreduce m 10;mark done;sleep 30000",
+         "init;group m 0,1;mark ready;waitfile " + go + ";" + ops +
+             "bcast m 7 0;mark done;sleep 30000"});
+  AwaitPrinted(ranks, "mark ready");
+  absl::SleepFor(absl::Milliseconds(300));  // a sweep or two: init's own calls are counted
+  auto before = Scrape(port);
+  INFO(before.status());
+  REQUIRE(before.ok());
+  {
+    std::FILE* f = std::fopen(go.c_str(), "w");
+    REQUIRE(f != nullptr);
+    std::fclose(f);
+  }
+  AwaitPrinted(ranks, "mark done");
+  std::string out0 = ranks.processes[0]->Stdout(), out1 = ranks.processes[1]->Stdout();
+  INFO(out0 << out1);
+  // The last call of each script is the mismatched one.
+  auto last_code = [](const std::string& out, const std::string& rank, const std::string& step) {
+    std::string code = "missing";
+    std::regex re("rank " + rank + ": " + step + " (ok|error ([A-Z_]+))");
+    for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+         ++it) {
+      code = (*it)[1] == "ok" ? "OK" : std::string((*it)[2]);
+    }
+    return code;
+  };
+  const std::string fail0 = last_code(out0, "0", "allreduce m 10"),
+                    fail1 = last_code(out1, "1", "bcast m 7 0");
+  CHECK(fail0 != "OK");
+  CHECK(fail1 != "OK");
+  REQUIRE(fail0 != "missing");
+  REQUIRE(fail1 != "missing");
+  auto cause = [](const std::string& code) {
+    return code == "FAILED_PRECONDITION" ? "mismatch"
+           : code == "ABORTED"           ? "aborted"
+           : code == "DEADLINE_EXCEEDED" ? "timeout"
+           : code == "UNAVAILABLE"       ? "peer_gone"
+                                         : "other";
+  };
+  // A failed call is in the record once its rank recorded how it ended.
+  absl::SleepFor(absl::Milliseconds(300));
+  auto after = Scrape(port);
+  INFO(after.status());
+  REQUIRE(after.ok());
+  auto delta = [&](const std::string& sample) {
+    double b = before->Value(sample);
+    return after->Value(sample) - (b < 0 ? 0 : b);
+  };
+  const std::string ar = "{op=\"all_reduce\",backend=\"gloo\"}";
+  const std::string bc = "{op=\"broadcast\",backend=\"gloo\"}";
+  const std::string br = "{op=\"barrier\",backend=\"gloo\"}";
+  CHECK(after->types.at("muster_collectives_total") == "counter");
+  CHECK(after->types.at("muster_collective_duration_seconds") == "histogram");
+  // Per rank: 3 + 1 all_reduce (rank 0), 2 + 1 broadcast (rank 1), 1 barrier.
+  CHECK(delta("muster_collectives_total" + ar) == 3 * 2 + 1);
+  CHECK(delta("muster_collectives_total" + bc) == 2 * 2 + 1);
+  CHECK(delta("muster_collectives_total" + br) == 2);
+  CHECK(delta("muster_collective_bytes_total" + ar) == 6 * 40);
+  CHECK(delta("muster_collective_bytes_total" + bc) == 4 * 28);
+  CHECK(delta("muster_collective_bytes_total" + br) == 0);
+  CHECK(delta("muster_collective_duration_seconds_count" + ar) == 6);
+  CHECK(delta("muster_collective_duration_seconds_count" + bc) == 4);
+  CHECK(delta("muster_collective_duration_seconds_bucket{op=\"all_reduce\",backend=\"gloo\","
+              "le=\"+Inf\"}") == 6);
+  CHECK(delta("muster_collective_duration_seconds_sum" + ar) > 0);
+  CHECK(delta("muster_collective_failures_total{op=\"all_reduce\",backend=\"gloo\",cause=\"" +
+              std::string(cause(fail0)) + "\"}") == 1);
+  CHECK(delta("muster_collective_failures_total{op=\"broadcast\",backend=\"gloo\",cause=\"" +
+              std::string(cause(fail1)) + "\"}") == 1);
+  // The signature check names the mismatch on at least one side.
+  CHECK((fail0 == "FAILED_PRECONDITION" || fail1 == "FAILED_PRECONDITION"));
+  CHECK(after->Value("muster_collective_records_missed_total{backend=\"gloo\"}") == 0);
+  // Nothing is counted twice: a later scrape (more sweeps) adds nothing.
+  absl::SleepFor(absl::Milliseconds(250));
+  auto again = Scrape(port);
+  REQUIRE(again.ok());
+  CHECK(again->Value("muster_collectives_total" + ar) ==
+        after->Value("muster_collectives_total" + ar));
+  CHECK(again->Value("muster_collective_bytes_total" + bc) ==
+        after->Value("muster_collective_bytes_total" + bc));
 }
 
 }  // namespace

@@ -5,7 +5,8 @@
 // writes every local member's records to a dump named by `musterctl group`
 // and `musterctl jobs` (and so does a collective that times out);
 // `musterctl why` names a rank that has not entered
-// the collective the others are in.
+// the collective the others are in; a call queued behind a running one shows
+// as submitted, the running one as started.
 #include <unistd.h>
 
 #include <algorithm>
@@ -351,6 +352,56 @@ TEST_CASE("a collective that times out leaves a dump (the member broke the segme
   CHECK(one.rbegin()->first == 1);
   CHECK(one[1].at("state") == "completed");
   for (auto& p : ranks) (void)p->Wait(absl::Seconds(30));
+}
+
+TEST_CASE("a call queued behind a running one shows as submitted, the running one as started") {
+  auto started = TestDaemon::Start();
+  REQUIRE(started.ok());
+  TestDaemon& daemon = **started;
+  TempDir dir;
+  std::vector<std::unique_ptr<Subprocess>> ranks;
+  for (int r = 0; r < 2; ++r) {
+    // Rank 0 submits all_reduce #2 and #3 and waits for neither: the
+    // executor starts #2 (recorded as it starts), which waits for rank 1;
+    // #3 queues behind it (recorded at once, as submitted).
+    std::string script = r == 0 ? "init;allreduce world 4;pending world;pending world;sleep 8000"
+                                : "init;allreduce world 4;sleep 8000";
+    std::map<std::string, std::string> env = {{"RANK", std::to_string(r)},
+                                              {"WORLD_SIZE", "2"},
+                                              {"MASTER_ADDR", "127.0.0.1"},
+                                              {"MASTER_PORT", std::to_string(daemon.store_port())},
+                                              {"MUSTER_SOCKET", daemon.socket_path()},
+                                              {"MUSTER_JOB_ID", "queued"}};
+    auto p = Subprocess::Start({RunfilePath("test/muster-test-rank"), script}, dir.path(), env);
+    REQUIRE(p.ok());
+    ranks.push_back(std::move(*p));
+  }
+  std::map<int, Record> zero;
+  std::string json;
+  absl::Time until = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < until) {
+    json = Ctl(daemon, {"trace", "queued", "world", "--json"});
+    zero = OfRank(ParseLines(json), 0);
+    if (zero.count(2) == 1 && zero.count(3) == 1 && zero[2].at("state") == "started") break;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  INFO(json << ranks[0]->Stdout() << ranks[0]->Stderr());
+  REQUIRE(zero.count(2) == 1);
+  REQUIRE(zero.count(3) == 1);
+  CHECK(zero[1].at("state") == "completed");
+  CHECK(zero[2].at("state") == "started");
+  CHECK(zero[2].at("op") == "all_reduce");
+  CHECK(zero[2].at("count") == "16");
+  CHECK(zero[3].at("state") == "submitted");
+  CHECK(zero[3].at("started_unix_nanos") == "0");
+  int64_t submitted = 0, started_at = 0;
+  CHECK(absl::SimpleAtoi(zero[2].at("submitted_unix_nanos"), &submitted));
+  CHECK(absl::SimpleAtoi(zero[2].at("started_unix_nanos"), &started_at));
+  CHECK(submitted > 0);
+  CHECK(submitted <= started_at);
+  std::string why = Ctl(daemon, {"why", "queued"});
+  // The newest call rank 0 entered is #3 (queued).
+  CHECK(absl::StrContains(why, "rank 1 has not entered all_reduce #3 that rank 0 entered"));
 }
 
 }  // namespace

@@ -328,8 +328,8 @@ std::string JsonNumber(double v) {
   return w.str();
 }
 
-// The recorder alone: what recording adds to one collective (Begin at
-// Submit, Started and Finished around the run, and the one clock read it
+// The recorder alone: what recording adds to one collective run at once
+// (BeginStarted as it starts, Finished after it, and the one clock read it
 // adds; Submit's and the start's clock reads existed before), on a private
 // segment. Nanoseconds per collective, the best of 5 passes.
 double RecorderNanosPerCollective() {
@@ -347,8 +347,7 @@ double RecorderNanosPerCollective() {
   for (int pass = 0; pass < 5; ++pass) {
     Clock::time_point t0 = Clock::now();
     for (int i = 1; i <= kCalls; ++i) {
-      uint64_t id = writer.Begin(static_cast<uint64_t>(i), call, now);
-      writer.Started(id, now);
+      uint64_t id = writer.BeginStarted(static_cast<uint64_t>(i), call, now, now);
       writer.Finished(id, 0, absl::GetCurrentTimeNanos());
     }
     Clock::time_point t1 = Clock::now();
@@ -464,7 +463,7 @@ int RunTraceCompare(const CollectivesBenchOptions& o, World& world, const std::v
                   JsonNumber(ns).c_str());
     } else {
       std::printf(
-          "recorder alone (Begin + Started + Finished + one clock read, 10^6 calls, best of 5): "
+          "recorder alone (BeginStarted + Finished + one clock read, 10^6 calls, best of 5): "
           "%.1f ns per collective\n",
           ns);
     }

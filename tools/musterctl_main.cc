@@ -33,9 +33,17 @@ struct CtlOptions {
   std::string prefix;
   std::string job;
   std::string reason;
-  int64_t rank = -1;  // trace: only this global rank
-  int64_t last = -1;  // trace: the last N records per rank (-1: unset)
+  int64_t rank = -1;   // trace: only this global rank
+  int64_t last = -1;   // trace: the last N records per rank (-1: unset)
+  bool local = false;  // trace, why: this daemon's members only (no gather)
 };
+
+// Members' daemons a gathered Trace could not ask, on stderr.
+void ReportUnreachable(const v1::TraceResponse& resp) {
+  for (const std::string& u : resp.unreachable()) {
+    std::fprintf(stderr, "musterctl: records missing from %s\n", u.c_str());
+  }
+}
 
 // Prints rows as left-aligned columns under a header.
 void PrintTable(const std::vector<std::string>& header,
@@ -555,6 +563,7 @@ int RunTrace(const CtlOptions& options, const std::vector<std::string>& args) {
   // A table shows the last 32 by default; JSON everything kept.
   int64_t last = options.last >= 0 ? options.last : (options.json ? 0 : 32);
   req.set_last(last);
+  req.set_gather(!options.local);
   v1::TraceResponse resp;
   grpc::Status rpc = stub->Trace(context.get(), req, &resp);
   if (rpc.error_code() == grpc::StatusCode::UNAVAILABLE) {
@@ -564,6 +573,7 @@ int RunTrace(const CtlOptions& options, const std::vector<std::string>& args) {
     std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
     return 1;
   }
+  ReportUnreachable(resp);
   if (options.json) {
     for (const v1::GroupTrace& g : resp.groups()) {
       for (const v1::RankTrace& r : g.ranks()) {
@@ -778,8 +788,9 @@ Diagnosis Diagnose(const v1::GroupTrace& g, const v1::GroupInfo* info, int64_t n
   return d;
 }
 
-// musterctl why [JOB]: per group, who is stuck in what (this daemon's
-// members, from the flight recorder and the registry).
+// musterctl why [JOB]: per group, who is stuck in what (from the flight
+// recorder and the registry: this daemon's members and, unless --local,
+// the other nodes' through their daemons).
 int RunWhy(const CtlOptions& options, const std::vector<std::string>& args) {
   if (args.size() > 2) return Usage("why [JOB] [--json]");
   auto channel = ConnectToDaemon(options.target);
@@ -787,6 +798,7 @@ int RunWhy(const CtlOptions& options, const std::vector<std::string>& args) {
   v1::TraceRequest req;
   req.set_job_id(args.size() > 1 ? args[1] : options.job);
   req.set_last(64);
+  req.set_gather(!options.local);
   v1::TraceResponse trace;
   auto context = ContextWithTimeout(options.target, options.timeout);
   grpc::Status rpc = stub->Trace(context.get(), req, &trace);
@@ -797,6 +809,7 @@ int RunWhy(const CtlOptions& options, const std::vector<std::string>& args) {
     std::fprintf(stderr, "musterctl: %s\n", rpc.error_message().c_str());
     return 1;
   }
+  ReportUnreachable(trace);
   v1::ListGroupsRequest list;
   list.set_job_id(req.job_id());
   v1::ListGroupsResponse groups;
@@ -970,7 +983,8 @@ int main(int argc, char** argv) {
       "  group NAME             one group: members, sequence numbers (--job J)\n"
       "  abort JOB [GROUP]      fail a job's (or group's) operations (--reason TEXT)\n"
       "  gpu                    NCCL communicators owned by the daemon (--job J)\n"
-      "  trace [JOB] [GROUP]    the flight recorder: each local rank's last collectives,\n"
+      "  trace [JOB] [GROUP]    the flight recorder: each rank's last collectives (other\n"
+      "                         nodes' through their daemons, unless --local),\n"
       "                         a row per sequence number, a column per rank\n"
       "                         (--rank R, --last N; --json: one object per record)\n"
       "  why [JOB]              per group: who lags, what the others are blocked in\n"
@@ -996,6 +1010,9 @@ int main(int argc, char** argv) {
   flags.AddString("job", &options.job, "ranks, groups, group, gpu: only this job.");
   flags.AddString("reason", &options.reason, "abort: the reason the ranks will see.");
   flags.AddInt("rank", &options.rank, "trace: only this global rank.");
+  flags.AddBool("local", &options.local,
+                "trace, why: only this daemon's members (by default musterd also asks the\n"
+                "daemons of the groups' members on other nodes and merges their records).");
   flags.AddInt("last", &options.last,
                "trace: the last N records per rank (default: 32 in a table, all with --json).");
   std::vector<std::string> args = flags.ParseOrExit(argc, argv);

@@ -90,6 +90,16 @@ void TraceWriter::Unlock(TraceRecord* r) {
 }
 
 uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns) {
+  return Write(seq, call, TraceState::kSubmitted, now_ns, 0);
+}
+
+uint64_t TraceWriter::BeginStarted(uint64_t seq, const TraceCall& call, int64_t submitted_ns,
+                                   int64_t started_ns) {
+  return Write(seq, call, TraceState::kStarted, submitted_ns, started_ns);
+}
+
+uint64_t TraceWriter::Write(uint64_t seq, const TraceCall& call, TraceState state,
+                            int64_t submitted_ns, int64_t started_ns) {
   if (capacity_ == 0) return 0;
   uint64_t id = header_->next.fetch_add(1, std::memory_order_relaxed) + 1;
   TraceRecord* r = Lock(id);
@@ -100,13 +110,13 @@ uint64_t TraceWriter::Begin(uint64_t seq, const TraceCall& call, int64_t now_ns)
   r->op.store(static_cast<uint8_t>(call.op), kRelaxed);
   r->dtype.store(call.dtype, kRelaxed);
   r->device.store(call.device, kRelaxed);
-  r->state.store(static_cast<uint8_t>(TraceState::kSubmitted), kRelaxed);
+  r->state.store(static_cast<uint8_t>(state), kRelaxed);
   r->count.store(call.count, kRelaxed);
   r->root.store(call.root, kRelaxed);
   r->error.store(0, kRelaxed);
   r->tag.store(call.tag, kRelaxed);
-  r->submitted_ns.store(now_ns, kRelaxed);
-  r->started_ns.store(0, kRelaxed);
+  r->submitted_ns.store(submitted_ns, kRelaxed);
+  r->started_ns.store(started_ns, kRelaxed);
   r->completed_ns.store(0, kRelaxed);
   Unlock(r);
   // The next record's lines were last written `capacity` collectives ago
@@ -145,8 +155,14 @@ void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
   Unlock(r);
 }
 
-std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last) {
+namespace {
+
+// Records [first, next] of `rank` (clamped to what the ring keeps); `last`
+// > 0 keeps only the last `last` of them.
+std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t first, uint64_t last,
+                                  TraceRange* range) {
   std::vector<TraceEntry> out;
+  if (range != nullptr) *range = TraceRange{};
   if (rank < 0 || rank >= segment.nranks() || segment.trace_records() == 0) return out;
   TraceRingHeader& header = segment.trace_ring(rank);
   uint64_t capacity =
@@ -155,8 +171,14 @@ std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last
   const uint64_t next = header.next.load(std::memory_order_acquire);
   uint64_t kept = std::min(next, capacity);
   if (last > 0) kept = std::min(kept, last);
+  uint64_t begin = next - kept + 1;
+  if (range != nullptr) {
+    range->oldest = next - std::min(next, capacity) + 1;
+    range->next = next;
+  }
+  begin = std::max(begin, first);
   TraceRecord* records = segment.trace_records(rank);
-  for (uint64_t id = next - kept + 1; id <= next && kept > 0; ++id) {
+  for (uint64_t id = begin; id <= next && kept > 0; ++id) {
     TraceRecord* r = &records[(id - 1) % capacity];
     for (int attempt = 0; attempt < 1000; ++attempt) {
       uint32_t v1 = r->version.load(std::memory_order_acquire);
@@ -191,6 +213,17 @@ std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last
     }
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last) {
+  return ReadRange(segment, rank, 0, last, nullptr);
+}
+
+std::vector<TraceEntry> ReadTraceFrom(GroupSegment& segment, int rank, uint64_t first,
+                                      TraceRange* range) {
+  return ReadRange(segment, rank, first, 0, range);
 }
 
 }  // namespace muster

@@ -132,12 +132,18 @@ class TraceWriter {
   uint64_t capacity() const { return capacity_; }
   // Starts a record (state submitted); returns its id (0 when disabled).
   uint64_t Begin(uint64_t seq, const TraceCall& call, int64_t now_ns);
+  // Begin and Started in one write, for a call that enters its
+  // communicator right away (the SDK's blocking path): state started.
+  uint64_t BeginStarted(uint64_t seq, const TraceCall& call, int64_t submitted_ns,
+                        int64_t started_ns);
   // The collective entered its communicator.
   void Started(uint64_t id, int64_t now_ns);
   // It ended; `code` is its absl::StatusCode (0: completed).
   void Finished(uint64_t id, int code, int64_t now_ns);
 
  private:
+  uint64_t Write(uint64_t seq, const TraceCall& call, TraceState state, int64_t submitted_ns,
+                 int64_t started_ns);
   TraceRecord* Lock(uint64_t id);  // null if the slot holds another record now
   static void Unlock(TraceRecord* r);
   TraceRingHeader* header_ = nullptr;
@@ -149,6 +155,18 @@ class TraceWriter {
 // first. Records being written at the moment are retried briefly, then
 // left out.
 std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last = 0);
+
+// The ids a ring held when it was read: records oldest..next (none when
+// next is 0). Ids below `oldest` were overwritten.
+struct TraceRange {
+  uint64_t oldest = 1;
+  uint64_t next = 0;
+};
+// The records of segment rank `rank` from id `first` on (those the ring
+// still keeps), oldest first, and the range the ring held (`range`, may be
+// null). For readers that follow a ring, e.g. musterd's metrics.
+std::vector<TraceEntry> ReadTraceFrom(GroupSegment& segment, int rank, uint64_t first,
+                                      TraceRange* range);
 
 }  // namespace muster
 

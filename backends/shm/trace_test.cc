@@ -39,6 +39,33 @@ TraceCall Call(TraceOp op, uint64_t count, int root = -1) {
   return c;
 }
 
+TEST_CASE("BeginStarted writes a started record in one go; ReadTraceFrom follows a ring",
+          "[trace]") {
+  Segment s(1, 4);
+  TraceWriter w(s.rank.get(), 0, 4);
+  uint64_t a = w.BeginStarted(7, Call(TraceOp::kAllGather, 3), 100, 150);
+  std::vector<TraceEntry> t = ReadTrace(*s.owner, 0);
+  REQUIRE(t.size() == 1);
+  CHECK(t[0].id == a);
+  CHECK(t[0].seq == 7);
+  CHECK(t[0].state == TraceState::kStarted);
+  CHECK(t[0].submitted_ns == 100);
+  CHECK(t[0].started_ns == 150);
+  CHECK(t[0].completed_ns == 0);
+  w.Finished(a, 0, 180);
+  for (int i = 0; i < 5; ++i) w.Finished(w.Begin(8 + i, Call(TraceOp::kBarrier, 0), 200), 0, 210);
+  TraceRange range;
+  std::vector<TraceEntry> from = ReadTraceFrom(*s.owner, 0, 2, &range);
+  CHECK(range.next == 6);
+  CHECK(range.oldest == 3);  // ids 1 and 2 were overwritten
+  REQUIRE(from.size() == 4);
+  CHECK(from.front().id == 3);
+  from = ReadTraceFrom(*s.owner, 0, 5, &range);
+  REQUIRE(from.size() == 2);
+  CHECK(from[0].id == 5);
+  CHECK(ReadTraceFrom(*s.owner, 0, 7, &range).empty());
+}
+
 TEST_CASE("records are read back through another mapping", "[trace]") {
   Segment s(2, 16);
   TraceWriter w(s.rank.get(), 1, 2048);

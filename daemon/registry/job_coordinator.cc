@@ -15,7 +15,8 @@ constexpr absl::Duration kSlice = absl::Milliseconds(200);
 constexpr size_t kMaxIdleConnections = 4;
 
 std::string EncodeRank(const RemoteRank& r) {
-  return absl::StrCat(r.host, "\t", r.pid, "\t", r.daemon);
+  // Readers of three fields (earlier versions) ignore the fourth.
+  return absl::StrCat(r.host, "\t", r.pid, "\t", r.daemon, "\t", r.control);
 }
 
 RemoteRank DecodeRank(int rank, const std::string& text) {
@@ -25,6 +26,7 @@ RemoteRank DecodeRank(int rank, const std::string& text) {
   if (f.size() >= 1) r.host = f[0];
   if (f.size() >= 2) (void)absl::SimpleAtoi(f[1], &r.pid);
   if (f.size() >= 3) r.daemon = f[2];
+  if (f.size() >= 4) r.control = f[3];
   return r;
 }
 

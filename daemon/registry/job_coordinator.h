@@ -3,7 +3,7 @@
 // one job attempt. Keys live under "muster/<job>/<generation>/", so a
 // restarted job (new generation) never reads an earlier attempt's keys:
 //   world_size               the world size (first writer wins; others compare)
-//   rank/<r>                 "host \t pid \t daemon" of rank r
+//   rank/<r>                 "host \t pid \t daemon \t grpc address" of rank r
 //   group/<name>/spec        canonical definition of a group (compared)
 //   group/<name>/arrived/<r> rank r called new_group
 //   group/<name>/barrier/<seq>/<r>
@@ -45,6 +45,8 @@ struct RemoteRank {
   std::string host;
   int64_t pid = 0;
   std::string daemon;
+  // The daemon's TCP gRPC address ("host:port"; "": none), for Trace(gather).
+  std::string control;
 };
 
 struct FailureRecord {

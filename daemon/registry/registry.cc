@@ -82,6 +82,7 @@ Registry::Registry(RegistryOptions options)
   }
   pool_ = std::make_unique<WorkerPool>(options_.max_workers, /*reserved_for_short=*/4);
   reaper_ = std::thread([this] { ReapLoop(); });
+  sweeper_ = std::thread([this] { SweepLoop(); });
 }
 
 Registry::~Registry() { Shutdown(); }
@@ -120,6 +121,7 @@ void Registry::Shutdown() {
   }
   coordinators.clear();  // joins the failure watchers outside the lock
   if (reaper_.joinable()) reaper_.join();
+  if (sweeper_.joinable()) sweeper_.join();
 }
 
 void Registry::NoteIfIdle(Job& job) {
@@ -173,6 +175,37 @@ void Registry::ReapLoop() {
     removed.clear();
     mu_.Lock();
   }
+}
+
+std::vector<CollectiveMetrics::Source> Registry::SweepSources() {
+  std::vector<CollectiveMetrics::Source> sources;
+  for (const auto& [id, job] : jobs_) {
+    for (const auto& [name, g] : job.groups) {
+      if (g.segment != nullptr) sources.push_back({g.segment->name(), g.segment, g.info.backend()});
+    }
+  }
+  return sources;
+}
+
+void Registry::SweepLoop() {
+  absl::MutexLock lock(&mu_);
+  while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), options_.collective_sweep_period)) {
+    std::vector<CollectiveMetrics::Source> sources = SweepSources();
+    mu_.Unlock();
+    collective_metrics_.Sweep(sources);
+    sources.clear();  // the last references to removed segments go here, outside the lock
+    mu_.Lock();
+  }
+}
+
+CollectiveMetrics::Snapshot Registry::collective_metrics() {
+  std::vector<CollectiveMetrics::Source> sources;
+  {
+    absl::MutexLock lock(&mu_);
+    sources = SweepSources();
+  }
+  collective_metrics_.Sweep(sources);
+  return collective_metrics_.snapshot();
 }
 
 absl::Status Registry::Authorize(const Job& job, const Caller& who) {
@@ -348,7 +381,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
         FailureRecord record{rank, old.info.host(), old.info.pid(),
                              "its process exited without leaving the job",
                              std::max(old.info.epoch(), old.joining_epoch)};
-        RemoteRank holder{rank, old.info.host(), old.info.pid(), daemon_id_};
+        RemoteRank holder{rank, old.info.host(), old.info.pid(), daemon_id_, control_address_};
         if (!old.session_id.empty()) sessions_.erase(old.session_id);
         old.session_id.clear();
         old.sink = nullptr;
@@ -451,6 +484,7 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
   me.host = req.host().empty() ? options_.hostname : req.host();
   me.pid = pid;
   me.daemon = daemon_id_;
+  me.control = control_address_;
   int world = req.world_size();
   std::string job_id = id.job_id();
   Spawn(WorkerPool::Kind::kShort, [this, coordinator, me, world, job_id, rank, session_id,
@@ -528,7 +562,8 @@ void Registry::Leave(const std::string& session_id) {
     it->second.info.set_state(v1::RANK_STATE_LEFT);
     MLOG(INFO) << "job " << job->id << ": rank " << it->first << " left";
     std::shared_ptr<JobCoordinator> coordinator = job->coordinator;
-    RemoteRank holder{it->first, it->second.info.host(), it->second.info.pid(), daemon_id_};
+    RemoteRank holder{it->first, it->second.info.host(), it->second.info.pid(), daemon_id_,
+                      control_address_};
     Spawn(WorkerPool::Kind::kShort, [coordinator, holder] {
       if (absl::Status s = coordinator->MarkGone(holder); !s.ok()) {
         MLOG(WARNING) << "cannot record that rank " << holder.rank << " left: " << s.message();
@@ -585,7 +620,8 @@ void Registry::Disconnected(const std::string& session_id, SessionSink* sink) {
       if (job == nullptr || stopping_) return;
       MarkFailed(*job, record.rank, record.host, record.pid, record.reason, record.epoch);
     }
-    ReportGone(coordinator, record, RemoteRank{record.rank, record.host, record.pid, daemon_id_});
+    ReportGone(coordinator, record,
+               RemoteRank{record.rank, record.host, record.pid, daemon_id_, control_address_});
   });
 }
 
@@ -896,6 +932,7 @@ void Registry::FormGroup(std::string job_id, std::string name, int64_t epoch) {
           m->set_node(it->second.host);
           m->set_pid(it->second.pid);
           m->set_daemon(it->second.daemon);
+          m->set_daemon_grpc(it->second.control);
         }
       }
       AttachSegment(*job, g);
@@ -1632,6 +1669,100 @@ absl::StatusOr<v1::TraceResponse> Registry::Trace(const v1::TraceRequest& reques
   }
   response.set_now_unix_nanos(absl::GetCurrentTimeNanos());
   return response;
+}
+
+void Registry::TraceGathered(const v1::TraceRequest& request, const Caller& who, TraceDone done) {
+  absl::StatusOr<v1::TraceResponse> local = Trace(request, who);
+  if (!local.ok() || !request.gather()) {
+    done(std::move(local));
+    return;
+  }
+  // The other daemons of the groups' members, and the jobs the caller may
+  // see here (a peer answers a cluster principal for every job: what it
+  // says of other jobs is dropped).
+  std::set<std::string> peers, allowed;
+  std::set<std::string> no_address;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [id, job] : jobs_) {
+      if (!request.job_id().empty() && id != request.job_id()) continue;
+      if (!who.MayAccess(job.owner_uid)) continue;
+      allowed.insert(id);
+      for (const auto& [name, g] : job.groups) {
+        if (!request.group().empty() && name != request.group()) continue;
+        for (const v1::GroupMember& m : g.info.members()) {
+          if (m.daemon().empty() || m.daemon() == daemon_id_) continue;
+          if (request.has_rank() && m.global_rank() != request.rank()) continue;
+          if (m.daemon_grpc().empty()) {
+            no_address.insert(m.daemon());
+          } else {
+            peers.insert(m.daemon_grpc());
+          }
+        }
+      }
+    }
+  }
+  for (const std::string& d : no_address) {
+    local->add_unreachable(absl::StrCat(d,
+                                        ": serves no TCP gRPC (musterd without --token-file "
+                                        "or TLS), its members' records are not here"));
+  }
+  if (peers.empty()) {
+    done(std::move(local));
+    return;
+  }
+  auto ask = options_.peer_trace;
+  Spawn(WorkerPool::Kind::kBlocking, [ask, request, peers, allowed, response = std::move(*local),
+                                      done = std::move(done)]() mutable {
+    v1::TraceRequest peer_request = request;
+    peer_request.set_gather(false);  // each answers for its own members only
+    const absl::Time deadline = absl::Now() + kPeerTraceTimeout;
+    std::vector<std::string> addresses(peers.begin(), peers.end());
+    std::vector<absl::StatusOr<v1::TraceResponse>> answers(addresses.size(),
+                                                           absl::UnavailableError("not asked"));
+    // One thread per peer, at most 32 at once: every peer gets the same
+    // deadline, so the answer takes one peer's time, not their sum.
+    constexpr size_t kBatch = 32;
+    for (size_t first = 0; first < addresses.size(); first += kBatch) {
+      std::vector<std::thread> threads;
+      for (size_t i = first; i < std::min(addresses.size(), first + kBatch); ++i) {
+        threads.emplace_back([&, i] {
+          answers[i] = ask ? ask(addresses[i], peer_request, deadline)
+                           : absl::UnavailableError("this musterd cannot call peers");
+        });
+      }
+      for (std::thread& t : threads) t.join();
+    }
+    for (size_t i = 0; i < addresses.size(); ++i) {
+      if (!answers[i].ok()) {
+        response.add_unreachable(absl::StrCat(addresses[i], ": ", answers[i].status().ToString()));
+        continue;
+      }
+      for (v1::GroupTrace& theirs : *answers[i]->mutable_groups()) {
+        if (allowed.count(theirs.job_id()) == 0) continue;
+        v1::GroupTrace* ours = nullptr;
+        for (v1::GroupTrace& g : *response.mutable_groups()) {
+          if (g.job_id() == theirs.job_id() && g.name() == theirs.name() &&
+              g.epoch() == theirs.epoch()) {
+            ours = &g;
+          }
+        }
+        if (ours == nullptr) {
+          *response.add_groups() = std::move(theirs);
+          continue;
+        }
+        if (ours->broken_reason().empty()) ours->set_broken_reason(theirs.broken_reason());
+        for (v1::RankTrace& r : *theirs.mutable_ranks()) *ours->add_ranks() = std::move(r);
+      }
+    }
+    for (v1::GroupTrace& g : *response.mutable_groups()) {
+      std::sort(g.mutable_ranks()->begin(), g.mutable_ranks()->end(),
+                [](const v1::RankTrace& a, const v1::RankTrace& b) {
+                  return a.group_rank() < b.group_rank();
+                });
+    }
+    done(std::move(response));
+  });
 }
 
 void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {

@@ -46,6 +46,7 @@
 #include "absl/time/time.h"
 #include "backends/shm/segment.h"
 #include "daemon/access/caller.h"
+#include "daemon/registry/collective_metrics.h"
 #include "daemon/registry/job_coordinator.h"
 #include "daemon/registry/worker_pool.h"
 #include "proto/groups.pb.h"
@@ -105,9 +106,18 @@ struct RegistryOptions {
   // How the registry reaches the job store at `master` ("host:port");
   // unset: over TCP with store_token (TcpJobStore).
   std::function<JobStoreAccess(const std::string& master)> job_store;
+  // How Trace(gather) asks another node's daemon at `address` ("host:port",
+  // its TCP gRPC server) for its members' records, giving up at
+  // `deadline`; unset: it asks none (the answer lists them unreachable).
+  std::function<absl::StatusOr<v1::TraceResponse>(
+      const std::string& address, const v1::TraceRequest& request, absl::Time deadline)>
+      peer_trace;
   // Worker threads for store traffic and waits (a few are kept for short
   // tasks, so that waits never starve the arrivals they wait for).
   int max_workers = 64;
+  // How often the flight recorders are swept into the per-op collective
+  // metrics (collective_metrics.h; also on every metrics scrape).
+  absl::Duration collective_sweep_period = absl::Milliseconds(100);
 };
 
 // Checks a rank's registration on its own (ids, sizes, the store address);
@@ -195,6 +205,16 @@ class Registry {
   // The flight recorder of this daemon's members of the groups `request`
   // names (read from the segments outside the registry's lock).
   absl::StatusOr<v1::TraceResponse> Trace(const v1::TraceRequest& request, const Caller& caller);
+  // Trace, and with request.gather() also the records of the groups'
+  // members on other nodes, from their daemons (options.peer_trace, in
+  // parallel, each given kPeerTraceTimeout), merged per group; `done` runs
+  // on a worker thread (or at once without gather).
+  using TraceDone = std::function<void(absl::StatusOr<v1::TraceResponse>)>;
+  void TraceGathered(const v1::TraceRequest& request, const Caller& caller, TraceDone done);
+  static constexpr absl::Duration kPeerTraceTimeout = absl::Milliseconds(800);
+  // This daemon's TCP gRPC address, published with its ranks for peers'
+  // Trace(gather). Set before the first session (never changes after).
+  void SetControlAddress(const std::string& address) { control_address_ = address; }
 
   struct Counts {
     int sessions = 0;
@@ -216,6 +236,9 @@ class Registry {
     std::map<std::string, uint64_t> group_breaks;  // by cause: member_failed, aborted
   };
   Metrics metrics();
+  // Per-op collective counters of this daemon's ranks, swept from the
+  // recorders now (outside the registry's lock).
+  CollectiveMetrics::Snapshot collective_metrics();
 
  private:
   struct Rank {
@@ -307,6 +330,11 @@ class Registry {
   void NoteIfIdle(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes jobs idle for longer than job_grace, until Shutdown.
   void ReapLoop();
+  // Sweeps the recorders into collective_metrics_ every
+  // collective_sweep_period, until Shutdown.
+  void SweepLoop();
+  // The segments of every group, for a sweep.
+  std::vector<CollectiveMetrics::Source> SweepSources() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Why an operation needing `ranks` of `group` (may be null) cannot go on;
   // empty if it can.
   std::string AbortReason(const std::string& job_id, const std::string& group,
@@ -346,7 +374,8 @@ class Registry {
 
   const RegistryOptions options_;
   RegistryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
-  std::string daemon_id_;  // options_.daemon_address or a generated one
+  std::string daemon_id_;        // options_.daemon_address or a generated one
+  std::string control_address_;  // SetControlAddress, before any session
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<std::string, int>> sessions_
@@ -356,6 +385,8 @@ class Registry {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::unique_ptr<WorkerPool> pool_;
   std::thread reaper_;
+  CollectiveMetrics collective_metrics_;
+  std::thread sweeper_;  // SweepLoop
   // For metrics(); guarded by mu_.
   uint64_t rank_failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t reconfigurations_ ABSL_GUARDED_BY(mu_) = 0;

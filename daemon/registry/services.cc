@@ -327,6 +327,16 @@ grpc::ServerUnaryReactor* GroupsService::Trace(grpc::CallbackServerContext* cont
                                                const v1::TraceRequest* request,
                                                v1::TraceResponse* response) {
   ADMIT_OR_FINISH(caller, context, request);
+  if (request->gather()) {
+    // Peer daemons are asked on a worker; the reactor finishes from there.
+    grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+    registry_->TraceGathered(*request, *caller,
+                             [reactor, response](absl::StatusOr<v1::TraceResponse> trace) {
+                               if (trace.ok()) *response = std::move(*trace);
+                               reactor->Finish(ToGrpc(trace.status()));
+                             });
+    return reactor;
+  }
   // Reads shared memory only (a few hundred kilobytes per rank at most):
   // short enough for the reactor thread.
   auto trace = registry_->Trace(*request, *caller);

@@ -10,6 +10,8 @@
   kill DIR     the last rank SIGKILLs itself; the others time their errors
                and write them to DIR/rank<R>.json at once
   torchrun     a short job under torchrun with a running musterd
+  trace MUSTERCTL  a scripted sequence of collectives on the default group and
+               a subgroup, then rank 0 reads `musterctl trace --json`
 
 Each check prints `RESULT {json}` with the rank and check name; values are
 lists (complex tensors as their real view). The tests compute what to expect.
@@ -749,6 +751,27 @@ def mode_gloo_default():
     dist.destroy_process_group()
 
 
+def mode_trace(musterctl):
+    """Collectives musterctl trace must show under torch's group names."""
+    dist.init_process_group("muster", timeout=datetime.timedelta(seconds=60))
+    sub = dist.new_group([0, 1])
+    dist.all_reduce(torch.ones(5, dtype=torch.float32))
+    dist.broadcast(torch.zeros(3, dtype=torch.int64), src=1)
+    dist.all_reduce(torch.ones(6, dtype=torch.int32), op=dist.ReduceOp.MAX)
+    if sub != dist.GroupMember.NON_GROUP_MEMBER:
+        dist.all_reduce(torch.ones(4, dtype=torch.float64), group=sub)
+        dist.broadcast(torch.ones(2, dtype=torch.int8), src=1, group=sub)
+    dist.barrier()
+    if RANK == 0:
+        p = subprocess.run([musterctl, "--socket", os.environ["MUSTER_SOCKET"], "trace",
+                            os.environ["MUSTER_JOB_ID"], "--json"],
+                           capture_output=True, text=True, timeout=30)
+        report("trace", returncode=p.returncode, stdout=p.stdout, stderr=p.stderr,
+               default_name=group_name(None), sub_name=group_name(sub))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def main():
     mode = sys.argv[1]
     if mode == "collectives":
@@ -761,6 +784,8 @@ def main():
         mode_errors(sys.argv[2])
     elif mode == "torchrun":
         mode_torchrun(sys.argv[2])
+    elif mode == "trace":
+        mode_trace(sys.argv[2])
     elif mode == "gloo_default":
         mode_gloo_default()
     else:
