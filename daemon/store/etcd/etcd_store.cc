@@ -490,10 +490,10 @@ class EtcdStore::Impl {
   std::atomic<uint64_t> batches_{0};
 };
 
-absl::StatusOr<std::shared_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {
   auto impl = std::make_unique<Impl>(options);
   RETURN_IF_ERROR(impl->Connect());
-  return std::shared_ptr<EtcdStore>(new EtcdStore(std::move(impl), std::move(options)));
+  return std::unique_ptr<EtcdStore>(new EtcdStore(std::move(impl), std::move(options)));
 }
 
 EtcdStore::EtcdStore(std::unique_ptr<Impl> impl, EtcdStoreOptions options)

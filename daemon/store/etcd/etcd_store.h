@@ -70,7 +70,7 @@ struct EtcdStoreOptions {
 class EtcdStore : public BlockingStore {
  public:
   // Checks the options and connects lazily (the first call reaches etcd).
-  static absl::StatusOr<std::shared_ptr<EtcdStore>> Create(EtcdStoreOptions options);
+  static absl::StatusOr<std::unique_ptr<EtcdStore>> Create(EtcdStoreOptions options);
   ~EtcdStore() override;
 
   using Store::Get;
