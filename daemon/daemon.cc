@@ -184,6 +184,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       MLOG(WARNING) << "etcd not reachable yet: " << keys.status().message();
     }
     daemon->etcd_store_->set_timeout(kDefaultStoreTimeout);
+    ASSIGN_OR_RETURN(daemon->etcd_status_, EtcdStore::Create(options.etcd));
+    daemon->etcd_status_->set_timeout(absl::Seconds(2));
     StoreFrontendOptions frontend;
     frontend.listen_address = options.listen_address;
     frontend.port = options.store.port;
@@ -192,6 +194,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     frontend.token = options.store.token;
     frontend.allow_unauthenticated = options.store.allow_unauthenticated;
     ASSIGN_OR_RETURN(daemon->frontend_, StoreFrontend::Start(frontend, daemon->etcd_store_));
+    daemon->store_service_ = std::make_unique<StoreService>(
+        daemon->etcd_store_, options.store.limits, daemon->access_.get());
     MLOG(INFO) << "store serving on " << JoinHostPort(options.listen_address, daemon->store_port())
                << (frontend.token.empty() ? "" : " (token required)") << " (etcd at "
                << absl::StrJoin(options.etcd.endpoints, ",") << ", prefix " << options.etcd.prefix
@@ -377,6 +381,17 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
     s.set_store_durable(!options_.store.state_dir.empty());
     s.set_store_memory_bytes(static_cast<int64_t>(stats.memory_bytes));
     s.set_store_refused_for_memory(static_cast<int64_t>(stats.refused_for_memory));
+  }
+  if (frontend_ != nullptr) {
+    s.set_store_address(JoinHostPort(options_.listen_address, frontend_->port()));
+    s.set_store_port(frontend_->port());
+    s.set_num_store_connections(static_cast<int32_t>(frontend_->connections()));
+    s.set_store_durable(true);  // etcd's durability
+    if (auto keys = etcd_status_->NumKeys(); keys.ok()) {
+      s.set_num_store_keys(*keys);
+    } else {
+      s.set_store_log_error(std::string(keys.status().message()));
+    }
   }
   if (registry_ != nullptr) {
     Registry::Counts counts = registry_->counts();

@@ -131,6 +131,7 @@ class Daemon {
   std::unique_ptr<StoreServer> store_;
   // --store-backend etcd: the etcd-backed store and its wire front-end.
   std::shared_ptr<EtcdStore> etcd_store_;
+  std::unique_ptr<EtcdStore> etcd_status_;  // short timeout, for Status
   std::unique_ptr<StoreFrontend> frontend_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;

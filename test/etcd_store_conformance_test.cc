@@ -71,7 +71,7 @@ std::shared_ptr<EtcdStore> NewEtcdStore(const std::string& prefix) {
   options.prefix = prefix;
   auto store = EtcdStore::Create(options);
   REQUIRE(store.ok());
-  return *store;
+  return std::move(*store);
 }
 
 struct EtcdFixture {
@@ -153,7 +153,7 @@ TEST_CASE("concurrent Adds of one key share read-modify-write rounds", "[etcd]")
 TEST_CASE("an unreachable etcd fails calls UNAVAILABLE naming the endpoint", "[etcd]") {
   EtcdStoreOptions options;
   options.endpoints = {"http://127.0.0.1:1"};
-  auto store = *EtcdStore::Create(options);
+  auto store = std::move(*EtcdStore::Create(options));
   store->set_timeout(absl::Milliseconds(500));
   absl::Time start = absl::Now();
   absl::Status s = store->Set("k", "v");

@@ -37,7 +37,7 @@ start_member() {  # NAME CLIENT PEER CLUSTER STATE
     --listen-peer-urls "$peer" --initial-advertise-peer-urls "$peer" \
     --initial-cluster "$cluster" --initial-cluster-state "$state" \
     --initial-cluster-token "muster-test-$$" \
-    --heartbeat-interval 50 --election-timeout 500 \
+    --heartbeat-interval 50 --election-timeout 500 --max-request-bytes 33554432 \
     --logger zap --log-outputs "$dir/$name.log" </dev/null >/dev/null 2>&1 &
   echo $!
 }
