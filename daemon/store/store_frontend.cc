@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -192,18 +193,27 @@ void StoreFrontend::Serve(Connection* c) {
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       c->wait = &cancel;
     }
-    auto result = std::async(std::launch::async,
-                             [&] { return store.WaitCancellable(keys, timeout, &cancel); });
+    int done_fd = ::eventfd(0, EFD_CLOEXEC);
+    if (done_fd < 0) return ErrnoToStatus(errno, "eventfd");
+    auto result = std::async(std::launch::async, [&] {
+      absl::Status s = store.WaitCancellable(keys, timeout, &cancel);
+      uint64_t one = 1;
+      (void)!::write(done_fd, &one, sizeof(one));
+      return s;
+    });
+    // Sleeps until the wait ends or the client sends or closes.
     bool interrupted = false;
-    while (result.wait_for(std::chrono::milliseconds(0)) != std::future_status::ready) {
-      pollfd p{c->fd, POLLIN | POLLRDHUP, 0};
-      int n = ::poll(&p, 1, 20);
-      if (n > 0 && !interrupted) {
+    for (;;) {
+      pollfd p[2] = {{done_fd, POLLIN, 0}, {c->fd, POLLIN | POLLRDHUP, 0}};
+      int n = ::poll(p, interrupted ? 1 : 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (p[0].revents != 0) break;
+      if (!interrupted && p[1].revents != 0) {
         interrupted = true;
         cancel.Cancel();
       }
-      if (interrupted) result.wait();
     }
+    ::close(done_fd);
     absl::Status s = result.get();
     {
       absl::MutexLock lock(&mu_);

@@ -113,6 +113,7 @@ class EtcdStore::Impl {
       // Fail over quickly: a dead endpoint is retried at most every second.
       args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
       args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      if (opt_.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
       auto ep = std::make_unique<Endpoint>();
       ep->name = e;
       ep->channel = grpc::CreateCustomChannel(target, creds, args);
@@ -139,7 +140,10 @@ class EtcdStore::Impl {
       Endpoint& ep = *endpoints_[index];
       grpc::ClientContext ctx;
       absl::Time now = absl::Now();
-      ctx.set_deadline(absl::ToChronoTime(std::min(deadline, now + opt_.attempt_timeout)));
+      // A write that is not retried gets the call's whole time: cutting its
+      // attempt short would only make its outcome unknown.
+      ctx.set_deadline(absl::ToChronoTime(
+          idempotent ? std::min(deadline, now + opt_.attempt_timeout) : deadline));
       if (absl::Status auth = AddToken(ep, ctx, deadline); !auth.ok()) {
         last = std::string(auth.message());
         if (auth.code() != absl::StatusCode::kUnavailable) return auth;
@@ -176,8 +180,90 @@ class EtcdStore::Impl {
   }
 
   // A Txn with no compares whose success ops are Ranges of `keys`.
-  absl::StatusOr<std::pair<std::vector<Read>, int64_t>> ReadKeys(
-      const std::vector<std::string>& keys, absl::Time deadline, bool count_only) {
+  using ReadResult = absl::StatusOr<std::pair<std::vector<Read>, int64_t>>;
+
+  // Reads of the same keys coalesced: a caller joins a batch that has not
+  // started yet (so its result is at least as new as the call), the first
+  // caller runs the batches one after another.
+  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only) {
+    auto self = std::make_shared<PendingRead>();
+    std::pair<std::vector<std::string>, bool> id(keys, count_only);
+    absl::MutexLock lock(&read_mu_);
+    ReadQueue& q = reads_[id];
+    q.queued.push_back(self);
+    if (q.running) {
+      read_mu_.Await(absl::Condition(&self->done));
+      return self->result;
+    }
+    q.running = true;
+    while (!reads_[id].queued.empty()) {
+      std::vector<std::shared_ptr<PendingRead>> batch;
+      batch.swap(reads_[id].queued);
+      read_mu_.Unlock();
+      ReadResult r = ReadKeysOnce(keys, deadline, count_only);
+      read_mu_.Lock();
+      for (const auto& p : batch) {
+        p->result = r;
+        p->done = true;
+      }
+    }
+    reads_.erase(id);
+    return self->result;
+  }
+
+  // Waits for the same keys share one watch: a caller joins the wait in
+  // flight; when it ends without the keys (its owner's deadline or cancel),
+  // the others that still have time start another.
+  absl::Status WaitFor(const std::vector<std::string>& keys, absl::Time deadline,
+                       absl::Duration timeout, WaitCancel* cancel) {
+    for (;;) {
+      std::shared_ptr<Flight> flight;
+      bool owner = false;
+      {
+        absl::MutexLock lock(&flight_mu_);
+        std::shared_ptr<Flight>& slot = flights_[keys];
+        if (slot == nullptr) {
+          slot = std::make_shared<Flight>();
+          owner = true;
+        }
+        flight = slot;
+      }
+      if (owner) {
+        absl::Status s = WaitForOnce(keys, deadline, timeout, cancel);
+        absl::MutexLock lock(&flight_mu_);
+        flight->status = s;
+        flight->done = true;
+        flights_.erase(keys);
+        return s;
+      }
+      absl::MutexLock lock(&flight_mu_);
+      while (!flight->done) {
+        if (cancel != nullptr && cancel->cancelled()) {
+          return absl::CancelledError("wait cancelled");
+        }
+        if (absl::Now() >= deadline) break;
+        // Slices only to notice this caller's cancel; the keys come from the
+        // owner's watch.
+        flight_mu_.AwaitWithDeadline(absl::Condition(&flight->done),
+                                     std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+      }
+      if (flight->done && flight->status.ok()) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        flight_mu_.Unlock();
+        absl::Status s =
+            WaitForOnce(keys, deadline, timeout, cancel);  // reads once, then times out
+        flight_mu_.Lock();
+        return s;
+      }
+      if (flight->done && !absl::IsDeadlineExceeded(flight->status) &&
+          !absl::IsCancelled(flight->status)) {
+        return flight->status;
+      }
+    }
+  }
+
+  ReadResult ReadKeysOnce(const std::vector<std::string>& keys, absl::Time deadline,
+                          bool count_only) {
     std::vector<Read> reads;
     int64_t revision = 0;
     for (size_t begin = 0; begin < keys.size() || (begin == 0 && keys.empty()); begin += 128) {
@@ -255,8 +341,8 @@ class EtcdStore::Impl {
   }
 
   // Blocks until every key exists (or deadline / cancel).
-  absl::Status WaitFor(const std::vector<std::string>& keys, absl::Time deadline,
-                       absl::Duration timeout, WaitCancel* cancel) {
+  absl::Status WaitForOnce(const std::vector<std::string>& keys, absl::Time deadline,
+                           absl::Duration timeout, WaitCancel* cancel) {
     for (;;) {
       if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
       std::set<std::string> missing;
@@ -470,6 +556,19 @@ class EtcdStore::Impl {
     token_.clear();
   }
 
+  struct PendingRead {
+    bool done = false;
+    ReadResult result;
+  };
+  struct ReadQueue {
+    bool running = false;
+    std::vector<std::shared_ptr<PendingRead>> queued;
+  };
+  struct Flight {
+    bool done = false;
+    absl::Status status;
+  };
+
   struct PendingAdd {
     int64_t delta = 0;
     bool done = false;
@@ -488,6 +587,10 @@ class EtcdStore::Impl {
   absl::Mutex add_mu_;
   std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);
   std::atomic<uint64_t> batches_{0};
+  absl::Mutex read_mu_;
+  std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
+  absl::Mutex flight_mu_;
+  std::map<std::vector<std::string>, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flight_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {

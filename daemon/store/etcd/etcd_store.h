@@ -65,6 +65,9 @@ struct EtcdStoreOptions {
   // The longest one request to one endpoint may take before the call moves
   // on to the next endpoint (a member cut off from quorum never answers).
   absl::Duration attempt_timeout = absl::Seconds(3);
+  // Its own TCP connections (gRPC otherwise shares one among the channels of
+  // a process with the same target): for benchmarks of many clients.
+  bool private_connection = false;
 };
 
 class EtcdStore : public BlockingStore {
