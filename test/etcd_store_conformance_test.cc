@@ -212,6 +212,38 @@ TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") 
               absl::StrCat("tools/etcd_cluster.sh restart ", cluster.dir, " ", name).c_str()) == 0);
 }
 
+TEST_CASE("without quorum calls fail UNAVAILABLE, and work again once it is back", "[etcd]") {
+  auto& cluster = EtcdCluster::Get();
+  REQUIRE(cluster.available);
+  auto store = NewEtcdStore(FreshPrefix());
+  REQUIRE(store->Set("kept", "yes").ok());
+  auto run = [&](const std::string& what) {
+    return std::system(absl::StrCat("tools/etcd_cluster.sh ", what).c_str());
+  };
+  REQUIRE(run(absl::StrCat("kill ", cluster.dir, " m1")) == 0);
+  REQUIRE(run(absl::StrCat("kill ", cluster.dir, " m2")) == 0);
+  store->set_timeout(absl::Seconds(2));
+  absl::Time start = absl::Now();
+  absl::Status set = store->Set("during", "x");
+  absl::Duration took = absl::Now() - start;
+  CHECK(set.code() == absl::StatusCode::kUnavailable);
+  CHECK(std::string(set.message()).find("etcd at http://127.0.0.1:") != std::string::npos);
+  CHECK(took < absl::Seconds(4));  // the call's timeout, not etcd's
+  auto got = store->Get("kept", absl::Seconds(1));
+  CHECK(got.status().code() == absl::StatusCode::kUnavailable);
+  std::printf("no quorum: %s (after %s)\n", std::string(set.message()).c_str(),
+              absl::FormatDuration(took).c_str());
+  REQUIRE(run(absl::StrCat("restart ", cluster.dir, " m1")) == 0);
+  REQUIRE(run(absl::StrCat("restart ", cluster.dir, " m2")) == 0);
+  store->set_timeout(absl::Seconds(30));
+  absl::Status after = store->Set("after", "ok");
+  INFO(after.ToString());
+  REQUIRE(after.ok());
+  CHECK(store->Get("kept").value_or("") == "yes");
+  CHECK(store->Get("after").value_or("") == "ok");
+  CHECK(store->Add("n", 1).value_or(0) == 1);
+}
+
 }  // namespace
 }  // namespace muster
 

@@ -95,12 +95,17 @@ case "$cmd" in
     pid=$(awk -v n="$3" '$1==n {print $2}' "$dir/members")
     [[ -n "$pid" ]] || { echo "etcd_cluster: no member $3" >&2; exit 1; }
     kill -9 "$pid"
+    # Gone (its ports free) before a restart may bind them again.
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
     ;;
   restart)
     [[ $# -ge 3 ]] || usage
     read -r name pid client peer < <(awk -v n="$3" '$1==n' "$dir/members")
     newpid=$(start_member "$name" "$client" "$peer" "$(cat "$dir/cluster")" existing)
     sed -i "s|^$name $pid |$name $newpid |" "$dir/members"
+    for _ in $(seq 1 100); do healthy "$client" && exit 0; kill -0 "$newpid" 2>/dev/null || break; sleep 0.1; done
+    # A lone member cannot be healthy (no quorum): running is enough.
+    kill -0 "$newpid" 2>/dev/null || { echo "etcd_cluster: $name exited; see $dir/$name.log" >&2; exit 1; }
     ;;
   *) usage ;;
 esac
