@@ -184,6 +184,27 @@ TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") 
       }
     }
   });
+  // The same through musterd's front-end: a native client over StoreFrontend.
+  StoreFrontendOptions fo;
+  fo.listen_address = "127.0.0.1";
+  fo.port = 0;
+  auto frontend = StoreFrontend::Start(fo, NewEtcdStore(store->options().prefix));
+  REQUIRE(frontend.ok());
+  TcpStoreOptions to;
+  to.port = (*frontend)->port();
+  auto client = TcpStore::Connect(to);
+  REQUIRE(client.ok());
+  std::atomic<int> client_adds{0}, client_failures{0};
+  std::thread tcp_writer([&] {
+    while (!stop.load()) {
+      if ((*client)->Add("tcp_count", 1).ok()) {
+        ++client_adds;
+      } else {
+        ++client_failures;
+        break;  // a native client's connection ends with its error
+      }
+    }
+  });
   absl::SleepFor(absl::Milliseconds(300));
   std::string leader_cmd = absl::StrCat("tools/etcd_cluster.sh leader ", cluster.dir);
   std::FILE* p = ::popen(leader_cmd.c_str(), "r");
@@ -195,6 +216,10 @@ TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") 
   absl::SleepFor(absl::Seconds(2));
   stop = true;
   writer.join();
+  tcp_writer.join();
+  CHECK(client_failures == 0);
+  CHECK(client_adds > 0);
+  CHECK((*client)->Add("tcp_count", 0).value_or(-1) == client_adds.load());
   int before_kill_and_after = adds.load();
   CHECK(before_kill_and_after > 0);
   // The two surviving members still have quorum: everything works.
@@ -206,8 +231,10 @@ TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") 
   // Failed Adds (if any) were refused, never applied twice or lost.
   CHECK(*store->Add("count", 0) >= adds.load());
   CHECK(*store->Add("count", 0) <= adds.load() + add_failures.load());
-  std::printf("leader %s killed: %d adds ok, %d failed during failover\n", name, adds.load(),
-              add_failures.load());
+  std::printf(
+      "leader %s killed: %d adds ok, %d failed during failover; %d through musterd's "
+      "front-end, %d failed\n",
+      name, adds.load(), add_failures.load(), client_adds.load(), client_failures.load());
   REQUIRE(std::system(
               absl::StrCat("tools/etcd_cluster.sh restart ", cluster.dir, " ", name).c_str()) == 0);
 }
