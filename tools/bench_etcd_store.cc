@@ -63,15 +63,24 @@ std::string ReadAll(const std::string& path) {
   return ss.str();
 }
 
-// A child process (setsid, output to a log), killed at the end.
+// What std::exit must still stop: the children and the etcd cluster.
+std::vector<pid_t> g_children;
+std::string g_stop_cluster;
+
+void StopEverything() {
+  for (pid_t pid : g_children) {
+    ::kill(pid, SIGTERM);
+    ::waitpid(pid, nullptr, 0);
+  }
+  g_children.clear();
+  if (!g_stop_cluster.empty()) (void)std::system(g_stop_cluster.c_str());
+  g_stop_cluster.clear();
+}
+
+// A child process (setsid, output to a log), stopped at exit
+// (StopEverything).
 struct Child {
   pid_t pid = -1;
-  ~Child() {
-    if (pid > 0) {
-      ::kill(pid, SIGTERM);
-      ::waitpid(pid, nullptr, 0);
-    }
-  }
 };
 
 std::unique_ptr<Child> Spawn(const std::vector<std::string>& argv, const std::string& log) {
@@ -90,6 +99,7 @@ std::unique_ptr<Child> Spawn(const std::vector<std::string>& argv, const std::st
     ::execv(args[0], args.data());
     ::_exit(127);
   }
+  g_children.push_back(c->pid);
   return c;
 }
 
@@ -199,10 +209,8 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "muster-bench-etcd: etcd did not start (is etcd-server installed?)\n");
     return 1;
   }
-  struct StopCluster {
-    std::string cmd;
-    ~StopCluster() { (void)std::system(cmd.c_str()); }
-  } stop_cluster{cluster_sh + " stop " + etcd_dir};
+  g_stop_cluster = cluster_sh + " stop " + etcd_dir;
+  std::atexit(StopEverything);
   std::string endpoints = ReadAll(etcd_dir + "/endpoints");
   while (!endpoints.empty() && endpoints.back() == '\n') endpoints.pop_back();
 
