@@ -549,6 +549,7 @@ void Daemon::Shutdown() {
   // The store next: its stop finishes parked gRPC store waits (UNAVAILABLE)
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
+  if (etcd_store_ != nullptr) etcd_store_->Shutdown();
   if (frontend_ != nullptr) frontend_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   metrics_server_.reset();

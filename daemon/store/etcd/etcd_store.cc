@@ -136,6 +136,7 @@ class EtcdStore::Impl {
     size_t tried = 0;
     bool reauthenticated = false;
     for (;;) {
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       size_t index = current_.load() % endpoints_.size();
       Endpoint& ep = *endpoints_[index];
       grpc::ClientContext ctx;
@@ -345,6 +346,7 @@ class EtcdStore::Impl {
                            absl::Duration timeout, WaitCancel* cancel) {
     for (;;) {
       if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       std::set<std::string> missing;
       int64_t revision = 0;
       if (keys.size() <= 128) {
@@ -399,6 +401,18 @@ class EtcdStore::Impl {
     auto clear_cancel = [cancel] {
       if (cancel != nullptr) cancel->ClearOnCancel();
     };
+    {
+      absl::MutexLock lock(&watches_mu_);
+      if (stopping_.load()) {
+        clear_cancel();
+        return absl::UnavailableError("musterd's store is shutting down");
+      }
+      watches_.insert(&ctx);
+    }
+    auto unregister = [this, &ctx] {
+      absl::MutexLock lock(&watches_mu_);
+      watches_.erase(&ctx);
+    };
     auto stream = ep.watch->Watch(&ctx);
     bool whole_prefix = missing->size() > 8;
     std::vector<std::string> ranges;
@@ -436,6 +450,7 @@ class EtcdStore::Impl {
     stream->WritesDone();
     grpc::Status finished = stream->Finish();
     clear_cancel();
+    unregister();
     if (done) return absl::OkStatus();
     if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
     if (finished.error_code() == grpc::StatusCode::UNAVAILABLE || broken) {
@@ -520,6 +535,13 @@ class EtcdStore::Impl {
 
   uint64_t add_batches() const { return batches_.load(); }
 
+  // Ends every watch now and makes calls stop retrying.
+  void Shutdown() {
+    stopping_.store(true);
+    absl::MutexLock lock(&watches_mu_);
+    for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+  }
+
  private:
   absl::Status AddToken(Endpoint& ep, grpc::ClientContext& ctx, absl::Time deadline) {
     if (opt_.user.empty()) return absl::OkStatus();
@@ -582,6 +604,9 @@ class EtcdStore::Impl {
   EtcdStoreOptions opt_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
+  std::atomic<bool> stopping_{false};
+  absl::Mutex watches_mu_;
+  std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watches_mu_);
   absl::Mutex token_mu_;
   std::string token_ ABSL_GUARDED_BY(token_mu_);
   absl::Mutex add_mu_;
@@ -748,5 +773,7 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::ListKeys() {
 }
 
 uint64_t EtcdStore::add_rounds() const { return impl_->add_batches(); }
+
+void EtcdStore::Shutdown() { impl_->Shutdown(); }
 
 }  // namespace muster

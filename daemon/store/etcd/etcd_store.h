@@ -106,6 +106,10 @@ class EtcdStore : public BlockingStore {
   // the number of Add calls.
   uint64_t add_rounds() const;
 
+  // Ends blocking calls (UNAVAILABLE) and stops retries, for shutdown;
+  // later calls fail at once.
+  void Shutdown();
+
   const EtcdStoreOptions& options() const { return options_; }
 
   class Impl;
