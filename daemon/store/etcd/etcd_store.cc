@@ -57,16 +57,34 @@ Read FromRange(const pb::RangeResponse& r) {
   return out;
 }
 
+// Whether a request surely never reached etcd's state machine (so even a
+// write may be sent again): the connection could not be made, or etcd
+// refused it before proposing it.
+bool NotApplied(const grpc::Status& s) {
+  const std::string& m = s.error_message();
+  for (const char* sign :
+       {"failed to connect", "Connection refused", "connections to all", "etcdserver: no leader",
+        "etcdserver: too many requests", "etcdserver: not capable"}) {
+    if (absl::StrContains(m, sign)) return true;
+  }
+  return false;
+}
+
+// Whether to try the next endpoint. Reads and blind writes (Put, Delete,
+// MultiSet) may be repeated; a read-modify-write Txn that may have been
+// applied must not be (a retry after its lost reply would apply it twice).
 bool Retriable(const grpc::Status& s, bool idempotent) {
+  if (!idempotent) {
+    return (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+            s.error_code() == grpc::StatusCode::UNKNOWN) &&
+           NotApplied(s);
+  }
   switch (s.error_code()) {
     case grpc::StatusCode::UNAVAILABLE:
-      return true;
     case grpc::StatusCode::DEADLINE_EXCEEDED:
     case grpc::StatusCode::CANCELLED:
-      return idempotent;
-    case grpc::StatusCode::UNKNOWN:
-      // etcd's "leader changed" / "no leader" when a member lost quorum.
-      return idempotent || absl::StrContains(s.error_message(), "leader");
+    case grpc::StatusCode::UNKNOWN:  // etcd's "leader changed", "request timed out"
+      return true;
     default:
       return false;
   }
@@ -162,7 +180,8 @@ class EtcdStore::Impl {
         }
         if (!Retriable(s, idempotent)) {
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
-              s.error_code() == grpc::StatusCode::UNKNOWN) {
+              s.error_code() == grpc::StatusCode::UNKNOWN ||
+              s.error_code() == grpc::StatusCode::UNAVAILABLE) {
             return absl::UnavailableError(absl::StrCat(
                 "etcd ", what, " may or may not have been applied (not retried): ", last));
           }
@@ -349,14 +368,17 @@ class EtcdStore::Impl {
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       std::set<std::string> missing;
       int64_t revision = 0;
+      // The check itself gets a second even when the wait's time is up, so
+      // an expired wait still reports DeadlineExceeded with its missing keys.
+      absl::Time read_deadline = std::max(deadline, absl::Now() + absl::Seconds(1));
       if (keys.size() <= 128) {
-        ASSIGN_OR_RETURN(auto read, ReadKeys(keys, deadline, true));
+        ASSIGN_OR_RETURN(auto read, ReadKeys(keys, read_deadline, true));
         for (size_t i = 0; i < keys.size(); ++i) {
           if (!read.first[i].value.has_value()) missing.insert(Key(keys[i]));
         }
         revision = read.second;
       } else {
-        ASSIGN_OR_RETURN(auto present, ListPrefix(deadline, &revision));
+        ASSIGN_OR_RETURN(auto present, ListPrefix(read_deadline, &revision));
         std::set<std::string> have(present.begin(), present.end());
         for (const std::string& k : keys) {
           if (!have.count(k)) missing.insert(Key(k));

@@ -20,9 +20,11 @@
 // store's timeout() for the others). An endpoint that is unreachable, or
 // does not answer within attempt_timeout (no quorum behind it), fails that
 // attempt; the call moves on to the next endpoint until its deadline, then
-// fails UNAVAILABLE naming the endpoint and gRPC's cause. Writes whose Txn
-// may have been applied (a deadline after it was sent) are not retried, so an
-// Add is never counted twice; they fail UNAVAILABLE saying so.
+// fails UNAVAILABLE naming the endpoint and gRPC's cause. Read-modify-write
+// Txns whose reply was lost (deadline, connection reset, "leader changed")
+// may have been applied and are not retried, so an Add is never counted
+// twice; they fail UNAVAILABLE saying so. Only requests that surely never
+// reached etcd (connection refused, "no leader") are sent again.
 //
 // Auth: user/password (Authenticate; the token travels as "token" metadata
 // and is renewed when etcd says it expired) and TLS (https:// endpoints,
