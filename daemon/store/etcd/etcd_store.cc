@@ -316,10 +316,20 @@ class EtcdStore::Impl {
   // what to store (nullopt: leave the key); retried on conflicts.
   using Update = std::function<absl::StatusOr<std::vector<std::optional<std::string>>>(
       const std::vector<Read>&)>;
+  // `known`: the keys' values as this process last wrote them (skips the
+  // first read; a stale guess only fails the compare). `written`: the
+  // values as stored by the successful Txn.
   absl::Status Modify(absl::string_view what, const std::vector<std::string>& keys,
-                      absl::Time deadline, const Update& update) {
-    ASSIGN_OR_RETURN(auto read, ReadKeys(keys, deadline, false));
-    std::vector<Read> current = std::move(read.first);
+                      absl::Time deadline, const Update& update,
+                      const std::vector<Read>* known = nullptr,
+                      std::vector<Read>* written = nullptr) {
+    std::vector<Read> current;
+    if (known != nullptr) {
+      current = *known;
+    } else {
+      ASSIGN_OR_RETURN(auto read, ReadKeys(keys, deadline, false));
+      current = std::move(read.first);
+    }
     for (;;) {
       ASSIGN_OR_RETURN(std::vector<std::optional<std::string>> next, update(current));
       pb::TxnRequest req;
@@ -349,7 +359,18 @@ class EtcdStore::Impl {
         resp.Clear();
         return ep.kv->Txn(&ctx, req, &resp);
       }));
-      if (resp.succeeded()) return absl::OkStatus();
+      if (resp.succeeded()) {
+        if (written != nullptr) {
+          written->assign(keys.size(), Read{});
+          for (size_t i = 0; i < keys.size(); ++i) {
+            (*written)[i].value = next[i].has_value() ? next[i] : current[i].value;
+            // A put in a Txn gets the Txn's revision.
+            (*written)[i].mod_revision =
+                next[i].has_value() ? resp.header().revision() : current[i].mod_revision;
+          }
+        }
+        return absl::OkStatus();
+      }
       for (size_t i = 0; i < keys.size(); ++i) {
         current[i] = FromRange(resp.responses(static_cast<int>(i)).response_range());
       }
@@ -514,6 +535,8 @@ class EtcdStore::Impl {
       return self->result;
     }
     q.running = true;
+    // What the previous round wrote: the next round's guess of the value.
+    std::optional<std::vector<Read>> last;
     while (!adds_[k].queued.empty()) {
       std::vector<std::shared_ptr<PendingAdd>> batch;
       batch.swap(adds_[k].queued);
@@ -521,23 +544,30 @@ class EtcdStore::Impl {
       uint64_t sum = 0;
       for (const auto& p : batch) sum += static_cast<uint64_t>(p->delta);
       int64_t after = 0;
-      absl::Status s =
-          Modify("add", {k}, deadline,
-                 [&](const std::vector<Read>& cur)
-                     -> absl::StatusOr<std::vector<std::optional<std::string>>> {
-                   int64_t value = 0;
-                   if (cur[0].value.has_value()) {
-                     std::optional<int64_t> parsed = wire::ParseCounter(*cur[0].value);
-                     if (!parsed.has_value()) {
-                       return absl::FailedPreconditionError(absl::StrCat(
-                           "ADD on key '", wire::PrintableKey(k), "' whose value is not a number (",
-                           cur[0].value->size(), " bytes)"));
-                     }
-                     value = *parsed;
-                   }
-                   after = static_cast<int64_t>(static_cast<uint64_t>(value) + sum);
-                   return std::vector<std::optional<std::string>>{absl::StrCat(after)};
-                 });
+      std::vector<Read> written;
+      absl::Status s = Modify(
+          "add", {k}, deadline,
+          [&](const std::vector<Read>& cur)
+              -> absl::StatusOr<std::vector<std::optional<std::string>>> {
+            int64_t value = 0;
+            if (cur[0].value.has_value()) {
+              std::optional<int64_t> parsed = wire::ParseCounter(*cur[0].value);
+              if (!parsed.has_value()) {
+                return absl::FailedPreconditionError(absl::StrCat(
+                    "ADD on key '", wire::PrintableKey(k), "' whose value is not a number (",
+                    cur[0].value->size(), " bytes)"));
+              }
+              value = *parsed;
+            }
+            after = static_cast<int64_t>(static_cast<uint64_t>(value) + sum);
+            return std::vector<std::optional<std::string>>{absl::StrCat(after)};
+          },
+          last.has_value() ? &*last : nullptr, &written);
+      if (s.ok()) {
+        last = written;
+      } else {
+        last.reset();
+      }
       batches_.fetch_add(1);
       uint64_t running = static_cast<uint64_t>(after) - sum;
       add_mu_.Lock();
