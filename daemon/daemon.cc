@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstring>
+#include <thread>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "backends/shm/segment.h"
 #include "common/logging.h"
@@ -88,6 +90,41 @@ JobStoreAccess ReachJobStore(StoreServer* own, const std::string& master,
   return TcpJobStore(master, token);
 }
 
+// The job store in etcd: a store per connection, waits as cancellable
+// watches on their own thread.
+JobStoreAccess EtcdJobStore(const EtcdStoreOptions& options) {
+  JobStoreAccess access;
+  access.connect = [options]() -> absl::StatusOr<std::unique_ptr<Store>> {
+    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> store, EtcdStore::Create(options));
+    return std::unique_ptr<Store>(std::move(store));
+  };
+  auto shared = EtcdStore::Create(options);
+  if (!shared.ok()) return access;
+  std::shared_ptr<EtcdStore> store = std::move(*shared);
+  access.watch = [store](std::vector<std::string> keys, std::function<void(absl::Status)> ready) {
+    struct State {
+      WaitCancel cancel;
+      absl::Mutex mu;
+      bool cancelled ABSL_GUARDED_BY(mu) = false;
+    };
+    auto state = std::make_shared<State>();
+    // Thread: one watch until the keys exist or the watch is cancelled.
+    std::thread([store, keys = std::move(keys), ready = std::move(ready), state] {
+      absl::Status s = store->WaitCancellable(keys, absl::Hours(24 * 365), &state->cancel);
+      absl::MutexLock lock(&state->mu);
+      if (!state->cancelled) ready(s);
+    }).detach();
+    return JobStoreAccess::Cancel([state] {
+      {
+        absl::MutexLock lock(&state->mu);
+        state->cancelled = true;
+      }
+      state->cancel.Cancel();
+    });
+  };
+  return access;
+}
+
 std::string Hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -136,7 +173,38 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   ASSIGN_OR_RETURN(daemon->unix_listener_,
                    UnixListener::Bind(socket_options, daemon->access_.get()));
 
-  if (options.store_enabled) {
+  if (options.store_enabled && options.store_backend == "etcd") {
+    if (!options.store.state_dir.empty()) {
+      return absl::InvalidArgumentError(
+          "--state-dir does not apply to --store-backend etcd (etcd keeps the data durable)");
+    }
+    ASSIGN_OR_RETURN(daemon->etcd_store_, EtcdStore::Create(options.etcd));
+    // Reaching etcd now only informs: calls fail UNAVAILABLE until it answers.
+    daemon->etcd_store_->set_timeout(absl::Seconds(5));
+    if (auto keys = daemon->etcd_store_->NumKeys(); !keys.ok()) {
+      MLOG(WARNING) << "etcd not reachable yet: " << keys.status().message();
+    }
+    daemon->etcd_store_->set_timeout(kDefaultStoreTimeout);
+    ASSIGN_OR_RETURN(daemon->etcd_status_, EtcdStore::Create(options.etcd));
+    daemon->etcd_status_->set_timeout(absl::Seconds(2));
+    StoreFrontendOptions frontend;
+    frontend.listen_address = options.listen_address;
+    frontend.port = options.store.port;
+    frontend.limits = options.store.limits;
+    frontend.max_connections = options.store.max_connections;
+    frontend.token = options.store.token;
+    frontend.allow_unauthenticated = options.store.allow_unauthenticated;
+    ASSIGN_OR_RETURN(daemon->frontend_, StoreFrontend::Start(frontend, daemon->etcd_store_));
+    daemon->store_service_ = std::make_unique<StoreService>(
+        daemon->etcd_store_, options.store.limits, daemon->access_.get());
+    MLOG(INFO) << "store serving on " << JoinHostPort(options.listen_address, daemon->store_port())
+               << (frontend.token.empty() ? "" : " (token required)") << " (etcd at "
+               << absl::StrJoin(options.etcd.endpoints, ",") << ", prefix " << options.etcd.prefix
+               << ")";
+  } else if (options.store_backend != "memory") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--store-backend must be memory or etcd, got '", options.store_backend, "'"));
+  } else if (options.store_enabled) {
     StoreServerOptions store_options = options.store;
     store_options.listen_address = options.listen_address;
     ASSIGN_OR_RETURN(daemon->store_, StoreServer::Start(store_options));
@@ -172,9 +240,24 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.job_grace = options.job_grace;
   StoreServer* own_store = daemon->store_.get();
   std::string store_token = options.store.token;
-  registry_options.job_store = [own_store, store_token](const std::string& master) {
-    return ReachJobStore(own_store, master, store_token);
-  };
+  if (daemon->etcd_store_ != nullptr) {
+    // Every node's musterd serves the same etcd-backed store on the same
+    // port: a job whose master names that port uses etcd directly.
+    EtcdStoreOptions etcd = options.etcd;
+    int port = daemon->store_port();
+    registry_options.job_store = [etcd, port, store_token](const std::string& master) {
+      std::string host;
+      int master_port = 0;
+      if (SplitHostPort(master, &host, &master_port).ok() && master_port == port) {
+        return EtcdJobStore(etcd);
+      }
+      return TcpJobStore(master, store_token);
+    };
+  } else {
+    registry_options.job_store = [own_store, store_token](const std::string& master) {
+      return ReachJobStore(own_store, master, store_token);
+    };
+  }
   // Trace(gather): another node's daemon, over its TCP gRPC server, with
   // this daemon's cluster credentials (the token; with --tls-ca, TLS with
   // this daemon's certificate as the client's).
@@ -338,6 +421,17 @@ muster::v1::StatusResponse Daemon::Snapshot() const {
     s.set_store_durable(!options_.store.state_dir.empty());
     s.set_store_memory_bytes(static_cast<int64_t>(stats.memory_bytes));
     s.set_store_refused_for_memory(static_cast<int64_t>(stats.refused_for_memory));
+  }
+  if (frontend_ != nullptr) {
+    s.set_store_address(JoinHostPort(options_.listen_address, frontend_->port()));
+    s.set_store_port(frontend_->port());
+    s.set_num_store_connections(static_cast<int32_t>(frontend_->connections()));
+    s.set_store_durable(true);  // etcd's durability
+    if (auto keys = etcd_status_->NumKeys(); keys.ok()) {
+      s.set_num_store_keys(*keys);
+    } else {
+      s.set_store_log_error(std::string(keys.status().message()));
+    }
   }
   if (registry_ != nullptr) {
     Registry::Counts counts = registry_->counts();
@@ -537,6 +631,8 @@ void Daemon::Shutdown() {
   // The store next: its stop finishes parked gRPC store waits (UNAVAILABLE)
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
+  if (etcd_store_ != nullptr) etcd_store_->Shutdown();
+  if (frontend_ != nullptr) frontend_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   metrics_server_.reset();
   if (server_ != nullptr) {

@@ -19,6 +19,8 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/access/access_policy.h"
+#include "daemon/store/etcd/etcd_store.h"
+#include "daemon/store/store_frontend.h"
 #include "daemon/store/store_server.h"
 #include "proto/admin.pb.h"
 
@@ -70,6 +72,12 @@ struct DaemonOptions {
   // The TCP key-value store (its listen address is `listen_address`).
   bool store_enabled = true;
   StoreServerOptions store;
+  // Where the store keeps its data: "memory" (this musterd's StoreServer,
+  // optionally durable with store.state_dir) or "etcd" (every node's musterd
+  // serves the same protocols from an etcd cluster: StoreFrontend over
+  // EtcdStore; `store` gives the listener, limits and token).
+  std::string store_backend = "memory";
+  EtcdStoreOptions etcd;
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
   // Flight recorder: records per rank in each group's segment (0: none),
@@ -100,7 +108,9 @@ class Daemon {
 
   // 0 when the TCP listener is off.
   int grpc_port() const { return grpc_port_; }
-  int store_port() const { return store_ != nullptr ? store_->port() : 0; }
+  int store_port() const {
+    return store_ != nullptr ? store_->port() : frontend_ != nullptr ? frontend_->port() : 0;
+  }
   const std::string& socket_path() const { return options_.socket_path; }
   // 0 when /metrics is off.
   int metrics_port() const;
@@ -119,6 +129,10 @@ class Daemon {
   std::unique_ptr<AccessPolicy> access_;
   std::unique_ptr<UnixListener> unix_listener_;
   std::unique_ptr<StoreServer> store_;
+  // --store-backend etcd: the etcd-backed store and its wire front-end.
+  std::shared_ptr<EtcdStore> etcd_store_;
+  std::unique_ptr<EtcdStore> etcd_status_;  // short timeout, for Status
+  std::unique_ptr<StoreFrontend> frontend_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;
   std::unique_ptr<Registry> registry_;

@@ -13,6 +13,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "common/flags.h"
 #include "common/logging.h"
@@ -181,6 +182,27 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("store-port", &store_port,
                "TCP port of the key-value store (PyTorch's MASTER_PORT); 0 picks a free port.\n"
                "It listens on --listen (0.0.0.0 or :: mean every IPv4 and IPv6 address).");
+  std::string etcd_endpoints, etcd_password_file, etcd_ca, etcd_cert, etcd_key;
+  flags.AddString("store-backend", &options.store_backend,
+                  "Where the store keeps its data: memory (this musterd; durable with\n"
+                  "--state-dir) or etcd (an etcd v3 cluster, --etcd-endpoints: every node's\n"
+                  "musterd serves the same store, which survives losing any node).");
+  flags.AddString("etcd-endpoints", &etcd_endpoints,
+                  "With --store-backend etcd: comma-separated etcd client URLs\n"
+                  "(http://host:2379 or https://host:2379); calls fail over between them.");
+  flags.AddString("etcd-prefix", &options.etcd.prefix,
+                  "With --store-backend etcd: the etcd key prefix of every store key (give each\n"
+                  "cluster of musterds sharing one etcd its own).");
+  flags.AddString("etcd-user", &options.etcd.user,
+                  "With --store-backend etcd: authenticate to etcd as this user (etcd auth).");
+  flags.AddString("etcd-password-file", &etcd_password_file,
+                  "File holding --etcd-user's password (chmod 600).");
+  flags.AddString("etcd-ca", &etcd_ca,
+                  "CA bundle (PEM) that signed the etcd servers' certificates "
+                  "(https:// endpoints).");
+  flags.AddString("etcd-cert", &etcd_cert,
+                  "Client certificate (PEM) for etcd's --client-cert-auth (with --etcd-key).");
+  flags.AddString("etcd-key", &etcd_key, "Private key (PEM) of --etcd-cert.");
   flags.AddString("store-token-file", &token_file,
                   "File holding a secret token; clients must prove they hold it (muster's\n"
                   "clients do, by challenge-response: the token is never sent) before any other\n"
@@ -361,6 +383,40 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                                  {"tls-ca", &tls_ca, &options.tls_ca_pem}}) {
     if (path->empty()) continue;
     auto pem = ReadWholeFile(flag, *path, /*secret=*/std::string(flag) == "tls-key");
+    if (!pem.ok()) {
+      std::fprintf(stderr, "musterd: %s\n", std::string(pem.status().message()).c_str());
+      return 2;
+    }
+    *out = *pem;
+  }
+  options.etcd.endpoints = absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
+  if (options.store_backend == "etcd" && options.etcd.endpoints.empty()) {
+    std::fprintf(stderr, "musterd: --store-backend etcd needs --etcd-endpoints\n");
+    return 2;
+  }
+  if (options.store_backend != "etcd" && options.store_backend != "memory") {
+    std::fprintf(stderr, "musterd: --store-backend must be memory or etcd, got '%s'\n",
+                 options.store_backend.c_str());
+    return 2;
+  }
+  if (!options.etcd.user.empty() != !etcd_password_file.empty()) {
+    std::fprintf(stderr, "musterd: --etcd-user and --etcd-password-file go together\n");
+    return 2;
+  }
+  if (!etcd_password_file.empty()) {
+    auto password = ReadTokenFile("etcd-password-file", etcd_password_file);
+    if (!password.ok()) {
+      std::fprintf(stderr, "musterd: %s\n", std::string(password.status().message()).c_str());
+      return 2;
+    }
+    options.etcd.password = *password;
+  }
+  for (auto [flag, path, out] : {std::tuple<const char*, std::string*, std::string*>{
+                                     "etcd-ca", &etcd_ca, &options.etcd.ca_pem},
+                                 {"etcd-cert", &etcd_cert, &options.etcd.cert_pem},
+                                 {"etcd-key", &etcd_key, &options.etcd.key_pem}}) {
+    if (path->empty()) continue;
+    auto pem = ReadWholeFile(flag, *path, /*secret=*/std::string(flag) == "etcd-key");
     if (!pem.ok()) {
       std::fprintf(stderr, "musterd: %s\n", std::string(pem.status().message()).c_str());
       return 2;

@@ -10,8 +10,13 @@
 # gRPC API (musterctl), the keys and counters torch left in the store, that the
 # daemon saw every connection close, and that SIGTERM stops it with exit 0.
 #
+# With MUSTER_TEST_STORE_BACKEND=etcd (//test:torch_compat_etcd_test) musterd
+# runs --store-backend etcd over a 3-member etcd cluster this script starts
+# (tools/etcd_cluster.sh); the same checks then run against the etcd-backed
+# store, and at the end musterd is restarted and the keys must still be there.
+#
 # Prints "MUSTER_TEST_SKIPPED: ..." and exits 0 when /usr/bin/python3 cannot
-# import torch.distributed.
+# import torch.distributed (or, for etcd, when etcd is not installed).
 set -uo pipefail
 
 WORLD=4
@@ -32,6 +37,8 @@ else
   MUSTERCTL="$ROOT/bazel-bin/tools/musterctl"
 fi
 RANKS_PY="$ROOT/test/torch_compat/torch_ranks.py"
+ETCD_CLUSTER="$ROOT/tools/etcd_cluster.sh"
+BACKEND=${MUSTER_TEST_STORE_BACKEND:-memory}
 for f in "$MUSTERD" "$MUSTERCTL" "$RANKS_PY"; do
   if [[ ! -e "$f" ]]; then
     log "FAIL: missing $f (build with: bazel build //daemon:musterd //tools:musterctl)"
@@ -43,6 +50,11 @@ done
 if ! "$PYTHON" -c 'import torch, torch.distributed as d; assert d.is_available()' \
     >/dev/null 2>&1; then
   echo "MUSTER_TEST_SKIPPED: python3-torch not installed"
+  exit 0
+fi
+
+if [[ "$BACKEND" == etcd ]] && ! command -v etcd >/dev/null; then
+  echo "MUSTER_TEST_SKIPPED: etcd not installed (apt-get install etcd-server)"
   exit 0
 fi
 
@@ -79,6 +91,7 @@ cleanup() {
     kill -KILL "$DAEMON_PID" 2>/dev/null
   fi
   wait 2>/dev/null
+  [[ "$BACKEND" == etcd ]] && "$ETCD_CLUSTER" stop "$DIR/etcd"
   if [[ $rc -ne 0 || $FAILED -ne 0 ]]; then dump_logs; fi
   rm -rf "$DIR"
   exit $rc
@@ -96,9 +109,17 @@ ctl() { "$MUSTERCTL" --socket "$SOCK" --timeout 5 "$@"; }
 
 START=$SECONDS
 
+BACKEND_ARGS=()
+if [[ "$BACKEND" == etcd ]]; then
+  ENDPOINTS=$("$ETCD_CLUSTER" start "$DIR/etcd") || fail "could not start etcd"
+  BACKEND_ARGS=(--store-backend etcd --etcd-endpoints "$ENDPOINTS" --etcd-prefix /torch-compat/)
+  log "etcd cluster at $ENDPOINTS"
+fi
+
 # --- Start musterd and wait for its ready file.
-"$MUSTERD" --socket "$SOCK" --grpc-port 0 --store-port 0 --listen 127.0.0.1 \
-  --ready-file "$READY" --log-level info >"$DAEMON_LOG" 2>&1 &
+start_musterd() {
+"$MUSTERD" --socket "$SOCK" --grpc-port 0 --store-port "${1:-0}" --listen 127.0.0.1 \
+  "${BACKEND_ARGS[@]}" --ready-file "$READY" --log-level info >>"$DAEMON_LOG" 2>&1 &
 DAEMON_PID=$!
 for _ in $(seq $((READY_TIMEOUT_S * 10))); do
   [[ -s "$READY" ]] && break
@@ -113,6 +134,8 @@ print(r["pid"], r["store_port"])' "$READY") || fail "bad ready file: $(cat "$REA
 [[ "$READY_PID" == "$DAEMON_PID" ]] || fail "ready file pid $READY_PID, started $DAEMON_PID"
 [[ "$STORE_PORT" =~ ^[0-9]+$ && "$STORE_PORT" -gt 0 ]] || fail "no store port in $(cat "$READY")"
 log "musterd pid $DAEMON_PID, store on 127.0.0.1:$STORE_PORT"
+}
+start_musterd
 
 # --- Run WORLD ranks of one mode; every one must print "RANK r OK" and exit 0.
 run_mode() {
@@ -224,6 +247,7 @@ done
 [[ "$conns" == "0" ]] || fail "musterd still counts $conns store connections after all ranks exited"
 
 # --- SIGTERM: exit 0, ready file removed.
+stop_musterd() {
 kill -TERM "$DAEMON_PID"
 rc=""
 for _ in $(seq 100); do
@@ -238,5 +262,19 @@ done
 DAEMON_PID=""
 [[ "$rc" -eq 0 ]] || fail "musterd exited with status $rc after SIGTERM"
 [[ ! -e "$READY" ]] || fail "ready file left behind after shutdown"
+}
+stop_musterd
+
+# --- etcd: a fresh musterd serves every key the first one stored.
+if [[ "$BACKEND" == etcd ]]; then
+  cp "$DIR/keys.txt" "$DIR/keys.before.txt"
+  start_musterd
+  ctl store keys >"$DIR/keys.txt" || fail "musterctl store keys failed after the restart"
+  cmp -s "$DIR/keys.before.txt" "$DIR/keys.txt" || fail "keys differ after restarting musterd"
+  expect_value "/muster_compat_agent/shared" "$((200 * WORLD))"
+  expect_value "init/" "$((2 * WORLD))"
+  log "restarted musterd: all $(wc -l <"$DIR/keys.txt") keys survived in etcd"
+  stop_musterd
+fi
 
 log "PASS in $((SECONDS - START))s"

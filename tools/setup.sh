@@ -21,6 +21,10 @@ PACKAGES=(
   python3-torch libtorch-dev pybind11-dev ninja-build
   python3-numpy python3-pytest python3-setuptools python3-wheel python3-venv python3-pip
   cmake pkg-config
+  # the etcd store backend: the server (tests, tools/etcd_cluster.sh) and the
+  # .proto files //third_party/etcd generates its C++ client from
+  etcd-server golang-etcd-server-dev golang-github-gogo-protobuf-dev
+  golang-github-gogo-googleapis-dev
 )
 
 # torch 2.x for the Python tests and benchmarks (MUSTER_TORCH_VENV moves it).

@@ -1,5 +1,8 @@
 #include "daemon/store/store_service.h"
 
+#include <thread>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace muster {
@@ -19,6 +22,21 @@ absl::Duration TimeoutOf(const v1::Timeout& t) {
 }
 
 }  // namespace
+
+grpc::ServerUnaryReactor* StoreService::Remote(grpc::CallbackServerContext* context,
+                                               std::function<grpc::Status(BlockingStore&)> fn) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  if (grpc::Status s = Gate(context); !s.ok()) {
+    reactor->Finish(s);
+    return reactor;
+  }
+  // Thread: one store call that may block on the network (etcd), so no
+  // gRPC thread waits for it.
+  std::thread([reactor, store = remote_, fn = std::move(fn)] {
+    reactor->Finish(fn(*store));
+  }).detach();
+  return reactor;
+}
 
 grpc::Status StoreService::Gate(grpc::CallbackServerContext* context) const {
   if (access_ == nullptr) return grpc::Status::OK;
@@ -140,11 +158,17 @@ grpc::ServerUnaryReactor* StoreService::RunWhenPresent(grpc::CallbackServerConte
 }
 
 grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context,
-                                            const v1::SetRequest* request, v1::SetResponse*) {
+                                            const v1::SetRequest* request,
+                                            v1::SetResponse* response) {
   if (grpc::Status s = CheckSizes(context, {&request->key()}, {&request->value()}); !s.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;
+  }
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      return ToGrpc(st.Set(request->key(), request->value()));
+    });
   }
   return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
@@ -155,6 +179,14 @@ grpc::ServerUnaryReactor* StoreService::Set(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context,
                                             const v1::GetRequest* request,
                                             v1::GetResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.Get(request->key(), TimeoutOf(request->timeout()));
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_value(*v);
+      return grpc::Status::OK;
+    });
+  }
   return RunWhenPresent(context, {request->key()}, request->timeout(),
                         [request, response](StoreServer::Loop& loop) {
                           response->set_value(*loop.kv().Find(request->key()));
@@ -165,6 +197,14 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context,
                                             const v1::AddRequest* request,
                                             v1::AddResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.Add(request->key(), request->delta());
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_value(*v);
+      return grpc::Status::OK;
+    });
+  }
   return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().Add(request->key(), request->delta());
@@ -177,6 +217,14 @@ grpc::ServerUnaryReactor* StoreService::Add(grpc::CallbackServerContext* context
 grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* context,
                                                    const v1::CompareSetRequest* request,
                                                    v1::CompareSetResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.CompareSet(request->key(), request->expected(), request->desired());
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_value(*v);
+      return grpc::Status::OK;
+    });
+  }
   return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     auto v = loop.kv().CompareSet(request->key(), request->expected(), request->desired());
@@ -187,7 +235,14 @@ grpc::ServerUnaryReactor* StoreService::CompareSet(grpc::CallbackServerContext* 
 }
 
 grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* context,
-                                             const v1::WaitRequest* request, v1::WaitResponse*) {
+                                             const v1::WaitRequest* request,
+                                             v1::WaitResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+      return ToGrpc(st.Wait(keys, TimeoutOf(request->timeout())));
+    });
+  }
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return RunWhenPresent(context, std::move(keys), request->timeout(),
                         [](StoreServer::Loop&) { return grpc::Status::OK; });
@@ -196,6 +251,15 @@ grpc::ServerUnaryReactor* StoreService::Wait(grpc::CallbackServerContext* contex
 grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* context,
                                               const v1::CheckRequest* request,
                                               v1::CheckResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+      auto v = st.Check(keys);
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_all_present(*v);
+      return grpc::Status::OK;
+    });
+  }
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return Run(context, ReadKeys(keys), [keys, response](StoreServer::Loop& loop) {
     response->set_all_present(loop.kv().Check(keys));
@@ -206,6 +270,14 @@ grpc::ServerUnaryReactor* StoreService::Check(grpc::CallbackServerContext* conte
 grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* context,
                                                   const v1::DeleteKeyRequest* request,
                                                   v1::DeleteKeyResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.DeleteKey(request->key());
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_deleted(*v);
+      return grpc::Status::OK;
+    });
+  }
   return Run(context, Wrote(), [request, response](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
     response->set_deleted(loop.kv().Delete(request->key()));
@@ -214,8 +286,16 @@ grpc::ServerUnaryReactor* StoreService::DeleteKey(grpc::CallbackServerContext* c
 }
 
 grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* context,
-                                                const v1::NumKeysRequest*,
+                                                const v1::NumKeysRequest* request,
                                                 v1::NumKeysResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.NumKeys();
+      if (!v.ok()) return ToGrpc(v.status());
+      response->set_num_keys(*v);
+      return grpc::Status::OK;
+    });
+  }
   return Run(context, ReadAll(), [response](StoreServer::Loop& loop) {
     response->set_num_keys(loop.kv().NumKeys());
     return grpc::Status::OK;
@@ -224,11 +304,16 @@ grpc::ServerUnaryReactor* StoreService::NumKeys(grpc::CallbackServerContext* con
 
 grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* context,
                                                const v1::AppendRequest* request,
-                                               v1::AppendResponse*) {
+                                               v1::AppendResponse* response) {
   if (grpc::Status s = CheckSizes(context, {&request->key()}, {&request->value()}); !s.ok()) {
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;
+  }
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      return ToGrpc(st.Append(request->key(), request->value()));
+    });
   }
   return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     if (grpc::Status s = ToGrpc(loop.writable()); !s.ok()) return s;
@@ -239,6 +324,15 @@ grpc::ServerUnaryReactor* StoreService::Append(grpc::CallbackServerContext* cont
 grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* context,
                                                  const v1::MultiGetRequest* request,
                                                  v1::MultiGetResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      std::vector<std::string> keys(request->keys().begin(), request->keys().end());
+      auto v = st.MultiGet(keys, TimeoutOf(request->timeout()));
+      if (!v.ok()) return ToGrpc(v.status());
+      for (const std::string& value : *v) response->add_values(value);
+      return grpc::Status::OK;
+    });
+  }
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return RunWhenPresent(context, keys, request->timeout(),
                         [keys, response](StoreServer::Loop& loop) {
@@ -250,7 +344,7 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
 
 grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* context,
                                                  const v1::MultiSetRequest* request,
-                                                 v1::MultiSetResponse*) {
+                                                 v1::MultiSetResponse* response) {
   std::vector<const std::string*> keys, values;
   for (const auto& e : request->entries()) {
     keys.push_back(&e.key());
@@ -260,6 +354,16 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
     auto* reactor = context->DefaultReactor();
     reactor->Finish(s);
     return reactor;
+  }
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      std::vector<std::string> keys, values;
+      for (const auto& e : request->entries()) {
+        keys.push_back(e.key());
+        values.push_back(e.value());
+      }
+      return ToGrpc(st.MultiSet(keys, values));
+    });
   }
   return Run(context, Wrote(), [request](StoreServer::Loop& loop) {
     std::vector<std::string> keys, values;
@@ -275,6 +379,16 @@ grpc::ServerUnaryReactor* StoreService::MultiSet(grpc::CallbackServerContext* co
 grpc::ServerUnaryReactor* StoreService::ListKeys(grpc::CallbackServerContext* context,
                                                  const v1::ListKeysRequest* request,
                                                  v1::ListKeysResponse* response) {
+  if (remote_ != nullptr) {
+    return Remote(context, [request, response](BlockingStore& st) {
+      auto v = st.ListKeys();
+      if (!v.ok()) return ToGrpc(v.status());
+      for (const std::string& k : *v) {
+        if (absl::StartsWith(k, request->prefix())) response->add_keys(k);
+      }
+      return grpc::Status::OK;
+    });
+  }
   return Run(context, ReadAll(), [request, response](StoreServer::Loop& loop) {
     for (const std::string& k : loop.kv().ListKeys(request->prefix())) response->add_keys(k);
     return grpc::Status::OK;

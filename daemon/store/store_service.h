@@ -8,12 +8,18 @@
 // writes, and reads of a key the failed batch touched, or of every key), as
 // for the TCP clients; reads of durable keys keep their answer.
 //
+// Over a BlockingStore instead (the etcd backend), each call runs on its own
+// thread against that store.
+//
 // Thread-safe; handlers never block a gRPC thread.
 #ifndef MUSTER_DAEMON_STORE_STORE_SERVICE_H_
 #define MUSTER_DAEMON_STORE_STORE_SERVICE_H_
 
+#include <memory>
+
 #include "common/store_wire.h"
 #include "daemon/access/access_policy.h"
+#include "daemon/store/blocking_store.h"
 #include "daemon/store/store_server.h"
 #include "proto/store.grpc.pb.h"
 
@@ -25,6 +31,11 @@ class StoreService final : public muster::v1::Store::CallbackService {
   // `access` (outlives the service) decides who may call; nullptr: anyone.
   StoreService(StoreServer* server, const wire::StoreLimits& limits, const AccessPolicy* access)
       : server_(server), limits_(limits), access_(access) {}
+  // The same service over a store kept elsewhere (musterd --store-backend
+  // etcd): each call runs on its own thread, blocking in `store`.
+  StoreService(std::shared_ptr<BlockingStore> store, const wire::StoreLimits& limits,
+               const AccessPolicy* access)
+      : server_(nullptr), remote_(std::move(store)), limits_(limits), access_(access) {}
 
   grpc::ServerUnaryReactor* Set(grpc::CallbackServerContext*, const v1::SetRequest*,
                                 v1::SetResponse*) override;
@@ -75,7 +86,11 @@ class StoreService final : public muster::v1::Store::CallbackService {
                           const std::vector<const std::string*>& keys,
                           const std::vector<const std::string*>& values) const;
 
+  grpc::ServerUnaryReactor* Remote(grpc::CallbackServerContext* context,
+                                   std::function<grpc::Status(BlockingStore&)> fn);
+
   StoreServer* server_;
+  std::shared_ptr<BlockingStore> remote_;
   wire::StoreLimits limits_;
   const AccessPolicy* access_;
 };

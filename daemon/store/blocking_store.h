@@ -1,0 +1,62 @@
+// BlockingStore: a muster::Store whose blocking waits another thread can
+// cancel, and that names the keys still missing — what StoreFrontend needs
+// to serve the wire protocols from a Store kept elsewhere (EtcdStore).
+//
+// WaitCancel is the handle: Cancel() may be called from any thread, once or
+// more; a wait it belongs to returns CANCELLED soon after. Thread-safe.
+#ifndef MUSTER_DAEMON_STORE_BLOCKING_STORE_H_
+#define MUSTER_DAEMON_STORE_BLOCKING_STORE_H_
+
+#include <atomic>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "muster/store.h"
+
+namespace muster {
+
+class WaitCancel {
+ public:
+  void Cancel() {
+    cancelled_.store(true);
+    absl::MutexLock lock(&mu_);
+    if (on_cancel_) on_cancel_();
+  }
+  bool cancelled() const { return cancelled_.load(); }
+  // For the implementation: `fn` runs on Cancel() while set (under a lock;
+  // it must not block). False if already cancelled.
+  bool SetOnCancel(std::function<void()> fn) {
+    absl::MutexLock lock(&mu_);
+    if (cancelled()) return false;
+    on_cancel_ = std::move(fn);
+    return true;
+  }
+  void ClearOnCancel() {
+    absl::MutexLock lock(&mu_);
+    on_cancel_ = nullptr;
+  }
+
+ private:
+  std::atomic<bool> cancelled_{false};
+  absl::Mutex mu_;
+  std::function<void()> on_cancel_ ABSL_GUARDED_BY(mu_);
+};
+
+class BlockingStore : public Store {
+ public:
+  // Wait that `cancel` (may be null) can end early with CANCELLED.
+  virtual absl::Status WaitCancellable(const std::vector<std::string>& keys, absl::Duration timeout,
+                                       WaitCancel* cancel) = 0;
+  // The keys of `keys` missing now, in order.
+  virtual absl::StatusOr<std::vector<std::string>> Missing(
+      const std::vector<std::string>& keys) = 0;
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_STORE_BLOCKING_STORE_H_

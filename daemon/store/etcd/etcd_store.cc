@@ -1,0 +1,831 @@
+#include "daemon/store/etcd/etcd_store.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <algorithm>
+#include <map>
+#include <set>
+#include <thread>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/status_macros.h"
+#include "common/store_wire.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+
+namespace muster {
+
+namespace pb = etcdserverpb;
+
+namespace {
+
+// Etcd's range end for "every key starting with p".
+std::string PrefixEnd(const std::string& p) {
+  std::string end = p;
+  while (!end.empty()) {
+    unsigned char c = static_cast<unsigned char>(end.back());
+    if (c < 0xff) {
+      end.back() = static_cast<char>(c + 1);
+      return end;
+    }
+    end.pop_back();
+  }
+  return std::string(1, '\0');  // every key
+}
+
+struct Endpoint {
+  std::string name;  // as configured
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<pb::KV::Stub> kv;
+  std::unique_ptr<pb::Watch::Stub> watch;
+  std::unique_ptr<pb::Auth::Stub> auth;
+};
+
+// One key's value as read: nullopt when missing.
+struct Read {
+  std::optional<std::string> value;
+  int64_t mod_revision = 0;
+};
+
+Read FromRange(const pb::RangeResponse& r) {
+  Read out;
+  if (r.kvs_size() > 0) {
+    out.value = r.kvs(0).value();
+    out.mod_revision = r.kvs(0).mod_revision();
+  }
+  return out;
+}
+
+// Whether a request surely never reached etcd's state machine (so even a
+// write may be sent again): the connection could not be made, or etcd
+// refused it before proposing it.
+bool NotApplied(const grpc::Status& s) {
+  const std::string& m = s.error_message();
+  for (const char* sign :
+       {"failed to connect", "Connection refused", "connections to all", "etcdserver: no leader",
+        "etcdserver: too many requests", "etcdserver: not capable"}) {
+    if (absl::StrContains(m, sign)) return true;
+  }
+  return false;
+}
+
+// Whether to try the next endpoint. Reads and blind writes (Put, Delete,
+// MultiSet) may be repeated; a read-modify-write Txn that may have been
+// applied must not be (a retry after its lost reply would apply it twice).
+bool Retriable(const grpc::Status& s, bool idempotent) {
+  if (!idempotent) {
+    return (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+            s.error_code() == grpc::StatusCode::UNKNOWN) &&
+           NotApplied(s);
+  }
+  switch (s.error_code()) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::CANCELLED:
+    case grpc::StatusCode::UNKNOWN:  // etcd's "leader changed", "request timed out"
+      return true;
+    default:
+      return false;
+  }
+}
+
+absl::StatusCode Translate(grpc::StatusCode c) { return static_cast<absl::StatusCode>(c); }
+
+}  // namespace
+
+class EtcdStore::Impl {
+ public:
+  explicit Impl(EtcdStoreOptions options) : opt_(std::move(options)) {}
+
+  absl::Status Connect() {
+    if (opt_.endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoints given");
+    for (const std::string& e : opt_.endpoints) {
+      std::string target = e;
+      bool tls = false;
+      if (absl::StartsWith(target, "https://")) {
+        tls = true;
+        target = target.substr(8);
+      } else if (absl::StartsWith(target, "http://")) {
+        target = target.substr(7);
+      }
+      while (!target.empty() && target.back() == '/') target.pop_back();
+      if (target.empty())
+        return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", e, "'"));
+      std::shared_ptr<grpc::ChannelCredentials> creds;
+      if (tls) {
+        grpc::SslCredentialsOptions ssl;
+        ssl.pem_root_certs = opt_.ca_pem;
+        ssl.pem_cert_chain = opt_.cert_pem;
+        ssl.pem_private_key = opt_.key_pem;
+        creds = grpc::SslCredentials(ssl);
+      } else {
+        if (!opt_.cert_pem.empty() || !opt_.ca_pem.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "etcd endpoint '", e, "' is plain http but TLS files were given: use https://"));
+        }
+        creds = grpc::InsecureChannelCredentials();
+      }
+      grpc::ChannelArguments args;
+      args.SetMaxReceiveMessageSize(-1);
+      // Fail over quickly: a dead endpoint is retried at most every second.
+      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+      if (opt_.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+      auto ep = std::make_unique<Endpoint>();
+      ep->name = e;
+      ep->channel = grpc::CreateCustomChannel(target, creds, args);
+      ep->kv = pb::KV::NewStub(ep->channel);
+      ep->watch = pb::Watch::NewStub(ep->channel);
+      ep->auth = pb::Auth::NewStub(ep->channel);
+      endpoints_.push_back(std::move(ep));
+    }
+    return absl::OkStatus();
+  }
+
+  const EtcdStoreOptions& opt() const { return opt_; }
+  std::string Key(absl::string_view k) const { return absl::StrCat(opt_.prefix, k); }
+
+  // Runs `fn(endpoint, context)` until it succeeds, moving to the next
+  // endpoint on a retriable failure, until `deadline`.
+  absl::Status Call(absl::string_view what, absl::Time deadline, bool idempotent,
+                    const std::function<grpc::Status(Endpoint&, grpc::ClientContext&)>& fn) {
+    std::string last;
+    size_t tried = 0;
+    bool reauthenticated = false;
+    for (;;) {
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
+      size_t index = current_.load() % endpoints_.size();
+      Endpoint& ep = *endpoints_[index];
+      grpc::ClientContext ctx;
+      absl::Time now = absl::Now();
+      // A write that is not retried gets the call's whole time: cutting its
+      // attempt short would only make its outcome unknown.
+      ctx.set_deadline(absl::ToChronoTime(
+          idempotent ? std::min(deadline, now + opt_.attempt_timeout) : deadline));
+      if (absl::Status auth = AddToken(ep, ctx, deadline); !auth.ok()) {
+        last = std::string(auth.message());
+        if (auth.code() != absl::StatusCode::kUnavailable) return auth;
+      } else {
+        grpc::Status s = fn(ep, ctx);
+        if (s.ok()) return absl::OkStatus();
+        last = absl::StrCat("etcd at ", ep.name, ": ", s.error_message(), " (gRPC code ",
+                            static_cast<int>(s.error_code()), ")");
+        if ((s.error_code() == grpc::StatusCode::UNAUTHENTICATED ||
+             absl::StrContains(s.error_message(), "invalid auth token")) &&
+            !opt_.user.empty() && !reauthenticated) {
+          reauthenticated = true;
+          DropToken();
+          continue;
+        }
+        if (!Retriable(s, idempotent)) {
+          if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+              s.error_code() == grpc::StatusCode::UNKNOWN ||
+              s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+            return absl::UnavailableError(absl::StrCat(
+                "etcd ", what, " may or may not have been applied (not retried): ", last));
+          }
+          return absl::Status(Translate(s.error_code()), absl::StrCat("etcd ", what, ": ", last));
+        }
+      }
+      // Next endpoint; after a full round, back off briefly.
+      current_.compare_exchange_strong(index, index + 1);
+      if (++tried % endpoints_.size() == 0) {
+        absl::SleepFor(std::min(absl::Milliseconds(100), deadline - absl::Now()));
+      }
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(absl::StrCat("etcd ", what, " failed: ", last));
+      }
+    }
+  }
+
+  // A Txn with no compares whose success ops are Ranges of `keys`.
+  using ReadResult = absl::StatusOr<std::pair<std::vector<Read>, int64_t>>;
+
+  // Reads of the same keys coalesced: a caller joins a batch that has not
+  // started yet (so its result is at least as new as the call), the first
+  // caller runs the batches one after another.
+  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only) {
+    auto self = std::make_shared<PendingRead>();
+    std::pair<std::vector<std::string>, bool> id(keys, count_only);
+    absl::MutexLock lock(&read_mu_);
+    ReadQueue& q = reads_[id];
+    q.queued.push_back(self);
+    if (q.running) {
+      read_mu_.Await(absl::Condition(&self->done));
+      return self->result;
+    }
+    q.running = true;
+    while (!reads_[id].queued.empty()) {
+      std::vector<std::shared_ptr<PendingRead>> batch;
+      batch.swap(reads_[id].queued);
+      read_mu_.Unlock();
+      ReadResult r = ReadKeysOnce(keys, deadline, count_only);
+      read_mu_.Lock();
+      for (const auto& p : batch) {
+        p->result = r;
+        p->done = true;
+      }
+    }
+    reads_.erase(id);
+    return self->result;
+  }
+
+  // Waits for the same keys share one watch: a caller joins the wait in
+  // flight; when it ends without the keys (its owner's deadline or cancel),
+  // the others that still have time start another.
+  absl::Status WaitFor(const std::vector<std::string>& keys, absl::Time deadline,
+                       absl::Duration timeout, WaitCancel* cancel) {
+    for (;;) {
+      std::shared_ptr<Flight> flight;
+      bool owner = false;
+      {
+        absl::MutexLock lock(&flight_mu_);
+        std::shared_ptr<Flight>& slot = flights_[keys];
+        if (slot == nullptr) {
+          slot = std::make_shared<Flight>();
+          owner = true;
+        }
+        flight = slot;
+      }
+      if (owner) {
+        absl::Status s = WaitForOnce(keys, deadline, timeout, cancel);
+        absl::MutexLock lock(&flight_mu_);
+        flight->status = s;
+        flight->done = true;
+        flights_.erase(keys);
+        return s;
+      }
+      absl::MutexLock lock(&flight_mu_);
+      while (!flight->done) {
+        if (cancel != nullptr && cancel->cancelled()) {
+          return absl::CancelledError("wait cancelled");
+        }
+        if (absl::Now() >= deadline) break;
+        // Slices only to notice this caller's cancel; the keys come from the
+        // owner's watch.
+        flight_mu_.AwaitWithDeadline(absl::Condition(&flight->done),
+                                     std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+      }
+      if (flight->done && flight->status.ok()) return absl::OkStatus();
+      if (absl::Now() >= deadline) {
+        flight_mu_.Unlock();
+        absl::Status s =
+            WaitForOnce(keys, deadline, timeout, cancel);  // reads once, then times out
+        flight_mu_.Lock();
+        return s;
+      }
+      if (flight->done && !absl::IsDeadlineExceeded(flight->status) &&
+          !absl::IsCancelled(flight->status)) {
+        return flight->status;
+      }
+    }
+  }
+
+  ReadResult ReadKeysOnce(const std::vector<std::string>& keys, absl::Time deadline,
+                          bool count_only) {
+    std::vector<Read> reads;
+    int64_t revision = 0;
+    for (size_t begin = 0; begin < keys.size() || (begin == 0 && keys.empty()); begin += 128) {
+      pb::TxnRequest req;
+      size_t end = std::min(keys.size(), begin + 128);
+      for (size_t i = begin; i < end; ++i) {
+        pb::RangeRequest* r = req.add_success()->mutable_request_range();
+        r->set_key(Key(keys[i]));
+        if (count_only) r->set_count_only(true);
+        // Later chunks read the first chunk's revision: one snapshot.
+        if (revision != 0) r->set_revision(revision);
+      }
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(Call("read", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+        resp.Clear();
+        return ep.kv->Txn(&ctx, req, &resp);
+      }));
+      if (revision == 0) revision = resp.header().revision();
+      for (const pb::ResponseOp& op : resp.responses()) {
+        Read r = FromRange(op.response_range());
+        if (count_only && op.response_range().count() > 0) r.value = std::string();
+        reads.push_back(std::move(r));
+      }
+      if (keys.empty()) break;
+    }
+    return std::make_pair(std::move(reads), revision);
+  }
+
+  // Read-modify-write of `keys`: `update` gets the current values and says
+  // what to store (nullopt: leave the key); retried on conflicts.
+  using Update = std::function<absl::StatusOr<std::vector<std::optional<std::string>>>(
+      const std::vector<Read>&)>;
+  // `known`: the keys' values as this process last wrote them (skips the
+  // first read; a stale guess only fails the compare). `written`: the
+  // values as stored by the successful Txn.
+  absl::Status Modify(absl::string_view what, const std::vector<std::string>& keys,
+                      absl::Time deadline, const Update& update,
+                      const std::vector<Read>* known = nullptr,
+                      std::vector<Read>* written = nullptr) {
+    std::vector<Read> current;
+    if (known != nullptr) {
+      current = *known;
+    } else {
+      ASSIGN_OR_RETURN(auto read, ReadKeys(keys, deadline, false));
+      current = std::move(read.first);
+    }
+    for (;;) {
+      ASSIGN_OR_RETURN(std::vector<std::optional<std::string>> next, update(current));
+      pb::TxnRequest req;
+      bool writes = false;
+      for (size_t i = 0; i < keys.size(); ++i) {
+        pb::Compare* c = req.add_compare();
+        c->set_key(Key(keys[i]));
+        c->set_result(pb::Compare::EQUAL);
+        if (current[i].value.has_value()) {
+          c->set_target(pb::Compare::MOD);
+          c->set_mod_revision(current[i].mod_revision);
+        } else {
+          c->set_target(pb::Compare::VERSION);
+          c->set_version(0);
+        }
+        if (next[i].has_value()) {
+          writes = true;
+          pb::PutRequest* put = req.add_success()->mutable_request_put();
+          put->set_key(Key(keys[i]));
+          put->set_value(*next[i]);
+        }
+        req.add_failure()->mutable_request_range()->set_key(Key(keys[i]));
+      }
+      if (!writes) return absl::OkStatus();
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(Call(what, deadline, false, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+        resp.Clear();
+        return ep.kv->Txn(&ctx, req, &resp);
+      }));
+      if (resp.succeeded()) {
+        if (written != nullptr) {
+          written->assign(keys.size(), Read{});
+          for (size_t i = 0; i < keys.size(); ++i) {
+            (*written)[i].value = next[i].has_value() ? next[i] : current[i].value;
+            // A put in a Txn gets the Txn's revision.
+            (*written)[i].mod_revision =
+                next[i].has_value() ? resp.header().revision() : current[i].mod_revision;
+          }
+        }
+        return absl::OkStatus();
+      }
+      for (size_t i = 0; i < keys.size(); ++i) {
+        current[i] = FromRange(resp.responses(static_cast<int>(i)).response_range());
+      }
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(
+            absl::StrCat("etcd ", what, ": still conflicting with other writers at the deadline"));
+      }
+    }
+  }
+
+  // Blocks until every key exists (or deadline / cancel).
+  absl::Status WaitForOnce(const std::vector<std::string>& keys, absl::Time deadline,
+                           absl::Duration timeout, WaitCancel* cancel) {
+    for (;;) {
+      if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
+      std::set<std::string> missing;
+      int64_t revision = 0;
+      // The check itself gets a second even when the wait's time is up, so
+      // an expired wait still reports DeadlineExceeded with its missing keys.
+      absl::Time read_deadline = std::max(deadline, absl::Now() + absl::Seconds(1));
+      if (keys.size() <= 128) {
+        ASSIGN_OR_RETURN(auto read, ReadKeys(keys, read_deadline, true));
+        for (size_t i = 0; i < keys.size(); ++i) {
+          if (!read.first[i].value.has_value()) missing.insert(Key(keys[i]));
+        }
+        revision = read.second;
+      } else {
+        ASSIGN_OR_RETURN(auto present, ListPrefix(read_deadline, &revision));
+        std::set<std::string> have(present.begin(), present.end());
+        for (const std::string& k : keys) {
+          if (!have.count(k)) missing.insert(Key(k));
+        }
+      }
+      if (missing.empty()) return absl::OkStatus();
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      absl::Status watched = WatchUntilPresent(&missing, revision, deadline, cancel);
+      if (watched.ok() || missing.empty()) return absl::OkStatus();
+      if (absl::IsCancelled(watched)) return watched;
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      // The stream broke or was compacted: read again and re-watch.
+      absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    }
+  }
+
+  absl::Status TimedOut(const std::set<std::string>& missing, absl::Duration timeout) {
+    std::vector<std::string> named;
+    for (const std::string& k : missing) {
+      if (named.size() >= wire::kMaxNamedMissingKeys) break;
+      named.push_back(k.substr(opt_.prefix.size()));
+    }
+    return absl::DeadlineExceededError(absl::StrCat("store wait timed out after ",
+                                                    absl::FormatDuration(timeout), "; ",
+                                                    wire::MissingKeysText(named, missing.size())));
+  }
+
+  // One watch stream from `revision` + 1 over the missing keys (one watcher
+  // per key for a few, the whole prefix for many). OK once none is missing.
+  absl::Status WatchUntilPresent(std::set<std::string>* missing, int64_t revision,
+                                 absl::Time deadline, WaitCancel* cancel) {
+    size_t index = current_.load() % endpoints_.size();
+    Endpoint& ep = *endpoints_[index];
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    // A member that loses its leader cancels the watch instead of going quiet.
+    ctx.AddMetadata("hasleader", "true");
+    RETURN_IF_ERROR(AddToken(ep, ctx, deadline));
+    if (cancel != nullptr && !cancel->SetOnCancel([&ctx] { ctx.TryCancel(); })) {
+      return absl::CancelledError("wait cancelled");
+    }
+    auto clear_cancel = [cancel] {
+      if (cancel != nullptr) cancel->ClearOnCancel();
+    };
+    {
+      absl::MutexLock lock(&watches_mu_);
+      if (stopping_.load()) {
+        clear_cancel();
+        return absl::UnavailableError("musterd's store is shutting down");
+      }
+      watches_.insert(&ctx);
+    }
+    auto unregister = [this, &ctx] {
+      absl::MutexLock lock(&watches_mu_);
+      watches_.erase(&ctx);
+    };
+    auto stream = ep.watch->Watch(&ctx);
+    bool whole_prefix = missing->size() > 8;
+    std::vector<std::string> ranges;
+    if (whole_prefix) {
+      ranges.push_back(opt_.prefix);
+    } else {
+      ranges.assign(missing->begin(), missing->end());
+    }
+    bool wrote = true;
+    for (const std::string& k : ranges) {
+      pb::WatchRequest req;
+      pb::WatchCreateRequest* create = req.mutable_create_request();
+      create->set_key(k);
+      if (whole_prefix) create->set_range_end(PrefixEnd(opt_.prefix));
+      create->set_start_revision(revision + 1);
+      create->add_filters(pb::WatchCreateRequest::NODELETE);
+      if (!stream->Write(req)) {
+        wrote = false;
+        break;
+      }
+    }
+    bool broken = !wrote;
+    pb::WatchResponse resp;
+    while (!broken && !missing->empty() && stream->Read(&resp)) {
+      if (resp.canceled() || resp.compact_revision() != 0) {
+        broken = true;  // compacted or the member lost its leader
+        break;
+      }
+      for (const auto& ev : resp.events()) {
+        if (ev.type() == mvccpb::Event::PUT) missing->erase(ev.kv().key());
+      }
+    }
+    bool done = missing->empty();
+    ctx.TryCancel();
+    stream->WritesDone();
+    grpc::Status finished = stream->Finish();
+    clear_cancel();
+    unregister();
+    if (done) return absl::OkStatus();
+    if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+    if (finished.error_code() == grpc::StatusCode::UNAVAILABLE || broken) {
+      current_.compare_exchange_strong(index, index + 1);
+    }
+    return absl::UnavailableError(
+        absl::StrCat("etcd watch at ", ep.name, " ended: ", finished.error_message()));
+  }
+
+  // Every store key (prefix stripped), sorted; *revision: the read's.
+  absl::StatusOr<std::vector<std::string>> ListPrefix(absl::Time deadline, int64_t* revision) {
+    pb::RangeRequest req;
+    req.set_key(opt_.prefix);
+    req.set_range_end(PrefixEnd(opt_.prefix));
+    req.set_keys_only(true);
+    pb::RangeResponse resp;
+    RETURN_IF_ERROR(Call("list", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+      resp.Clear();
+      return ep.kv->Range(&ctx, req, &resp);
+    }));
+    if (revision != nullptr) *revision = resp.header().revision();
+    std::vector<std::string> keys;
+    keys.reserve(resp.kvs_size());
+    for (const auto& kv : resp.kvs()) keys.push_back(kv.key().substr(opt_.prefix.size()));
+    return keys;
+  }
+
+  // Adds of one key coalesced: the first caller runs one read-modify-write
+  // for the sum of every delta queued meanwhile and hands each its result.
+  absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) {
+    auto self = std::make_shared<PendingAdd>();
+    self->delta = delta;
+    std::string k(key);
+    absl::MutexLock lock(&add_mu_);
+    AddQueue& q = adds_[k];
+    q.queued.push_back(self);
+    if (q.running) {
+      add_mu_.Await(absl::Condition(&self->done));
+      return self->result;
+    }
+    q.running = true;
+    // What the previous round wrote: the next round's guess of the value.
+    std::optional<std::vector<Read>> last;
+    while (!adds_[k].queued.empty()) {
+      std::vector<std::shared_ptr<PendingAdd>> batch;
+      batch.swap(adds_[k].queued);
+      add_mu_.Unlock();
+      uint64_t sum = 0;
+      for (const auto& p : batch) sum += static_cast<uint64_t>(p->delta);
+      int64_t after = 0;
+      std::vector<Read> written;
+      absl::Status s = Modify(
+          "add", {k}, deadline,
+          [&](const std::vector<Read>& cur)
+              -> absl::StatusOr<std::vector<std::optional<std::string>>> {
+            int64_t value = 0;
+            if (cur[0].value.has_value()) {
+              std::optional<int64_t> parsed = wire::ParseCounter(*cur[0].value);
+              if (!parsed.has_value()) {
+                return absl::FailedPreconditionError(absl::StrCat(
+                    "ADD on key '", wire::PrintableKey(k), "' whose value is not a number (",
+                    cur[0].value->size(), " bytes)"));
+              }
+              value = *parsed;
+            }
+            after = static_cast<int64_t>(static_cast<uint64_t>(value) + sum);
+            return std::vector<std::optional<std::string>>{absl::StrCat(after)};
+          },
+          last.has_value() ? &*last : nullptr, &written);
+      if (s.ok()) {
+        last = written;
+      } else {
+        last.reset();
+      }
+      batches_.fetch_add(1);
+      uint64_t running = static_cast<uint64_t>(after) - sum;
+      add_mu_.Lock();
+      for (const auto& p : batch) {
+        if (s.ok()) {
+          running += static_cast<uint64_t>(p->delta);
+          p->result = static_cast<int64_t>(running);
+        } else {
+          p->result = s;
+        }
+        p->done = true;
+      }
+    }
+    adds_.erase(k);
+    return self->result;
+  }
+
+  uint64_t add_batches() const { return batches_.load(); }
+
+  // Ends every watch now and makes calls stop retrying.
+  void Shutdown() {
+    stopping_.store(true);
+    absl::MutexLock lock(&watches_mu_);
+    for (grpc::ClientContext* ctx : watches_) ctx->TryCancel();
+  }
+
+ private:
+  absl::Status AddToken(Endpoint& ep, grpc::ClientContext& ctx, absl::Time deadline) {
+    if (opt_.user.empty()) return absl::OkStatus();
+    std::string token;
+    {
+      absl::MutexLock lock(&token_mu_);
+      token = token_;
+    }
+    if (token.empty()) {
+      pb::AuthenticateRequest req;
+      req.set_name(opt_.user);
+      req.set_password(opt_.password);
+      pb::AuthenticateResponse resp;
+      grpc::ClientContext actx;
+      actx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + opt_.attempt_timeout)));
+      grpc::Status s = ep.auth->Authenticate(&actx, req, &resp);
+      if (!s.ok()) {
+        absl::StatusCode code = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+                                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
+                                    ? absl::StatusCode::kUnavailable
+                                    : absl::StatusCode::kUnauthenticated;
+        return absl::Status(code, absl::StrCat("etcd at ", ep.name, ": authenticating as '",
+                                               opt_.user, "' failed: ", s.error_message()));
+      }
+      token = resp.token();
+      absl::MutexLock lock(&token_mu_);
+      token_ = token;
+    }
+    ctx.AddMetadata("token", token);
+    return absl::OkStatus();
+  }
+  void DropToken() {
+    absl::MutexLock lock(&token_mu_);
+    token_.clear();
+  }
+
+  struct PendingRead {
+    bool done = false;
+    ReadResult result;
+  };
+  struct ReadQueue {
+    bool running = false;
+    std::vector<std::shared_ptr<PendingRead>> queued;
+  };
+  struct Flight {
+    bool done = false;
+    absl::Status status;
+  };
+
+  struct PendingAdd {
+    int64_t delta = 0;
+    bool done = false;
+    absl::StatusOr<int64_t> result;
+  };
+  struct AddQueue {
+    bool running = false;
+    std::vector<std::shared_ptr<PendingAdd>> queued;
+  };
+
+  EtcdStoreOptions opt_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::atomic<size_t> current_{0};
+  std::atomic<bool> stopping_{false};
+  absl::Mutex watches_mu_;
+  std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watches_mu_);
+  absl::Mutex token_mu_;
+  std::string token_ ABSL_GUARDED_BY(token_mu_);
+  absl::Mutex add_mu_;
+  std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);
+  std::atomic<uint64_t> batches_{0};
+  absl::Mutex read_mu_;
+  std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
+  absl::Mutex flight_mu_;
+  std::map<std::vector<std::string>, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flight_mu_);
+};
+
+absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {
+  auto impl = std::make_unique<Impl>(options);
+  RETURN_IF_ERROR(impl->Connect());
+  return std::unique_ptr<EtcdStore>(new EtcdStore(std::move(impl), std::move(options)));
+}
+
+EtcdStore::EtcdStore(std::unique_ptr<Impl> impl, EtcdStoreOptions options)
+    : impl_(std::move(impl)), options_(std::move(options)) {}
+EtcdStore::~EtcdStore() = default;
+
+absl::Status EtcdStore::Set(absl::string_view key, absl::string_view value) {
+  pb::PutRequest req;
+  req.set_key(impl_->Key(key));
+  req.set_value(std::string(value));
+  pb::PutResponse resp;
+  return impl_->Call(
+      "put", absl::Now() + timeout(), true,
+      [&](Endpoint& ep, grpc::ClientContext& ctx) { return ep.kv->Put(&ctx, req, &resp); });
+}
+
+absl::StatusOr<std::string> EtcdStore::Get(absl::string_view key, absl::Duration timeout) {
+  ASSIGN_OR_RETURN(std::vector<std::string> v, MultiGet({std::string(key)}, timeout));
+  return std::move(v[0]);
+}
+
+absl::StatusOr<int64_t> EtcdStore::Add(absl::string_view key, int64_t delta) {
+  return impl_->Add(key, delta, absl::Now() + timeout());
+}
+
+absl::StatusOr<std::string> EtcdStore::CompareSet(absl::string_view key, absl::string_view expected,
+                                                  absl::string_view desired) {
+  std::string reply;
+  RETURN_IF_ERROR(impl_->Modify(
+      "compare_set", {std::string(key)}, absl::Now() + timeout(),
+      [&](const std::vector<Read>& cur) -> absl::StatusOr<std::vector<std::optional<std::string>>> {
+        return std::vector<std::optional<std::string>>{
+            wire::CompareSetResult(cur[0].value, expected, desired, &reply)};
+      }));
+  return reply;
+}
+
+absl::Status EtcdStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
+  return impl_->WaitFor(keys, absl::Now() + timeout, timeout, nullptr);
+}
+
+absl::Status EtcdStore::WaitCancellable(const std::vector<std::string>& keys,
+                                        absl::Duration timeout, WaitCancel* cancel) {
+  return impl_->WaitFor(keys, absl::Now() + timeout, timeout, cancel);
+}
+
+absl::StatusOr<bool> EtcdStore::Check(const std::vector<std::string>& keys) {
+  ASSIGN_OR_RETURN(std::vector<std::string> missing, Missing(keys));
+  return missing.empty();
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::Missing(const std::vector<std::string>& keys) {
+  std::vector<std::string> missing;
+  absl::Time deadline = absl::Now() + timeout();
+  if (keys.size() > 128) {
+    ASSIGN_OR_RETURN(std::vector<std::string> present, impl_->ListPrefix(deadline, nullptr));
+    std::set<std::string> have(present.begin(), present.end());
+    for (const std::string& k : keys) {
+      if (!have.count(k)) missing.push_back(k);
+    }
+    return missing;
+  }
+  ASSIGN_OR_RETURN(auto read, impl_->ReadKeys(keys, deadline, true));
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!read.first[i].value.has_value()) missing.push_back(keys[i]);
+  }
+  return missing;
+}
+
+absl::StatusOr<bool> EtcdStore::DeleteKey(absl::string_view key) {
+  pb::DeleteRangeRequest req;
+  req.set_key(impl_->Key(key));
+  pb::DeleteRangeResponse resp;
+  RETURN_IF_ERROR(impl_->Call("delete", absl::Now() + timeout(), true,
+                              [&](Endpoint& ep, grpc::ClientContext& ctx) {
+                                resp.Clear();
+                                return ep.kv->DeleteRange(&ctx, req, &resp);
+                              }));
+  return resp.deleted() > 0;
+}
+
+absl::StatusOr<int64_t> EtcdStore::NumKeys() {
+  pb::RangeRequest req;
+  req.set_key(options_.prefix);
+  req.set_range_end(PrefixEnd(options_.prefix));
+  req.set_count_only(true);
+  pb::RangeResponse resp;
+  RETURN_IF_ERROR(impl_->Call("count", absl::Now() + timeout(), true,
+                              [&](Endpoint& ep, grpc::ClientContext& ctx) {
+                                resp.Clear();
+                                return ep.kv->Range(&ctx, req, &resp);
+                              }));
+  return resp.count();
+}
+
+absl::Status EtcdStore::Append(absl::string_view key, absl::string_view value) {
+  return impl_->Modify(
+      "append", {std::string(key)}, absl::Now() + timeout(),
+      [&](const std::vector<Read>& cur) -> absl::StatusOr<std::vector<std::optional<std::string>>> {
+        return std::vector<std::optional<std::string>>{
+            absl::StrCat(cur[0].value.value_or(""), value)};
+      });
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::MultiGet(const std::vector<std::string>& keys,
+                                                             absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    ASSIGN_OR_RETURN(
+        auto read,
+        impl_->ReadKeys(keys, std::max(deadline, absl::Now() + absl::Seconds(1)), false));
+    std::vector<std::string> values;
+    bool all = true;
+    for (Read& r : read.first) {
+      if (!r.value.has_value()) {
+        all = false;
+        break;
+      }
+      values.push_back(std::move(*r.value));
+    }
+    if (all) return values;
+    RETURN_IF_ERROR(impl_->WaitFor(keys, deadline, timeout, nullptr));
+  }
+}
+
+absl::Status EtcdStore::MultiSet(const std::vector<std::string>& keys,
+                                 const std::vector<std::string>& values) {
+  if (keys.size() != values.size()) {
+    return absl::InvalidArgumentError("MultiSet: keys and values differ in number");
+  }
+  absl::Time deadline = absl::Now() + timeout();
+  for (size_t begin = 0; begin < keys.size(); begin += 128) {
+    pb::TxnRequest req;
+    for (size_t i = begin; i < std::min(keys.size(), begin + 128); ++i) {
+      pb::PutRequest* put = req.add_success()->mutable_request_put();
+      put->set_key(impl_->Key(keys[i]));
+      put->set_value(values[i]);
+    }
+    pb::TxnResponse resp;
+    RETURN_IF_ERROR(impl_->Call(
+        "multi_set", deadline, true,
+        [&](Endpoint& ep, grpc::ClientContext& ctx) { return ep.kv->Txn(&ctx, req, &resp); }));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::ListKeys() {
+  return impl_->ListPrefix(absl::Now() + timeout(), nullptr);
+}
+
+uint64_t EtcdStore::add_rounds() const { return impl_->add_batches(); }
+
+void EtcdStore::Shutdown() { impl_->Shutdown(); }
+
+}  // namespace muster

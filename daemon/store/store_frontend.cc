@@ -1,0 +1,415 @@
+#include "daemon/store/store_frontend.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "common/logging.h"
+#include "common/status_macros.h"
+#include "common/store_auth.h"
+#include "daemon/store/request_parser.h"
+
+namespace muster {
+
+namespace {
+
+absl::StatusOr<int> ListenOn(const std::string& address, int port, int* bound_port) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  bool any = address.empty() || address == "0.0.0.0" || address == "::";
+  addrinfo* result = nullptr;
+  int rc =
+      ::getaddrinfo(any ? "::" : address.c_str(), std::to_string(port).c_str(), &hints, &result);
+  if (rc != 0 || result == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot resolve store address '", address, "': ", gai_strerror(rc)));
+  }
+  int fd = ::socket(result->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    ::freeaddrinfo(result);
+    return ErrnoToStatus(errno, "store socket");
+  }
+  int one = 1, off = 0;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (result->ai_family == AF_INET6) ::setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &off, sizeof(off));
+  if (::bind(fd, result->ai_addr, result->ai_addrlen) != 0 || ::listen(fd, 4096) != 0) {
+    int err = errno;
+    ::freeaddrinfo(result);
+    ::close(fd);
+    return ErrnoToStatus(err, absl::StrCat("cannot bind the store to ", any ? "*" : address, ":",
+                                           port, err == EADDRINUSE ? " (port in use)" : ""));
+  }
+  ::freeaddrinfo(result);
+  sockaddr_storage bound{};
+  socklen_t len = sizeof(bound);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  *bound_port = ntohs(bound.ss_family == AF_INET6 ? reinterpret_cast<sockaddr_in6&>(bound).sin6_port
+                                                  : reinterpret_cast<sockaddr_in&>(bound).sin_port);
+  return fd;
+}
+
+bool SendAll(int fd, const std::string& bytes) {
+  size_t off = 0;
+  while (off < bytes.size()) {
+    ssize_t n = ::send(fd, bytes.data() + off, bytes.size() - off, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    off += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+struct StoreFrontend::Connection {
+  int fd = -1;
+  sockaddr_storage peer{};
+  std::thread thread;
+  std::atomic<bool> done{false};
+  WaitCancel* wait = nullptr;  // guarded by StoreFrontend::mu_
+};
+
+absl::StatusOr<std::unique_ptr<StoreFrontend>> StoreFrontend::Start(
+    StoreFrontendOptions options, std::shared_ptr<BlockingStore> store) {
+  std::unique_ptr<StoreFrontend> f(new StoreFrontend(std::move(options), std::move(store)));
+  ASSIGN_OR_RETURN(f->listen_fd_,
+                   ListenOn(f->options_.listen_address, f->options_.port, &f->port_));
+  f->acceptor_ = std::thread([p = f.get()] { p->AcceptLoop(); });
+  return f;
+}
+
+StoreFrontend::StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store)
+    : options_(std::move(options)), store_(std::move(store)) {}
+
+StoreFrontend::~StoreFrontend() { Stop(); }
+
+void StoreFrontend::Stop() {
+  if (stopping_.exchange(true)) return;
+  if (acceptor_.joinable()) acceptor_.join();
+  ::close(listen_fd_);
+  std::vector<std::unique_ptr<Connection>> conns;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& c : conns_) {
+      ::shutdown(c->fd, SHUT_RDWR);
+      if (c->wait != nullptr) c->wait->Cancel();
+    }
+    conns.swap(conns_);
+  }
+  for (auto& c : conns) {
+    if (c->thread.joinable()) c->thread.join();
+    ::close(c->fd);
+  }
+}
+
+// Thread: accepts connections until Stop, reaping finished ones.
+void StoreFrontend::AcceptLoop() {
+  while (!stopping_.load()) {
+    pollfd p{listen_fd_, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    auto c = std::make_unique<Connection>();
+    socklen_t len = sizeof(c->peer);
+    c->fd = ::accept4(listen_fd_, reinterpret_cast<sockaddr*>(&c->peer), &len, SOCK_CLOEXEC);
+    if (c->fd < 0) continue;
+    int one = 1;
+    ::setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    absl::MutexLock lock(&mu_);
+    for (auto it = conns_.begin(); it != conns_.end();) {
+      if ((*it)->done.load()) {
+        (*it)->thread.join();
+        ::close((*it)->fd);
+        it = conns_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (conns_.size() >= options_.max_connections) {
+      MLOG(WARNING) << "store: refusing a connection past --store-max-connections="
+                    << options_.max_connections;
+      ::close(c->fd);
+      continue;
+    }
+    Connection* raw = c.get();
+    conns_.push_back(std::move(c));
+    raw->thread = std::thread([this, raw] {
+      connections_.fetch_add(1);
+      Serve(raw);
+      connections_.fetch_sub(1);
+      ::shutdown(raw->fd, SHUT_RDWR);
+      raw->done.store(true);
+    });
+  }
+}
+
+// Thread (one per connection): reads requests, runs them, writes replies.
+void StoreFrontend::Serve(Connection* c) {
+  RequestParser parser(options_.limits);
+  std::string in;
+  char buf[64 << 10];
+  std::string expected_proof;
+  bool authenticated = false;
+  bool may_skip_auth = options_.token.empty() || options_.allow_unauthenticated.Contains(c->peer);
+  BlockingStore& store = *store_;
+
+  auto native = [&] { return parser.dialect() == wire::Dialect::kNative; };
+  // Sends a reply body (the native status byte first).
+  auto reply = [&](const std::string& body) {
+    std::string out;
+    if (native()) wire::PutU8(&out, wire::kReplyOk);
+    out += body;
+    return SendAll(c->fd, out);
+  };
+  // Fails the request: a native client is told why; the connection ends.
+  auto fail = [&](const absl::Status& why) {
+    MLOG(WARNING) << "store: closing a " << wire::DialectName(parser.dialect())
+                  << " connection: " << why.message();
+    if (native()) {
+      std::string out;
+      wire::PutU8(&out, wire::kReplyError);
+      wire::PutU8(&out, static_cast<uint8_t>(why.code()));
+      wire::PutBytes(&out, why.message());
+      SendAll(c->fd, out);
+    }
+    return false;
+  };
+  // Blocks in a wait while watching the socket; nullopt: cancelled by input
+  // or a close (then nothing is answered), else the wait's status.
+  auto wait = [&](const std::vector<std::string>& keys,
+                  absl::Duration timeout) -> std::optional<absl::Status> {
+    WaitCancel cancel;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
+      c->wait = &cancel;
+    }
+    int done_fd = ::eventfd(0, EFD_CLOEXEC);
+    if (done_fd < 0) return ErrnoToStatus(errno, "eventfd");
+    auto result = std::async(std::launch::async, [&] {
+      absl::Status s = store.WaitCancellable(keys, timeout, &cancel);
+      uint64_t one = 1;
+      (void)!::write(done_fd, &one, sizeof(one));
+      return s;
+    });
+    // Sleeps until the wait ends or the client sends or closes.
+    bool interrupted = false;
+    for (;;) {
+      pollfd p[2] = {{done_fd, POLLIN, 0}, {c->fd, POLLIN | POLLRDHUP, 0}};
+      int n = ::poll(p, interrupted ? 1 : 2, -1);
+      if (n < 0 && errno == EINTR) continue;
+      if (p[0].revents != 0) break;
+      if (!interrupted && p[1].revents != 0) {
+        interrupted = true;
+        cancel.Cancel();
+      }
+    }
+    ::close(done_fd);
+    absl::Status s = result.get();
+    {
+      absl::MutexLock lock(&mu_);
+      c->wait = nullptr;
+    }
+    if (interrupted && absl::IsCancelled(s)) return std::nullopt;
+    return s;
+  };
+  auto values_body = [&](const std::vector<std::string>& keys, std::string* out) -> absl::Status {
+    ASSIGN_OR_RETURN(std::vector<std::string> values, store.MultiGet(keys, absl::Seconds(1)));
+    for (const std::string& v : values) wire::PutBytes(out, v);
+    return absl::OkStatus();
+  };
+
+  for (;;) {
+    StoreRequest req;
+    size_t consumed = 0;
+    std::string error;
+    RequestParser::Result r = parser.Next(in, &req, &consumed, &error);
+    if (r == RequestParser::Result::kError) {
+      fail(absl::InvalidArgumentError(error));
+      return;
+    }
+    if (r == RequestParser::Result::kNeedMore || r == RequestParser::Result::kYield) {
+      if (r == RequestParser::Result::kYield) continue;
+      ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) return;
+      in.append(buf, static_cast<size_t>(n));
+      continue;
+    }
+    in.erase(0, consumed);
+    using wire::Op;
+    std::string body;
+    if (req.op == Op::kAuth) {
+      absl::StatusOr<std::string> server_nonce = store_auth::RandomNonce();
+      if (!server_nonce.ok()) return (void)fail(server_nonce.status());
+      body = *server_nonce;
+      if (options_.token.empty()) {
+        wire::PutBytes(&body, "");
+      } else {
+        wire::PutBytes(&body,
+                       store_auth::ServerProof(options_.token, req.values[0], *server_nonce));
+        expected_proof = store_auth::ClientProof(options_.token, *server_nonce, req.values[0]);
+      }
+      if (!reply(body)) return;
+      continue;
+    }
+    if (req.op == Op::kAuthProof) {
+      if (!options_.token.empty()) {
+        if (req.values[0].empty()) {
+          return (void)fail(absl::UnauthenticatedError(
+              "this store requires a token (--store-token-file) and the client has none"));
+        }
+        if (!store_auth::ProofEquals(req.values[0], expected_proof)) {
+          return (void)fail(absl::UnauthenticatedError(
+              "authentication failed: the client's proof does not match this store's token"));
+        }
+      }
+      authenticated = true;
+      wire::PutU64(&body, options_.limits.max_key_bytes);
+      wire::PutU64(&body, options_.limits.max_value_bytes);
+      wire::PutU64(&body, options_.limits.max_keys_per_request);
+      wire::PutU64(&body, options_.limits.max_request_bytes);
+      if (!reply(body)) return;
+      continue;
+    }
+    if (!authenticated && !may_skip_auth) {
+      return (void)fail(absl::PermissionDeniedError(
+          "unauthenticated client refused: the store requires a token (--store-token-file)"));
+    }
+    authenticated = true;
+    absl::Status s;
+    bool has_reply = true;
+    switch (req.op) {
+      case Op::kAuth:
+      case Op::kAuthProof:
+      case Op::kValidate:
+        has_reply = false;
+        break;
+      case Op::kPing:
+        wire::PutU32(&body, req.nonce);
+        break;
+      case Op::kSet:
+        s = store.Set(req.keys[0], req.values[0]);
+        has_reply = false;
+        break;
+      case Op::kAppend:
+        s = store.Append(req.keys[0], req.values[0]);
+        has_reply = false;
+        break;
+      case Op::kMultiSet:
+        s = store.MultiSet(req.keys, req.values);
+        has_reply = false;
+        break;
+      case Op::kCompareSet: {
+        absl::StatusOr<std::string> v = store.CompareSet(req.keys[0], req.values[0], req.values[1]);
+        if (v.ok()) wire::PutBytes(&body, *v);
+        s = v.status();
+        break;
+      }
+      case Op::kGet: {
+        // A missing key answers an empty value, like StoreServer.
+        absl::StatusOr<std::vector<std::string>> missing = store.Missing({req.keys[0]});
+        s = missing.status();
+        if (s.ok() && !missing->empty()) {
+          wire::PutBytes(&body, "");
+        } else if (s.ok()) {
+          s = values_body(req.keys, &body);
+        }
+        break;
+      }
+      case Op::kAdd: {
+        absl::StatusOr<int64_t> v = store.Add(req.keys[0], req.number);
+        if (v.ok()) wire::PutI64(&body, *v);
+        s = v.status();
+        break;
+      }
+      case Op::kCheck: {
+        absl::StatusOr<bool> v = store.Check(req.keys);
+        if (v.ok()) wire::PutU8(&body, *v ? wire::kCheckReady : wire::kCheckNotReady);
+        s = v.status();
+        break;
+      }
+      case Op::kWait: {
+        std::optional<absl::Status> w = wait(req.keys, absl::Hours(24 * 365));
+        if (!w.has_value()) continue;  // the client gave up on it
+        s = *w;
+        wire::PutU8(&body, wire::kStopWaiting);
+        break;
+      }
+      case Op::kWaitFor:
+      case Op::kGetWaitFor: {
+        absl::Duration timeout =
+            req.number > 0 ? absl::Milliseconds(req.number) : absl::Hours(24 * 365);
+        std::optional<absl::Status> w = wait(req.keys, timeout);
+        if (!w.has_value()) continue;
+        if (absl::IsDeadlineExceeded(*w)) {
+          absl::StatusOr<std::vector<std::string>> missing = store.Missing(req.keys);
+          s = missing.status();
+          if (s.ok()) {
+            wire::PutU8(&body, wire::kWaitTimedOut);
+            wire::PutU64(&body, missing->size());
+            std::vector<std::string> named(
+                missing->begin(),
+                missing->begin() + std::min<size_t>(missing->size(), wire::kMaxNamedMissingKeys));
+            wire::PutKeyList(&body, named);
+          }
+          break;
+        }
+        s = *w;
+        if (!s.ok()) break;
+        wire::PutU8(&body, wire::kWaitDone);
+        if (req.op == Op::kGetWaitFor) s = values_body(req.keys, &body);
+        break;
+      }
+      case Op::kCancelWait:
+        wire::PutU8(&body, wire::kWaitCanceled);
+        break;
+      case Op::kNumKeys: {
+        absl::StatusOr<int64_t> v = store.NumKeys();
+        if (v.ok()) wire::PutI64(&body, *v);
+        s = v.status();
+        break;
+      }
+      case Op::kDeleteKey: {
+        absl::StatusOr<bool> v = store.DeleteKey(req.keys[0]);
+        if (v.ok()) wire::PutI64(&body, *v ? 1 : 0);
+        s = v.status();
+        break;
+      }
+      case Op::kWatchKey:
+        wire::PutU8(&body, wire::kWatchRegistered);
+        break;
+      case Op::kMultiGet:
+        s = values_body(req.keys, &body);
+        break;
+      case Op::kListKeys: {
+        absl::StatusOr<std::vector<std::string>> keys = store.ListKeys();
+        if (keys.ok()) {
+          wire::PutI64(&body, static_cast<int64_t>(keys->size()));
+          for (const std::string& k : *keys) wire::PutBytes(&body, k);
+        }
+        s = keys.status();
+        break;
+      }
+      case Op::kQueuePush:
+      case Op::kQueuePop:
+      case Op::kQueueLen:
+        s = absl::UnimplementedError("queues are not supported by musterd's etcd store backend");
+        break;
+    }
+    if (!s.ok()) return (void)fail(s);
+    // SET, APPEND and MULTI_SET have no reply in any dialect.
+    if (has_reply && !reply(body)) return;
+  }
+}
+
+}  // namespace muster

@@ -1,0 +1,78 @@
+// StoreFrontend: serves the store wire protocols (PyTorch 1.13 and 2.2+
+// TCPStore, muster's native protocol with its token handshake) from a
+// BlockingStore kept elsewhere — musterd's etcd backend. StoreServer keeps
+// the data itself on one loop thread; this front-end owns no data, so every
+// request may block on the network and each connection has its own thread
+// (a node serves its own ranks: tens to hundreds of connections).
+//
+// Requests are parsed by the same RequestParser as StoreServer's (limits,
+// dialects, handshake order). Waits block in BlockingStore::WaitCancellable
+// while the connection thread watches the socket: input during a wait (a
+// 1.13 client that gave up, a 2.x CANCEL_WAIT) or a close cancels it, like
+// StoreServer's parked waits. A store call that fails (etcd unreachable:
+// UNAVAILABLE naming the endpoint) fails that request: a native client gets
+// the error, a torch client's connection is closed (its protocol has no
+// error reply). Queue commands are refused (Unimplemented).
+//
+// Thread-safety: Start/Stop/port are thread-safe; one thread accepts, one
+// thread per connection serves it (owned by the front-end, joined by Stop).
+#ifndef MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
+#define MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/store_wire.h"
+#include "daemon/store/blocking_store.h"
+#include "daemon/store/cidr.h"
+
+namespace muster {
+
+struct StoreFrontendOptions {
+  std::string listen_address = "0.0.0.0";
+  int port = 29500;  // 0 picks a free port
+  wire::StoreLimits limits;
+  uint64_t max_connections = 4096;
+  // Non-empty: native clients must prove it; torch clients only from
+  // allow_unauthenticated.
+  std::string token;
+  CidrSet allow_unauthenticated;
+};
+
+class StoreFrontend {
+ public:
+  static absl::StatusOr<std::unique_ptr<StoreFrontend>> Start(StoreFrontendOptions options,
+                                                              std::shared_ptr<BlockingStore> store);
+  ~StoreFrontend();
+  // Closes the listener and every connection (cancelling their waits) and
+  // joins the threads. Idempotent.
+  void Stop();
+  int port() const { return port_; }
+  int64_t connections() const { return connections_.load(); }
+
+ private:
+  struct Connection;
+  StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store);
+  void AcceptLoop();
+  void Serve(Connection* c);
+
+  StoreFrontendOptions options_;
+  std::shared_ptr<BlockingStore> store_;
+  int listen_fd_ = -1;
+  int port_ = 0;
+  std::atomic<bool> stopping_{false};
+  std::atomic<int64_t> connections_{0};
+  std::thread acceptor_;
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Connection>> conns_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace muster
+
+#endif  // MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
