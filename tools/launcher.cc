@@ -848,15 +848,24 @@ class Launcher {
   // While some of the job's ranks have registered with muster and others
   // not yet, a progress line names the missing ones (ranks that never use
   // muster's World, e.g. torch's gloo backend, register nothing: no line).
+  // Only the launcher next to the store asks (one request while all are
+  // there; a request per rank while some are missing, once a second), so a
+  // large job's nodes do not each poll the store for every rank.
   void WatchRegistrations(TcpStore* store, int generation, bool now = false) {
-    if (store == nullptr || all_registered_) return;
+    if (store == nullptr || all_registered_ || (MultiNode() && !o_.serves_store)) return;
     if (!now && absl::Now() < next_registration_check_) return;
-    next_registration_check_ = absl::Now() + absl::Milliseconds(500);
+    next_registration_check_ = absl::Now() + absl::Seconds(1);
     const int world = o_.nnodes * o_.nproc_per_node;
-    std::vector<int> missing;
-    int present = 0;
+    std::vector<std::string> keys;
     for (int r = 0; r < world; ++r) {
-      auto p = store->Check({absl::StrCat("muster/", o_.job_id, "/", generation, "/rank/", r)});
+      keys.push_back(absl::StrCat("muster/", o_.job_id, "/", generation, "/rank/", r));
+    }
+    auto all = store->Check(keys);
+    if (!all.ok()) return;
+    std::vector<int> missing;
+    int present = *all ? world : 0;
+    for (int r = 0; r < world && !*all; ++r) {
+      auto p = store->Check({keys[r]});
       if (!p.ok()) return;
       if (*p) {
         ++present;
