@@ -1112,7 +1112,7 @@ ProcessGroup::Impl::~Impl() {
   for (Queued& q : queue_) {
     if (trace_ != nullptr) {
       trace_->Finished(q.trace_id, static_cast<int>(absl::StatusCode::kCancelled),
-                       absl::GetCurrentTimeNanos());
+                       TraceClockNanos());
     }
     Work::Impl::Of(*q.work).Complete(
         absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed")));
@@ -1125,7 +1125,8 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   absl::Status gone = SessionStatus();
   absl::MutexLock lock(&exec_mu_);
   w.set_sequence(++submitted_);
-  const absl::Time now = absl::Now();
+  const int64_t now_ns = TraceClockNanos();  // the recorder's clock (trace.h)
+  const absl::Time now = absl::FromUnixNanos(now_ns);
   // A call that will start at once (nothing queued or running before it:
   // the caller's own Wait, or the executor within its poll period) is
   // recorded when it starts, in one write; one queued behind others is
@@ -1133,13 +1134,13 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   const bool defer = trace_ != nullptr && queue_.empty() && !running_ && !stopping_ && gone.ok();
   if (trace_ != nullptr && !defer) BeginDeferred();
   const uint64_t trace_id =
-      trace_ != nullptr && !defer ? trace_->Begin(submitted_, call, UnixNanos(now)) : 0;
+      trace_ != nullptr && !defer ? trace_->Begin(submitted_, call, now_ns) : 0;
   if (stopping_ || !gone.ok()) {
     absl::Status failed =
         stopping_ ? absl::CancelledError(absl::StrCat("group '", name_, "' was destroyed"))
                   : std::move(gone);
     if (trace_ != nullptr) {
-      trace_->Finished(trace_id, static_cast<int>(failed.code()), UnixNanos(now));
+      trace_->Finished(trace_id, static_cast<int>(failed.code()), now_ns);
     }
     w.Complete(std::move(failed));
     return work;
@@ -1166,13 +1167,14 @@ bool ProcessGroup::Impl::RunHead() {
   }
   if (status.ok()) status = SessionStatus();
   if (status.ok()) {
-    const absl::Time start = absl::Now();
+    const int64_t start_ns = TraceClockNanos();
+    const absl::Time start = absl::FromUnixNanos(start_ns);
     if (trace_ != nullptr) {
       if (item.deferred) {
         item.trace_id =
-            trace_->BeginStarted(item.seq, item.call, UnixNanos(item.submitted), UnixNanos(start));
+            trace_->BeginStarted(item.seq, item.call, UnixNanos(item.submitted), start_ns);
       } else {
-        trace_->Started(item.trace_id, UnixNanos(start));
+        trace_->Started(item.trace_id, start_ns);
       }
     }
     status = item.op(*comm, start + timeout_);
@@ -1181,7 +1183,7 @@ bool ProcessGroup::Impl::RunHead() {
   }
   if (!status.ok()) status = Explain(std::move(status));
   if (trace_ != nullptr) {
-    trace_->Finished(item.trace_id, static_cast<int>(status.code()), absl::GetCurrentTimeNanos());
+    trace_->Finished(item.trace_id, static_cast<int>(status.code()), TraceClockNanos());
   }
   Work::Impl::Of(*item.work).Complete(std::move(status));
   exec_mu_.Lock();
@@ -1328,20 +1330,21 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int pee
     if (absl::Status s = on.fence->Wait(absl::Now() + timeout_); !s.ok()) return Failed(s);
   }
   std::shared_ptr<Work> work = Work::Impl::Create();
-  const absl::Time now = absl::Now();
+  const int64_t now_ns = TraceClockNanos();
+  const absl::Time now = absl::FromUnixNanos(now_ns);
   uint64_t trace_id = 0;
   if (trace_ != nullptr) {
     TraceCall call =
         Traced(send ? TraceOp::kSend : TraceOp::kRecv, t, any_source ? -2 : *group_rank);
     call.tag = tag;
-    trace_id = trace_->Begin(0, call, UnixNanos(now));
-    trace_->Started(trace_id, UnixNanos(now));
+    trace_id = trace_->Begin(0, call, now_ns);
+    trace_->Started(trace_id, now_ns);
   }
   p2p->Post(send, *group_rank, tag, t.data, t.bytes(), now + timeout_,
             [work, this, trace_id](absl::Status s, int source) {
               if (!s.ok()) s = Explain(std::move(s));
               if (trace_ != nullptr) {
-                trace_->Finished(trace_id, static_cast<int>(s.code()), absl::GetCurrentTimeNanos());
+                trace_->Finished(trace_id, static_cast<int>(s.code()), TraceClockNanos());
               }
               Work::Impl::Of(*work).Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
             });
@@ -1414,7 +1417,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
     }
     path = gpu_;
   }
-  const int64_t submitted_ns = absl::GetCurrentTimeNanos();
+  const int64_t submitted_ns = TraceClockNanos();
   absl::StatusOr<GpuPath::Launched> launched = path->Run(call);
   // The recorder: submitted when asked, started when musterd enqueued it on
   // the stream, completed when a Synchronize saw the GPU pass it.
@@ -1423,10 +1426,9 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
     TraceCall t = GpuTraceCall(call);
     trace_id = trace_->Begin(launched.ok() ? launched->sequence : 0, t, submitted_ns);
     if (!launched.ok()) {
-      trace_->Finished(trace_id, static_cast<int>(launched.status().code()),
-                       absl::GetCurrentTimeNanos());
+      trace_->Finished(trace_id, static_cast<int>(launched.status().code()), TraceClockNanos());
     } else {
-      trace_->Started(trace_id, absl::GetCurrentTimeNanos());
+      trace_->Started(trace_id, TraceClockNanos());
     }
   }
   if (!launched.ok()) return Failed(Explain(launched.status()));
@@ -1439,7 +1441,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitGpu(const GpuCall& call) {
                      trace = trace_, trace_id](absl::Time deadline) {
     absl::Status s = path->Synchronize(marker.get(), sequence, deadline);
     if (trace != nullptr && s.code() != absl::StatusCode::kDeadlineExceeded) {
-      trace->Finished(trace_id, static_cast<int>(s.code()), absl::GetCurrentTimeNanos());
+      trace->Finished(trace_id, static_cast<int>(s.code()), TraceClockNanos());
     }
     return s;
   });

@@ -343,12 +343,12 @@ double RecorderNanosPerCollective() {
   call.count = 1024;
   constexpr int kCalls = 1000000;
   double best = 1e18;
-  const int64_t now = absl::GetCurrentTimeNanos();
+  const int64_t now = TraceClockNanos();
   for (int pass = 0; pass < 5; ++pass) {
     Clock::time_point t0 = Clock::now();
     for (int i = 1; i <= kCalls; ++i) {
       uint64_t id = writer.BeginStarted(static_cast<uint64_t>(i), call, now, now);
-      writer.Finished(id, 0, absl::GetCurrentTimeNanos());
+      writer.Finished(id, 0, TraceClockNanos());
     }
     Clock::time_point t1 = Clock::now();
     best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count() / kCalls);

@@ -23,6 +23,8 @@
 #ifndef MUSTER_BACKENDS_SHM_TRACE_H_
 #define MUSTER_BACKENDS_SHM_TRACE_H_
 
+#include <time.h>
+
 #include <atomic>
 #include <cstdint>
 #include <vector>
@@ -30,6 +32,19 @@
 namespace muster {
 
 class GroupSegment;
+
+// The recorder's clock: Unix time in nanoseconds from the kernel
+// (clock_gettime(CLOCK_REALTIME), a vDSO call, no system call). Every time
+// in a record comes from it, so a record's times are ordered. Not
+// absl::Now(): read between two collectives, absl's calibrated cycle clock
+// cost ~70 ns more per read than this (muster-bench collectives
+// --trace-compare; docs/benchmarks.md), although both take ~12-30 ns in a
+// loop of their own.
+inline int64_t TraceClockNanos() {
+  timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+}
 
 // What a record describes: the SDK's calls (not the communicator's steps:
 // an all_gather_object is one record).
