@@ -21,7 +21,6 @@ namespace {
 inline void CpuRelax() { _mm_pause(); }
 
 // Meta words of the direct paths (RankControl::meta).
-constexpr int kPathWord = GroupSegment::kMetaWords - 1;  // first rounds: 1 = direct
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
@@ -197,7 +196,15 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     }
     absl::Duration left = deadline - now;
     int64_t sleep_us = std::min<int64_t>(absl::ToInt64Microseconds(left) + 1, 1000);
-    segment_->Sleep(epoch, std::max<int64_t>(sleep_us, 1));
+    // Progress is announced by WakeSleepers (nothing shared is written while
+    // nobody sleeps): look once more after counting ourselves a sleeper.
+    segment_->SleepUnless(epoch, std::max<int64_t>(sleep_us, 1), [&] {
+      if (segment_->aborted() || segment_->locally_aborted()) return true;
+      for (int j = 0; j < size_; ++j) {
+        if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) return false;
+      }
+      return true;
+    });
   }
 }
 
@@ -219,10 +226,10 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
   write(segment_->slot(rank_));
   if (signature != nullptr) {
     me.signature = *signature;
-    me.meta[kPathWord] = path_tag_;
+    me.path = path_tag_;
   }
   me.arrived.store(k, std::memory_order_release);
-  segment_->Wake();
+  segment_->WakeSleepers();
   absl::Status status = WaitAll(&RankControl::arrived, k, deadline, "arrive");
   if (!status.ok()) return status;
   if (signature != nullptr) {
@@ -233,7 +240,7 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
             absl::StrCat("collectives on group '", group_name_, "' do not match: rank ",
                          global_ranks_[rank_], " called ", DescribeSignature(*signature),
                          " but rank ", global_ranks_[j], " called ", DescribeSignature(other)));
-      } else if (segment_->rank(j).meta[kPathWord] != path_tag_) {
+      } else if (segment_->rank(j).path != path_tag_) {
         status = absl::FailedPreconditionError(absl::StrCat(
             DescribeSignature(*signature), " on group '", group_name_, "': rank ",
             global_ranks_[rank_], " takes the ", path_tag_ ? "direct" : "slot", " path but rank ",
@@ -244,7 +251,7 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
   }
   if (status.ok()) status = read();
   me.released.store(k, std::memory_order_release);
-  segment_->Wake();
+  segment_->WakeSleepers();
   return status;
 }
 

@@ -22,7 +22,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 4;
+constexpr uint32_t kVersion = 5;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -234,12 +234,22 @@ void GroupSegment::Wake() {
   }
 }
 
+void GroupSegment::WakeSleepers() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (header_->sleepers.load(std::memory_order_relaxed) == 0) return;
+  Wake();
+}
+
 void GroupSegment::Sleep(uint32_t seen, int64_t timeout_us) {
+  header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
+  FutexWait(seen, timeout_us);
+  header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+}
+
+void GroupSegment::FutexWait(uint32_t seen, int64_t timeout_us) {
   timespec ts{static_cast<time_t>(timeout_us / 1000000),
               static_cast<long>((timeout_us % 1000000) * 1000)};
-  header_->sleepers.fetch_add(1, std::memory_order_acq_rel);
   ::syscall(SYS_futex, &header_->epoch, FUTEX_WAIT, seen, &ts, nullptr, 0);
-  header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
 }
 
 }  // namespace muster

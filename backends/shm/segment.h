@@ -27,6 +27,7 @@
 #define MUSTER_BACKENDS_SHM_SEGMENT_H_
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -38,15 +39,21 @@
 
 namespace muster {
 
+// What the other members read every round shares one cache line (the
+// round counters, the signature, the path word), and nothing the owner
+// writes at other times does: each round moves this line to a reader once.
 struct alignas(64) RankControl {
-  std::atomic<uint64_t> arrived;    // last round whose data is in this rank's slot
-  std::atomic<uint64_t> released;   // last round this rank finished reading
-  std::atomic<uint64_t> submitted;  // last collective sequence submitted
-  std::atomic<uint64_t> completed;  // last collective sequence completed
-  OpSignature signature;            // of the collective in progress
-  uint64_t meta[64];                // small per-round metadata (e.g. split sizes)
+  std::atomic<uint64_t> arrived;   // last round whose data is in this rank's slot
+  std::atomic<uint64_t> released;  // last round this rank finished reading
+  OpSignature signature;           // of the collective in progress
+  uint64_t path;                   // first rounds: 1 = the direct path (collectives.cc)
+  // Read by musterd (progress, musterctl), not by the other members.
+  alignas(64) std::atomic<uint64_t> submitted;  // last collective sequence submitted
+  std::atomic<uint64_t> completed;              // last collective sequence completed
   std::atomic<int32_t> pid;
+  alignas(64) uint64_t meta[64];  // small per-round metadata (e.g. split sizes)
 };
+static_assert(offsetof(RankControl, path) < 64, "the per-round words share one line");
 
 // One single-producer single-consumer byte ring from one rank to another.
 // Invariant: read <= written <= read + capacity; bytes [read, written) are
@@ -65,14 +72,17 @@ struct alignas(64) SegmentHeader {
   uint64_t slots_offset;
   uint64_t mailbox_bytes;  // ring capacity of each mailbox
   uint64_t mailboxes_offset;
-  std::atomic<uint32_t> aborted;   // 0, or the AbortKind
-  std::atomic<uint32_t> epoch;     // futex word: bumped on every progress
+  std::atomic<uint32_t> aborted;  // 0, or the AbortKind
+  // The futex word and its sleepers, on a line of their own (the line above
+  // is read on every poll): bumped only when someone sleeps (WakeSleepers),
+  // or on every Wake.
+  alignas(64) std::atomic<uint32_t> epoch;
   std::atomic<uint32_t> sleepers;  // waiters in futex_wait
   // The outcome of the last round decided: round << 1 | 1 if it failed.
   // A round is decided once, by the first member that saw every member
   // arrive (completed) or gave up on it (failed: timeout, abort), so no
   // member completes a round another failed (see collectives.h).
-  std::atomic<uint64_t> outcome;
+  alignas(64) std::atomic<uint64_t> outcome;
   char abort_reason[512];
   uint64_t trace_records;  // records per rank's trace ring (0: none)
   uint64_t trace_offset;   // of trace ring 0
@@ -155,9 +165,23 @@ class GroupSegment {
   void Wake();
   // Sleeps until the futex word differs from `seen` or `timeout_us` passed.
   void Sleep(uint32_t seen, int64_t timeout_us);
+  // The collectives' pair, for a hot path: WakeSleepers writes nothing
+  // shared while nobody sleeps; a waiter that may be woken only by it must
+  // sleep with SleepUnless, which counts itself a sleeper before it checks
+  // `ready` a last time (so a waker either sees the sleeper, or the sleeper
+  // sees the progress; both sides fence).
+  void WakeSleepers();
+  template <typename Ready>
+  void SleepUnless(uint32_t seen, int64_t timeout_us, Ready ready) {
+    header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (!ready()) FutexWait(seen, timeout_us);
+    header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
+  }
 
  private:
   GroupSegment(std::string name, void* base, size_t bytes);
+  void FutexWait(uint32_t seen, int64_t timeout_us);
   std::string name_;
   void* base_;
   size_t bytes_;
