@@ -10,8 +10,16 @@
 # Usage: tools/bench_collectives.sh [--worlds "2 4"] [--repeats R] [--max-load L]
 #                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
 #                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
+#                                   [--hog N [--hog-cpu C]]
 #        tools/bench_collectives.sh --report DIR [--no-doc]
 #   --worlds      world sizes (default "2 4")
+#   --hog N       CPU contention: every system also runs each pass with N
+#                 busy processes (a shell loop each) beside it, started before
+#                 and stopped after that system's run, the same for all three;
+#                 the idle and the loaded runs are reported side by side (p50
+#                 and p99 of the small sizes) against the contention targets
+#   --hog-cpu C   pin the first busy process to CPU C (taskset), e.g.
+#                 `--hog 1 --hog-cpu 0`: one busy process on one core
 #   --shared      also run muster with AllocShared buffers (muster-bench
 #                 --shared: zero-copy), shown next to muster's ordinary buffers;
 #                 the doc block is then the "zero-copy" one (see below)
@@ -51,6 +59,8 @@ shared=0
 ops_arg=""
 sizes_arg=""
 iters_arg=""
+hog=0
+hog_cpu=""
 while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
@@ -65,18 +75,26 @@ while (($#)); do
     --ops) ops_arg="$2"; shift 2 ;;
     --sizes) sizes_arg="$2"; shift 2 ;;
     --iters) iters_arg="$2"; shift 2 ;;
-    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --hog) hog="$2"; shift 2 ;;
+    --hog-cpu) hog_cpu="$2"; shift 2 ;;
+    -h|--help) sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 OPS=all_reduce,broadcast,all_gather,reduce_scatter,barrier
 DTYPE=float32
-SIZES=4,4096,262144,4194304,67108864
-ITERS=1000,1000,200,50,10
+# Small sizes: 20,000 iterations, enough for a p99.
+SIZES=4,4096,262144,4194304,16777216,67108864
+ITERS=20000,20000,1000,100,20,10
 if ((quick)); then
   SIZES=4,4096,262144
   ITERS=200,200,50
+fi
+[[ $hog =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog takes a count, not '$hog'" >&2; exit 2; }
+if [[ -n $hog_cpu ]]; then
+  [[ $hog_cpu =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog-cpu takes a CPU number, not '$hog_cpu'" >&2; exit 2; }
+  ((hog > 0)) || { echo "bench_collectives: --hog-cpu needs --hog N (N >= 1)" >&2; exit 2; }
 fi
 [[ -n $ops_arg ]] && OPS="$ops_arg"
 [[ -n $sizes_arg ]] && SIZES="$sizes_arg"
@@ -113,6 +131,9 @@ else
 
   tmp="$(mktemp -d /tmp/bench-collectives-XXXXXX)"
   trap 'rm -rf "$tmp"' EXIT
+  if [[ -n $hog_cpu ]] && ! command -v taskset >/dev/null; then
+    say "--hog-cpu needs taskset (util-linux)"; exit 1
+  fi
   say "compiling tools/bench_mpi_collectives.c (mpicc -O2)"
   mpicc -O2 -o "$tmp/bench_mpi_collectives" tools/bench_mpi_collectives.c
 
@@ -130,36 +151,69 @@ else
   t_start=$SECONDS
   results="$tmp/results.jsonl"
   : >"$results"
-  # Every line gets "pass" (the repeat) so that the report can take medians.
-  tag() { sed -n "s/^\(\[rank 0\] \)\{0,1\}\({.*}\)\$/\2/p" | sed "s/^{/{\"pass\":$1,/" >>"$results"; }
+  # Every line gets "pass" (the repeat) and "load" (idle, or hog: beside the
+  # busy processes) so that the report can take medians.
+  tag() {
+    sed -n "s/^\(\[rank 0\] \)\{0,1\}\({.*}\)\$/\2/p" |
+      sed "s/^{/{\"pass\":$1,\"load\":\"$2\",/" >>"$results"
+  }
+  hog_pids=()
+  start_hogs() {
+    for ((h = 0; h < hog; h++)); do
+      if ((h == 0)) && [[ -n $hog_cpu ]]; then
+        taskset -c "$hog_cpu" bash -c 'while :; do :; done' &
+      else
+        bash -c 'while :; do :; done' &
+      fi
+      hog_pids+=($!)
+    done
+    sleep 0.2  # let the scheduler place them
+  }
+  stop_hogs() {
+    ((${#hog_pids[@]})) || return 0
+    kill "${hog_pids[@]}" 2>/dev/null || true
+    wait "${hog_pids[@]}" 2>/dev/null || true
+    hog_pids=()
+  }
+  trap 'stop_hogs; rm -rf "$tmp"' EXIT
+  # One system's run: run_system PASS WORLD LOAD SYSTEM.
+  run_system() {
+    local pass=$1 w=$2 load=$3 system=$4 rc=0
+    say "pass $pass/$repeats, world $w, $load: $system"
+    [[ $load == hog ]] && start_hogs
+    case "$system" in
+      muster)
+        # A socket nobody serves: muster-run starts an embedded musterd.
+        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+          "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
+      muster-shared)
+        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
+          "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
+          2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
+      gloo)
+        "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
+          2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
+      mpi)
+        mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
+          "$tmp/bench_mpi_collectives" "${common[@]}" 2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
+    esac
+    stop_hogs
+    if ((rc)); then
+      say "$system failed (world $w, $load):"; tail -20 "$tmp/err" >&2; failed=1
+    fi
+  }
   common=(--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)
   failed=0
+  systems=(muster)
+  ((shared)) && systems+=(muster-shared)
+  systems+=(gloo mpi)
+  loads=(idle)
+  ((hog > 0)) && loads+=(hog)
   for ((pass = 1; pass <= repeats; pass++)); do
     for w in $worlds; do
-      say "pass $pass/$repeats, world $w: muster"
-      # A socket nobody serves: muster-run starts an embedded musterd.
-      if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
-          "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/muster.err" | tag "$pass"; then
-        say "muster failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
-      fi
-      if ((shared)); then
-        say "pass $pass/$repeats, world $w: muster, AllocShared buffers"
-        if ! MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
-            "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
-            2>"$tmp/muster.err" | tag "$pass"; then
-          say "muster --shared failed (world $w):"; tail -20 "$tmp/muster.err" >&2; failed=1
-        fi
-      fi
-      say "pass $pass/$repeats, world $w: torch gloo"
-      if ! "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
-          2>"$tmp/gloo.err" | tag "$pass"; then
-        say "torch gloo failed (world $w):"; tail -20 "$tmp/gloo.err" >&2; failed=1
-      fi
-      say "pass $pass/$repeats, world $w: Open MPI"
-      if ! mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
-          "$tmp/bench_mpi_collectives" "${common[@]}" 2>"$tmp/mpi.err" | tag "$pass"; then
-        say "Open MPI failed (world $w):"; tail -20 "$tmp/mpi.err" >&2; failed=1
-      fi
+      for load in "${loads[@]}"; do
+        for system in "${systems[@]}"; do run_system "$pass" "$w" "$load" "$system"; done
+      done
     done
   done
   load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
@@ -183,16 +237,18 @@ else
   REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
   REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
   REPORT_SHARED=$shared
+  REPORT_HOG="$hog busy process(es) beside each system's run${hog_cpu:+, the first pinned to CPU $hog_cpu}"
   if [[ -n $keep ]]; then
     mkdir -p "$keep"
     cp "$results" "$keep/results.jsonl"
     declare -p REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
-      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED >"$keep/meta.env"
+      REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED REPORT_HOG >"$keep/meta.env"
   fi
 fi
 REPORT_SHARED=${REPORT_SHARED:-0}
+REPORT_HOG=${REPORT_HOG:-}
 export REPORT_RESULTS REPORT_CMD REPORT_DATE REPORT_LOAD_START REPORT_LOAD_END REPORT_ELAPSED \
-  REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED
+  REPORT_MACHINE REPORT_VERSIONS REPORT_SETUP REPORT_SHARED REPORT_HOG
 REPORT_DOC=$doc "$PY" - <<'EOF'
 import json, os, statistics
 
@@ -203,13 +259,15 @@ OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "barrier"]
 # (system, world, op, bytes) -> list of rows over passes
 runs = {}
 for r in rows:
-    runs.setdefault((r["system"], r["world"], r["op"], r["bytes"]), []).append(r)
+    runs.setdefault((r["system"], r["world"], r["op"], r["bytes"], r.get("load", "idle")),
+                    []).append(r)
 keys = sorted({(r["world"], OPS.index(r["op"]), r["bytes"]) for r in rows})
+HOG = any(r.get("load") == "hog" for r in rows)
 
 
-def med(system, world, op, nbytes):
-    """Median p50 over the passes, busbw from it, and the p50 range."""
-    rs = runs.get((system, world, op, nbytes), [])
+def med(system, world, op, nbytes, load="idle"):
+    """Median p50 (and p99) over the passes, busbw from p50, the p50 range."""
+    rs = runs.get((system, world, op, nbytes, load), [])
     if not rs:
         return None
     if any(r.get("unsupported") for r in rs):
@@ -220,7 +278,8 @@ def med(system, world, op, nbytes):
     if rs[0]["busbw_gbps"] is not None and p > 0:
         bus = rs[0]["busbw_gbps"] * rs[0]["p50_us"] / p  # same bytes and factor
     ok = all(r["verified"] is True for r in rs)
-    return {"p50": p, "lo": min(p50s), "hi": max(p50s), "bus": bus, "verified": ok,
+    p99 = statistics.median(r["p99_us"] for r in rs) if all(r.get("p99_us") for r in rs) else None
+    return {"p50": p, "p99": p99, "lo": min(p50s), "hi": max(p50s), "bus": bus, "verified": ok,
             "passes": len(rs), "vcsw": statistics.median(r.get("vol_csw_per_iter", 0) for r in rs)}
 
 
@@ -290,36 +349,87 @@ for world, oi, nbytes in keys:
         ratio(m, g, "bus"), ratio(m, p, "bus"), ratio(m, g, "p50"), ratio(m, p, "p50")))
 table = "\n".join(lines)
 
-# The issue's targets.
+# Small-message latency, p50 and p99 (idle, and beside the busy processes).
+lat = ["| world | load | op | muster p50 / p99 µs | MPI p50 / p99 µs | gloo p50 / p99 µs "
+       "| p50 muster/MPI | p99 muster/MPI |", "|---:|---|---|---:|---:|---:|---:|---:|"]
+for world in sorted({k[0] for k in keys}):
+    for load in ("idle", "hog") if HOG else ("idle",):
+        for op, nbytes in (("all_reduce", 4), ("barrier", 0)):
+            m, p, g = (med(s, world, op, nbytes, load) for s in ("muster", "mpi", "gloo"))
+            if m is None:
+                continue
+            pair = lambda x: "n/a" if x is None or "unsupported" in x else "%s / %s" % (
+                f_us(x), f_us({"p50": x["p99"]}) if x.get("p99") else "-")
+            lat.append("| %d | %s | %s | %s | %s | %s | %s | %s |" % (
+                world, load, op + (" 4 B" if nbytes else ""), pair(m), pair(p), pair(g),
+                ratio(m, p, "p50"), ratio(m, p, "p99")))
+latency_text = "\n".join(lat)
+
+# Issue 19's targets.
 targets = ["| target | world | status | figure |", "|---|---:|---|---|"]
 met_all = True
-SYSTEMS = [("", "muster")] + ([(" (shared)", "muster-shared")] if SHARED else [])
-for world, (label, system), nbytes in ((w, s, b) for w in sorted({k[0] for k in keys})
-                                        for s in SYSTEMS for b in (4 << 20, 64 << 20)):
-    m, g, p = (med(s, world, "all_reduce", nbytes) for s in (system, "gloo", "mpi"))
-    for peer, x, goal in (("gloo", g, 4.0), ("MPI", p, 1.0)):
-        name = "all_reduce busbw %s >= %gx %s%s" % (size_text(nbytes), goal, peer, label)
-        if m is None or x is None or "unsupported" in x or not m.get("bus") or not x.get("bus"):
-            targets.append("| %s | %d | not measured | |" % (name, world))
-            continue
-        r = m["bus"] / x["bus"]
-        met = r >= goal
-        met_all &= met
-        targets.append("| %s | %d | %s | %.2f vs %.2f GB/s = %.2fx (muster p50 %s..%s µs over %d passes) |" % (
-            name, world, "**met**" if met else "**missed**", m["bus"], x["bus"], r,
-            f_us({"p50": m["lo"]}), f_us({"p50": m["hi"]}), m["passes"]))
-for op, nbytes, label in (("all_reduce", 4, "4-byte all_reduce p50 <= 20 µs"),
-                          ("barrier", 0, "barrier p50 <= 20 µs")):
-    m, p = med("muster", 2, op, nbytes), med("mpi", 2, op, nbytes)
-    if m is None:
-        if not SHARED:
-            targets.append("| %s | 2 | not measured | |" % label)
-        continue
-    met = m["p50"] <= 20
+
+
+def target(name, world, value, goal, figure, at_most=True):
+    global met_all
+    if value is None:
+        targets.append("| %s | %d | not measured | |" % (name, world))
+        return
+    met = value <= goal if at_most else value >= goal
     met_all &= met
-    targets.append("| %s | 2 | %s | muster %s µs (%s..%s over %d passes); Open MPI %s µs |" % (
-        label, "**met**" if met else "**missed**", f_us(m), f_us({"p50": m["lo"]}),
-        f_us({"p50": m["hi"]}), m["passes"], f_us(p)))
+    targets.append("| %s | %d | %s | %s |" % (name, world, "**met**" if met else "**missed**",
+                                              figure))
+
+
+def rat(a, b, key):
+    if a is None or b is None or "unsupported" in a or "unsupported" in b:
+        return None
+    if not a.get(key) or not b.get(key):
+        return None
+    return a[key] / b[key]
+
+
+worlds_seen = sorted({k[0] for k in keys})
+for world in worlds_seen:
+    goal = 1.5 if world <= 2 else 2.0
+    for op, nbytes, label in (("all_reduce", 4, "4 B all_reduce"), ("barrier", 0, "barrier")):
+        m, p = med("muster", world, op, nbytes), med("mpi", world, op, nbytes)
+        for key in ("p50", "p99"):
+            r = rat(m, p, key)
+            target("%s %s <= %gx Open MPI" % (label, key, goal), world, r, goal,
+                   "%s vs %s µs = %.2fx" % (f_us({"p50": m[key]}), f_us({"p50": p[key]}), r)
+                   if r is not None else "")
+        if not HOG:
+            continue
+        mh, ph = med("muster", world, op, nbytes, "hog"), med("mpi", world, op, nbytes, "hog")
+        for key in ("p50", "p99"):
+            r = rat(mh, ph, key)
+            target("%s %s under load <= 2x Open MPI under load" % (label, key), world, r, 2.0,
+                   "%s vs %s µs = %.2fx" % (f_us({"p50": mh[key]}), f_us({"p50": ph[key]}), r)
+                   if r is not None else "")
+            r = rat(mh, m, key)
+            target("%s %s under load <= 10x its idle %s" % (label, key, key), world, r, 10.0,
+                   "%s vs %s µs = %.2fx" % (f_us({"p50": mh[key]}), f_us({"p50": m[key]}), r)
+                   if r is not None else "")
+    for op in ("all_reduce", "broadcast", "all_gather", "reduce_scatter"):
+        for nbytes in sorted({k[2] for k in keys if k[0] == world and OPS[k[1]] == op}):
+            if nbytes < 256 << 10:
+                continue
+            goal = 1.0 if nbytes <= 4 << 20 else 1.5 if nbytes >= 16 << 20 else None
+            if goal is None:
+                continue
+            m, p = med("muster", world, op, nbytes), med("mpi", world, op, nbytes)
+            r = rat(m, p, "bus")
+            target("%s busbw %s >= %gx Open MPI" % (op, size_text(nbytes), goal), world, r, goal,
+                   "%.2f vs %.2f GB/s = %.2fx (muster p50 %s..%s µs over %d passes)" % (
+                       m["bus"], p["bus"], r, f_us({"p50": m["lo"]}), f_us({"p50": m["hi"]}),
+                       m["passes"]) if r is not None else "", at_most=False)
+            if SHARED and nbytes >= 4 << 20:
+                z = med("muster-shared", world, op, nbytes)
+                r = rat(z, p, "bus")
+                target("%s busbw %s >= 2x Open MPI (AllocShared)" % (op, size_text(nbytes)),
+                       world, r, 2.0, "%.2f vs %.2f GB/s = %.2fx" % (z["bus"], p["bus"], r)
+                       if r is not None else "", at_most=False)
 targets_text = "\n".join(targets)
 
 block = []
@@ -340,6 +450,11 @@ else:
                  "(gloo reduce_scatter: not run, gloo has none).")
 block.append("")
 block.append(table)
+block.append("")
+block.append("Small messages: p50 and p99 (median over the passes)%s:" % (
+    "; \"hog\": %s" % env["REPORT_HOG"] if HOG else ""))
+block.append("")
+block.append(latency_text)
 block.append("")
 block.append(targets_text)
 text = "\n".join(block)
