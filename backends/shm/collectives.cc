@@ -1,6 +1,7 @@
 #include "backends/shm/collectives.h"
 
 #include <immintrin.h>
+#include <sched.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -94,8 +95,27 @@ absl::Status ShmCommunicator::Finish(absl::Status status) {
   return status;
 }
 
-// How long an oversubscribed rank yields its CPU before it sleeps.
-constexpr int64_t kYieldBudgetUs = 300;
+// How long a waiting rank yields its CPU (after its spin) before it sleeps.
+constexpr int64_t kYieldBudgetUs = 1000;
+
+bool ShmCommunicator::SharesCpuWithLate(std::atomic<uint64_t> RankControl::*field,
+                                        uint64_t target) {
+  int cpu = sched_getcpu();
+  RankControl& me = segment_->rank(rank_);
+  if (me.cpu.load(std::memory_order_relaxed) != cpu) {
+    me.cpu.store(cpu, std::memory_order_relaxed);  // rarely: the line is read every round
+  }
+  if (cpu < 0) return false;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_) continue;
+    const RankControl& other = segment_->rank(j);
+    if ((other.*field).load(std::memory_order_acquire) < target &&
+        other.cpu.load(std::memory_order_relaxed) == cpu) {
+      return true;
+    }
+  }
+  return false;
+}
 
 bool ShmCommunicator::Decide(uint64_t round, bool failed) {
   std::atomic<uint64_t>& outcome = segment_->header().outcome;
@@ -171,7 +191,12 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     }
     polls = 0;
     absl::Time now = absl::Now();
-    if (spin_until == absl::InfinitePast()) spin_until = now + absl::Microseconds(spin_budget_us_);
+    if (spin_until == absl::InfinitePast()) {
+      // Spinning helps only while the ranks waited for can run: one last
+      // seen on this CPU cannot while this rank spins on it.
+      spin_until =
+          SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(spin_budget_us_);
+    }
     if (now >= deadline) {
       std::vector<int> missing;
       for (int j = 0; j < size_; ++j) {
@@ -187,10 +212,12 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       return absl::DeadlineExceededError(message);
     }
     if (now < spin_until) continue;
-    // More ranks than CPUs: the ranks we wait for may need this CPU. Yield
-    // it for a while before sleeping on the futex (whose wake-up costs a
-    // scheduler round trip per rank).
-    if (oversubscribed_ && now < spin_until + absl::Microseconds(kYieldBudgetUs)) {
+    // Then yield the CPU for a while before sleeping on the futex (a wake-up
+    // costs a scheduler round trip per rank, and far more when the CPU it
+    // wakes on is busy): whoever else wants this CPU (the ranks waited for,
+    // a data loader) gets it; when nobody does, the yield returns at once
+    // and the wait sees the others arrive as a spin would.
+    if (now < spin_until + absl::Microseconds(kYieldBudgetUs)) {
       std::this_thread::yield();
       continue;
     }

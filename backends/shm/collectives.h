@@ -7,7 +7,10 @@
 // (so its slot may be overwritten), (2) writes its contribution into its
 // own slot and publishes arrived=k, (3) waits until every rank arrived at
 // k, (4) reads what it needs from the slots, (5) publishes released=k.
-// Waiting spins briefly, then sleeps on the segment's futex word; it ends
+// Waiting spins briefly (not at all for a rank last seen on the waiter's
+// CPU: it cannot run while the waiter spins), then yields the CPU for up to
+// 1 ms (others that want it get it; an idle CPU returns at once), then
+// sleeps on the segment's futex word; it ends
 // early if the segment is aborted (ABORTED with musterd's reason;
 // UNAVAILABLE when musterd is shutting down), aborted locally in this
 // process (with the local reason: the rank lost its musterd) or the
@@ -190,6 +193,9 @@ class ShmCommunicator : public Communicator {
   uint64_t sequence_ = 0;
   OpSignature current_;
   int spin_budget_us_;
+  // Publishes this rank's CPU; true if a rank whose `field` is below
+  // `target` was last seen waiting on this same CPU.
+  bool SharesCpuWithLate(std::atomic<uint64_t> RankControl::*field, uint64_t target);
 
   // Direct transfers.
   struct PeerSource {

@@ -108,6 +108,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     c->released.store(0);
     c->submitted.store(0);
     c->completed.store(0);
+    c->cpu.store(-1);
     c->pid.store(0);
   }
   for (int i = 0; i < nranks * nranks; ++i) {

@@ -47,6 +47,9 @@ struct alignas(64) RankControl {
   std::atomic<uint64_t> released;  // last round this rank finished reading
   OpSignature signature;           // of the collective in progress
   uint64_t path;                   // first rounds: 1 = the direct path (collectives.cc)
+  // The CPU this rank was on when it last waited longer than a moment (-1:
+  // not yet): a waiter does not spin for a rank last seen on its own CPU.
+  std::atomic<int32_t> cpu;
   // Read by musterd (progress, musterctl), not by the other members.
   alignas(64) std::atomic<uint64_t> submitted;  // last collective sequence submitted
   std::atomic<uint64_t> completed;              // last collective sequence completed
