@@ -6,6 +6,7 @@
 // suite's, run by shm_conformance_test.
 #include "backends/shm/collectives.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -263,8 +264,6 @@ TEST_CASE(
   CHECK(usable[1]);
 }
 
-
-
 TEST_CASE("a rank arriving after the others gave up fails too, at once, naming why") {
   // Rank 0 gives up after 300 ms; rank 1 arrives after 800 ms (its own
   // deadline far away). Every rank must fail the collective: none returns
@@ -319,7 +318,6 @@ TEST_CASE("with a timeout racing the last arrival, the ranks agree on the outcom
   INFO("runs where the collective failed everywhere: " << failed_runs);
 }
 
-
 TEST_CASE("a segment aborted because its daemon goes away fails waiters with UNAVAILABLE") {
   std::string name = UniqueName();
   auto seg = GroupSegment::Create(name, 2, 4096);
@@ -366,6 +364,54 @@ TEST_CASE("a local abort wakes this process's waiting rank at once and tells no 
   CHECK((*mine)->local_abort_status() == gone);
   CHECK_FALSE((*theirs)->locally_aborted());
   CHECK_FALSE((*theirs)->aborted());
+  GroupSegment::Unlink(name);
+}
+
+TEST_CASE("a rank that waits publishes its CPU; ranks sharing one CPU still complete") {
+  std::string name = UniqueName();
+  auto owner = GroupSegment::Create(name, 2, 4096);
+  REQUIRE(owner.ok());
+  CHECK((*owner)->rank(0).cpu.load() == -1);  // unknown until a rank waits
+  CHECK((*owner)->rank(1).cpu.load() == -1);
+  cpu_set_t allowed;
+  REQUIRE(sched_getaffinity(0, sizeof(allowed), &allowed) == 0);
+  int cpu = 0;
+  while (!CPU_ISSET(cpu, &allowed)) ++cpu;
+  std::vector<std::unique_ptr<GroupSegment>> maps;
+  std::vector<std::unique_ptr<ShmCommunicator>> comms;
+  for (int r = 0; r < 2; ++r) {
+    auto seg = GroupSegment::Open(name, 2);
+    REQUIRE(seg.ok());
+    comms.push_back(std::make_unique<ShmCommunicator>(seg->get(), r, "g", std::vector<int>{0, 1}));
+    maps.push_back(std::move(*seg));
+  }
+  // Both ranks on one CPU: a waiter must give it to the rank it waits for
+  // (rank 1 starts 20 ms late, so rank 0 waits long enough to publish).
+  Errors errors;
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpu, &one);
+      if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+        errors.Add(absl::StrCat("rank ", r, ": sched_setaffinity failed"));
+        return;
+      }
+      if (r == 1) absl::SleepFor(absl::Milliseconds(20));
+      for (int i = 0; i < 300; ++i) {
+        std::vector<int32_t> v(4, r + 1);
+        absl::Status s = comms[r]->AllReduce(v.data(), 4, DType::kInt32, ReduceOp::kSum, 1, Soon());
+        if (!s.ok() || v[0] != 3) {
+          errors.Add(absl::StrCat("rank ", r, " all_reduce ", i, ": ", s.ToString(), " v=", v[0]));
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(errors.first == "");
+  CHECK((*owner)->rank(0).cpu.load() == cpu);
   GroupSegment::Unlink(name);
 }
 
