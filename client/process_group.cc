@@ -1102,6 +1102,7 @@ ProcessGroup::Impl::~Impl() {
   {
     absl::MutexLock lock(&exec_mu_);
     stopping_ = true;
+    exec_cv_.SignalAll();
   }
   if (executor_.joinable()) executor_.join();
   // Pending point to point fails CANCELLED (through Works that use this
@@ -1147,7 +1148,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   }
   w.set_group(this);
   queue_.push_back(Queued{device, std::move(op), work, now, trace_id, defer, submitted_, call});
-  if (executor_sleeping_) kick_ = true;
+  if (executor_sleeping_) {
+    kick_ = true;
+    exec_cv_.Signal();
+  }
   if (!executor_.joinable()) executor_ = std::thread([this] { RunExecutor(); });
   return work;
 }
@@ -1188,6 +1192,7 @@ bool ProcessGroup::Impl::RunHead() {
   Work::Impl::Of(*item.work).Complete(std::move(status));
   exec_mu_.Lock();
   running_ = false;
+  exec_cv_.SignalAll();  // waiters in RunUntil, an expedited executor (cheap when none)
   return true;
 }
 
@@ -1203,6 +1208,7 @@ void ProcessGroup::Impl::Expedite() {
   absl::MutexLock lock(&exec_mu_);
   expedite_ = true;
   if (executor_sleeping_) kick_ = true;
+  exec_cv_.SignalAll();
 }
 
 void ProcessGroup::Impl::RunExecutor() {
@@ -1217,15 +1223,12 @@ void ProcessGroup::Impl::RunExecutor() {
   absl::Time idle_since = absl::Now();
   while (true) {
     if (stopping_) {
-      if (!running_) return;
-      exec_mu_.Await(absl::Condition(
-          +[](bool* running) { return !*running; }, &running_));
+      while (running_) exec_cv_.Wait(&exec_mu_);
       return;
     }
     if (queue_.empty() && absl::Now() - idle_since > absl::Milliseconds(100)) {
       executor_sleeping_ = true;
-      auto kicked = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) { return stopping_ || kick_; };
-      exec_mu_.Await(absl::Condition(&kicked));
+      while (!stopping_ && !kick_) exec_cv_.Wait(&exec_mu_);
       executor_sleeping_ = false;
       kick_ = false;
       idle_since = absl::Now();
@@ -1234,7 +1237,9 @@ void ProcessGroup::Impl::RunExecutor() {
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
       return stopping_ || (expedite_ && !queue_.empty() && !running_);
     };
-    exec_mu_.AwaitWithTimeout(absl::Condition(&woken), kPoll);
+    const absl::Time poll_until = absl::Now() + kPoll;
+    while (!woken() && !exec_cv_.WaitWithDeadline(&exec_mu_, poll_until)) {
+    }
     if (stopping_) continue;
     if (queue_.empty()) {
       expedite_ = false;
@@ -1253,7 +1258,9 @@ void ProcessGroup::Impl::RunUntil(const Work::Impl* work, absl::Time deadline) {
     auto progress = [this, work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
       return !running_ || work->IsCompleted();
     };
-    if (!exec_mu_.AwaitWithDeadline(absl::Condition(&progress), deadline)) return;
+    while (!progress()) {
+      if (exec_cv_.WaitWithDeadline(&exec_mu_, deadline) && !progress()) return;  // deadline
+    }
     if (queue_.empty() && !running_ && !work->IsCompleted()) return;  // not ours to run
   }
 }

@@ -238,6 +238,12 @@ class ProcessGroup::Impl {
 
   // The executor: one thread running this group's collectives in order.
   absl::Mutex exec_mu_;
+  // What waits on exec_mu_'s state waits here, not in Mutex::Await: a
+  // condition waiter on the mutex made every unlock take absl's slow path
+  // (evaluating it), three times per collective. Signalled when a
+  // collective ends, and by what wakes the executor (kick_, expedite_,
+  // stopping_).
+  absl::CondVar exec_cv_;
   struct Queued {
     Device device;
     Op op;
