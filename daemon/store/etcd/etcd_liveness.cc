@@ -348,11 +348,14 @@ void EtcdLiveness::Keep() {
     } else {
       absl::StatusOr<int64_t> granted = KeepAliveOnce(lease);
       if (!granted.ok()) {
-        ++failures;
-        MLOG(WARNING) << "etcd lease " << Hex(lease) << " keep-alive failed (" << failures
-                      << " in a row, last renewed " << absl::FormatDuration(absl::Now() - renewed)
-                      << " ago, TTL " << absl::FormatDuration(ttl_)
-                      << "): " << granted.status().message();
+        // Logged at the first failure and every 5th after it (retried every
+        // 200 ms).
+        if (failures++ % 5 == 0) {
+          MLOG(WARNING) << "etcd lease " << Hex(lease) << " keep-alive failed (" << failures
+                        << " in a row, last renewed " << absl::FormatDuration(absl::Now() - renewed)
+                        << " ago, TTL " << absl::FormatDuration(ttl_)
+                        << "): " << granted.status().message();
+        }
         pause = absl::Milliseconds(200);
       } else if (*granted <= 0) {
         MLOG(WARNING) << "etcd lease " << Hex(lease) << " expired (last renewed "
