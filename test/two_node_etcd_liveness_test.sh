@@ -26,6 +26,7 @@ MUSTERD=$(find_bin daemon/musterd)
 MUSTERCTL=$(find_bin tools/musterctl)
 RANK=$(find_bin test/muster-test-rank)
 CLUSTER=$(find_bin tools/etcd_cluster.sh)
+[[ -e $CLUSTER ]] || CLUSTER="$(cd "$(dirname "$0")/.." && pwd)/tools/etcd_cluster.sh"  # not in bazel
 PORT=$(( 20000 + $$ % 20000 ))
 TTL=3
 JOB="lease-$$"

@@ -440,6 +440,20 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
     std::string reason = absl::StrCat("node ", node, " (musterd lease expired after ", n.ttl,
                                       " s): ", numbers.size() == 1 ? "rank " : "ranks ",
                                       absl::StrJoin(numbers, ", "), " lost");
+    // Local ranks are told at once; the record reaches every other daemon
+    // (and this one again: MarkFailed ignores a repeat) through the store.
+    int64_t epoch = 0;
+    for (int i = 0; i < 3 && !stopping_; ++i) {
+      absl::StatusOr<int64_t> latest = LatestEpoch();
+      if (latest.ok()) {
+        epoch = *latest;
+        break;
+      }
+    }
+    for (const RemoteRank& r : n.ranks) {
+      if (!stopping_ && on_failure_)
+        on_failure_(FailureRecord{r.rank, r.host, r.pid, reason, epoch});
+    }
     for (const RemoteRank& r : n.ranks) {
       // Exactly one daemon reports it: the one whose claim lands first. A
       // claim whose reply was lost reads back as this daemon's on a retry.
@@ -455,7 +469,6 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
           Release(std::move(store));
           mine = claimed == claim_id_;
           if (!mine) return absl::OkStatus();
-          ASSIGN_OR_RETURN(int64_t epoch, LatestEpoch());
           RETURN_IF_ERROR(ReportFailure(FailureRecord{r.rank, r.host, r.pid, reason, epoch}));
           // As the rank's own daemon would: a new process may take it over.
           ASSIGN_OR_RETURN(store, Acquire());
@@ -476,6 +489,7 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
 }
 
 void JobCoordinator::WatchFailures(std::function<void(const FailureRecord&)> on_failure) {
+  on_failure_ = on_failure;
   if (access_.liveness != nullptr) {
     lost_watch_ =
         access_.liveness->watch_lost(prefix_ + "alive/", [this](const std::vector<LostKey>& lost) {

@@ -173,7 +173,9 @@ class JobCoordinator {
   // the job, including ones this daemon reported. Stopped by the destructor.
   // With a liveness, also watches the job's alive/ keys: a rank whose key
   // vanished with its node (lease expired) gets a failure record naming the
-  // node, written by exactly one of the daemons that saw it go.
+  // node, written by exactly one of the daemons that saw it go; each of
+  // them also runs `on_failure` with it at once (not only when the record
+  // comes back through the failure watcher).
   void WatchFailures(std::function<void(const FailureRecord&)> on_failure);
 
  private:
@@ -205,6 +207,8 @@ class JobCoordinator {
   std::thread watcher_;  // owned; polls failure records until stopping_
   // Ends the watch of other nodes' alive/ keys (set by WatchFailures).
   NodeLiveness::Cancel lost_watch_;
+  // WatchFailures' callback (set before the watches start).
+  std::function<void(const FailureRecord&)> on_failure_;
   const std::string claim_id_;  // this coordinator, in lost/<r>/<revision>
 };
 
