@@ -451,34 +451,44 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
       }
     }
     for (const RemoteRank& r : n.ranks) {
-      if (!stopping_ && on_failure_)
+      if (!stopping_ && on_failure_) {
         on_failure_(FailureRecord{r.rank, r.host, r.pid, reason, epoch});
+      }
     }
+    // Retries of idempotent steps only, for 30 s while the store is
+    // unreachable.
+    auto retry = [this](const std::function<absl::Status()>& step) {
+      absl::Time give_up = absl::Now() + absl::Seconds(30);
+      absl::Status s;
+      while (!(s = step()).ok() && !stopping_ && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(200));
+      }
+      return s;
+    };
     for (const RemoteRank& r : n.ranks) {
       // Exactly one daemon reports it: the one whose claim lands first. A
       // claim whose reply was lost reads back as this daemon's on a retry.
-      absl::Status s;
-      absl::Time give_up = absl::Now() + absl::Seconds(30);
       bool mine = false;
-      do {
-        s = [&]() -> absl::Status {
+      absl::Status s = retry([&]() -> absl::Status {
+        ASSIGN_OR_RETURN(auto store, Acquire());
+        ASSIGN_OR_RETURN(std::string claimed,
+                         store->CompareSet(absl::StrCat(prefix_, "lost/", r.rank, "/", revision),
+                                           "", claim_id_));
+        Release(std::move(store));
+        mine = claimed == claim_id_;
+        return absl::OkStatus();
+      });
+      // The record once (a repeated Add could leave a gap in failure/<n>).
+      if (s.ok() && mine) s = ReportFailure(FailureRecord{r.rank, r.host, r.pid, reason, epoch});
+      // As the rank's own daemon would: a new process may take it over.
+      if (s.ok() && mine) {
+        s = retry([&]() -> absl::Status {
           ASSIGN_OR_RETURN(auto store, Acquire());
-          ASSIGN_OR_RETURN(std::string claimed,
-                           store->CompareSet(absl::StrCat(prefix_, "lost/", r.rank, "/", revision),
-                                             "", claim_id_));
-          Release(std::move(store));
-          mine = claimed == claim_id_;
-          if (!mine) return absl::OkStatus();
-          RETURN_IF_ERROR(ReportFailure(FailureRecord{r.rank, r.host, r.pid, reason, epoch}));
-          // As the rank's own daemon would: a new process may take it over.
-          ASSIGN_OR_RETURN(store, Acquire());
           RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "gone/", r.rank), EncodeRank(r)));
           Release(std::move(store));
           return absl::OkStatus();
-        }();
-        if (s.ok() || stopping_) break;
-        absl::SleepFor(absl::Milliseconds(200));
-      } while (absl::Now() < give_up);
+        });
+      }
       if (!s.ok()) {
         MLOG(WARNING) << "job " << job_id_ << ": cannot report " << reason << ": " << s.message();
       } else if (mine) {
