@@ -14,6 +14,9 @@ JobStoreAccess EtcdJobStore(const EtcdStoreOptions& options, std::shared_ptr<Etc
   JobStoreAccess access;
   access.connect = [options]() -> absl::StatusOr<std::unique_ptr<Store>> {
     ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> store, EtcdStore::Create(options));
+    // As TcpJobStore's: a coordinator's call (and so a shutdown waiting for
+    // one) gives up after 30 s of etcd being unreachable, not 300 s.
+    store->set_timeout(absl::Seconds(30));
     return std::unique_ptr<Store>(std::move(store));
   };
   if (liveness != nullptr) {
