@@ -417,6 +417,9 @@ EtcdLiveness::Cancel EtcdLiveness::WatchLost(const std::string& prefix,
         create->set_prev_kv(true);
         create->add_filters(pb::WatchCreateRequest::NOPUT);
         create->set_start_revision(next);
+        // Progress notifications (every 10 min) move `next` past revisions
+        // without deletions, so a resumed watch does not replay long history.
+        create->set_progress_notify(true);
         pb::WatchResponse resp;
         if (stream->Write(req)) {
           while (stream->Read(&resp)) {
@@ -429,6 +432,10 @@ EtcdLiveness::Cancel EtcdLiveness::WatchLost(const std::string& prefix,
               break;
             }
             if (resp.canceled()) break;
+            if (!resp.created() && resp.events_size() == 0) {  // a progress notification
+              next = std::max(next, resp.header().revision() + 1);
+              continue;
+            }
             std::vector<Lost> batch;
             for (const auto& ev : resp.events()) {
               int64_t revision = ev.kv().mod_revision();
