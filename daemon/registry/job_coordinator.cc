@@ -468,12 +468,12 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
     for (const RemoteRank& r : n.ranks) {
       // Exactly one daemon reports it: the one whose claim lands first. A
       // claim whose reply was lost reads back as this daemon's on a retry.
+      const std::string claim = absl::StrCat(prefix_, "lost/", r.rank, "/", revision);
+      if (reported_.count(claim)) continue;
       bool mine = false;
       absl::Status s = retry([&]() -> absl::Status {
         ASSIGN_OR_RETURN(auto store, Acquire());
-        ASSIGN_OR_RETURN(std::string claimed,
-                         store->CompareSet(absl::StrCat(prefix_, "lost/", r.rank, "/", revision),
-                                           "", claim_id_));
+        ASSIGN_OR_RETURN(std::string claimed, store->CompareSet(claim, "", claim_id_));
         Release(std::move(store));
         mine = claimed == claim_id_;
         return absl::OkStatus();
@@ -489,6 +489,7 @@ void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
           return absl::OkStatus();
         });
       }
+      if (s.ok() && mine) reported_.insert(claim);
       if (!s.ok()) {
         MLOG(WARNING) << "job " << job_id_ << ": cannot report " << reason << ": " << s.message();
       } else if (mine) {

@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -210,6 +211,10 @@ class JobCoordinator {
   // WatchFailures' callback (set before the watches start).
   std::function<void(const FailureRecord&)> on_failure_;
   const std::string claim_id_;  // this coordinator, in lost/<r>/<revision>
+  // lost/<r>/<revision> keys this coordinator reported (a watch that
+  // delivers a deletion again must not write a second record). Only the
+  // lost-key watch's thread uses it.
+  std::set<std::string> reported_;
 };
 
 }  // namespace muster
