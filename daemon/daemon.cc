@@ -21,6 +21,7 @@
 #include "daemon/access/malformed_request.h"
 #include "daemon/access/unix_listener.h"
 #include "daemon/admin_service.h"
+#include "daemon/etcd_job_store.h"
 #include "daemon/gpu/gpu_runtime_loader.h"
 #include "daemon/gpu/gpu_service.h"
 #include "daemon/metrics/metrics_server.h"
@@ -90,41 +91,6 @@ JobStoreAccess ReachJobStore(StoreServer* own, const std::string& master,
   return TcpJobStore(master, token);
 }
 
-// The job store in etcd: a store per connection, waits as cancellable
-// watches on their own thread.
-JobStoreAccess EtcdJobStore(const EtcdStoreOptions& options) {
-  JobStoreAccess access;
-  access.connect = [options]() -> absl::StatusOr<std::unique_ptr<Store>> {
-    ASSIGN_OR_RETURN(std::unique_ptr<EtcdStore> store, EtcdStore::Create(options));
-    return std::unique_ptr<Store>(std::move(store));
-  };
-  auto shared = EtcdStore::Create(options);
-  if (!shared.ok()) return access;
-  std::shared_ptr<EtcdStore> store = std::move(*shared);
-  access.watch = [store](std::vector<std::string> keys, std::function<void(absl::Status)> ready) {
-    struct State {
-      WaitCancel cancel;
-      absl::Mutex mu;
-      bool cancelled ABSL_GUARDED_BY(mu) = false;
-    };
-    auto state = std::make_shared<State>();
-    // Thread: one watch until the keys exist or the watch is cancelled.
-    std::thread([store, keys = std::move(keys), ready = std::move(ready), state] {
-      absl::Status s = store->WaitCancellable(keys, absl::Hours(24 * 365), &state->cancel);
-      absl::MutexLock lock(&state->mu);
-      if (!state->cancelled) ready(s);
-    }).detach();
-    return JobStoreAccess::Cancel([state] {
-      {
-        absl::MutexLock lock(&state->mu);
-        state->cancelled = true;
-      }
-      state->cancel.Cancel();
-    });
-  };
-  return access;
-}
-
 std::string Hostname() {
   char buf[256] = {};
   if (::gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -185,6 +151,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
       MLOG(WARNING) << "etcd not reachable yet: " << keys.status().message();
     }
     daemon->etcd_store_->set_timeout(kDefaultStoreTimeout);
+    ASSIGN_OR_RETURN(daemon->etcd_liveness_,
+                     EtcdLiveness::Start(options.etcd, options.etcd_lease_ttl));
     ASSIGN_OR_RETURN(daemon->etcd_status_, EtcdStore::Create(options.etcd));
     daemon->etcd_status_->set_timeout(absl::Seconds(2));
     StoreFrontendOptions frontend;
@@ -243,13 +211,22 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   if (daemon->etcd_store_ != nullptr) {
     // Every node's musterd serves the same etcd-backed store on the same
     // port: a job whose master names that port uses etcd directly.
+    // Its ranks' alive/<r> keys are held by this musterd's etcd lease; other
+    // nodes name it as "host" or "host/listen address".
     EtcdStoreOptions etcd = options.etcd;
     int port = daemon->store_port();
-    registry_options.job_store = [etcd, port, store_token](const std::string& master) {
+    std::shared_ptr<EtcdLiveness> liveness = daemon->etcd_liveness_;
+    std::string node = Hostname();
+    if (!options.listen_address.empty() && options.listen_address != "0.0.0.0" &&
+        options.listen_address != "::") {
+      node = absl::StrCat(node, "/", options.listen_address);
+    }
+    registry_options.job_store = [etcd, port, store_token, liveness,
+                                  node](const std::string& master) {
       std::string host;
       int master_port = 0;
       if (SplitHostPort(master, &host, &master_port).ok() && master_port == port) {
-        return EtcdJobStore(etcd);
+        return EtcdJobStore(etcd, liveness, node);
       }
       return TcpJobStore(master, store_token);
     };
@@ -632,6 +609,9 @@ void Daemon::Shutdown() {
   // so the gRPC server has nothing left that could outlive the grace period.
   if (store_ != nullptr) store_->Stop();
   if (etcd_store_ != nullptr) etcd_store_->Shutdown();
+  // Not revoked: keys still held (ranks that never left) vanish after the
+  // TTL, and other nodes report those ranks lost.
+  if (etcd_liveness_ != nullptr) etcd_liveness_->Stop();
   if (frontend_ != nullptr) frontend_->Stop();
   if (unix_listener_ != nullptr) unix_listener_->Stop();
   metrics_server_.reset();

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "daemon/access/access_policy.h"
+#include "daemon/store/etcd/etcd_liveness.h"
 #include "daemon/store/etcd/etcd_store.h"
 #include "daemon/store/store_frontend.h"
 #include "daemon/store/store_server.h"
@@ -78,6 +79,9 @@ struct DaemonOptions {
   // EtcdStore; `store` gives the listener, limits and token).
   std::string store_backend = "memory";
   EtcdStoreOptions etcd;
+  // With the etcd backend: the TTL of this musterd's etcd lease, which holds
+  // its ranks' liveness keys (other nodes report them lost when it expires).
+  absl::Duration etcd_lease_ttl = absl::Seconds(5);
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
   // Flight recorder: records per rank in each group's segment (0: none),
@@ -131,7 +135,8 @@ class Daemon {
   std::unique_ptr<StoreServer> store_;
   // --store-backend etcd: the etcd-backed store and its wire front-end.
   std::shared_ptr<EtcdStore> etcd_store_;
-  std::unique_ptr<EtcdStore> etcd_status_;  // short timeout, for Status
+  std::unique_ptr<EtcdStore> etcd_status_;       // short timeout, for Status
+  std::shared_ptr<EtcdLiveness> etcd_liveness_;  // this node's etcd lease
   std::unique_ptr<StoreFrontend> frontend_;
   std::unique_ptr<AdminService> admin_service_;
   std::unique_ptr<StoreService> store_service_;

@@ -203,6 +203,11 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddString("etcd-cert", &etcd_cert,
                   "Client certificate (PEM) for etcd's --client-cert-auth (with --etcd-key).");
   flags.AddString("etcd-key", &etcd_key, "Private key (PEM) of --etcd-cert.");
+  int64_t etcd_lease_ttl_seconds = 5;
+  flags.AddInt("etcd-lease-ttl-seconds", &etcd_lease_ttl_seconds,
+               "With --store-backend etcd: TTL of this musterd's etcd lease (1 to 3600), which\n"
+               "holds its ranks' liveness keys: if this node vanishes, the other nodes report\n"
+               "its ranks failed about this long after its last renewal.");
   flags.AddString("store-token-file", &token_file,
                   "File holding a secret token; clients must prove they hold it (muster's\n"
                   "clients do, by challenge-response: the token is never sent) before any other\n"
@@ -390,6 +395,12 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
     *out = *pem;
   }
   options.etcd.endpoints = absl::StrSplit(etcd_endpoints, ',', absl::SkipEmpty());
+  if (etcd_lease_ttl_seconds < 1 || etcd_lease_ttl_seconds > 3600) {
+    std::fprintf(stderr, "musterd: --etcd-lease-ttl-seconds must be in [1, 3600], got %lld\n",
+                 static_cast<long long>(etcd_lease_ttl_seconds));
+    return 2;
+  }
+  options.etcd_lease_ttl = absl::Seconds(etcd_lease_ttl_seconds);
   if (options.store_backend == "etcd" && options.etcd.endpoints.empty()) {
     std::fprintf(stderr, "musterd: --store-backend etcd needs --etcd-endpoints\n");
     return 2;

@@ -17,6 +17,13 @@
 //   groupb NAME R,R,.. BACKEND NewGroup with a backend config
 //   store                      set/get through World::store()
 //   failures                   print the failures this rank was told about
+//   storeloop GROUP N          N rounds of: set wl/<rank>/<i>, get the next
+//                              group member's wl/<peer>/<i> (checked), all_reduce
+//                              on GROUP (checked); "storeloop GROUP running"
+//                              after the first round
+//   awaitlost MS N             waits up to MS for N failure reports that say a
+//                              node's musterd lease expired; prints them with at_us=
+//   storecheck                 set after/<rank>, read wl/0/0 (written earlier)
 //   xops GROUP                 every collective + send/recv, checked (one line each)
 //   arloop GROUP               all_reduce in a loop until one fails ("arloop GROUP
 //                              running" after the first); reports the failure with
@@ -877,6 +884,62 @@ int main(int argc, char** argv) {
         absl::SleepFor(absl::Milliseconds(10));
       }
       report(step, absl::OkStatus(), absl::StrJoin(world->failures(), " | "));
+    } else if (cmd == "storeloop") {
+      auto g = groups.at(words[1]);
+      int n = std::stoi(words[2]);
+      auto store = world->store();
+      absl::Status st = store.status();
+      int done = 0;
+      int peer = g->ranks()[(g->rank() + 1) % g->size()];
+      for (int i = 0; st.ok() && i < n; ++i) {
+        st = (*store)->Set(absl::StrCat("wl/", me, "/", i), absl::StrCat(me, ":", i));
+        if (st.ok()) {
+          auto v = (*store)->Get(absl::StrCat("wl/", peer, "/", i));
+          st = v.status();
+          if (v.ok() && *v != absl::StrCat(peer, ":", i)) {
+            st = absl::InternalError(absl::StrCat("wl/", peer, "/", i, " holds '", *v, "'"));
+          }
+        }
+        std::vector<int32_t> v(256, 1);
+        if (st.ok()) st = g->AllReduce({v.data(), v.size(), muster::DType::kInt32})->Wait();
+        if (st.ok() && v[0] != g->size()) st = absl::InternalError("wrong all_reduce result");
+        if (st.ok() && ++done == 1) {
+          std::printf("rank %s: storeloop %s running\n", me.c_str(), words[1].c_str());
+          std::fflush(stdout);
+        }
+      }
+      report(step, st, absl::StrCat("iters=", done));
+    } else if (cmd == "awaitlost") {
+      // The report comes on the session stream; checked every 5 ms.
+      absl::Time until = absl::Now() + absl::Milliseconds(std::stoi(words[1]));
+      size_t want = words.size() > 2 ? std::stoul(words[2]) : 1, found = 0;
+      while (absl::Now() < until) {
+        found = 0;
+        for (const std::string& f : world->failures()) {
+          found += f.find("lease expired") != std::string::npos;
+        }
+        if (found >= want) break;
+        absl::SleepFor(absl::Milliseconds(5));
+      }
+      std::string when = at_us();
+      report(step,
+             found < want
+                 ? absl::DeadlineExceededError(absl::StrCat(
+                       found, " of ", want,
+                       " lost-node reports; failures: ", absl::StrJoin(world->failures(), " | ")))
+                 : absl::OkStatus(),
+             absl::StrCat(when, " failures=", absl::StrJoin(world->failures(), " | ")));
+    } else if (cmd == "storecheck") {
+      auto store = world->store();
+      absl::Status st = store.status();
+      std::string detail;
+      if (st.ok()) st = (*store)->Set(absl::StrCat("after/", me), "1");
+      if (st.ok()) {
+        auto v = (*store)->Get("wl/0/0", absl::Seconds(5));
+        st = v.status();
+        if (v.ok()) detail = absl::StrCat("wl/0/0=", *v);
+      }
+      report(step, st, detail);
     } else if (cmd == "sleep") {
       int ms = 0;
       (void)absl::SimpleAtoi(words[1], &ms);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A local 3-member etcd cluster for tests and for trying musterd's etcd store
 # backend (musterd --store-backend etcd). Every member listens on 127.0.0.1
-# on free ports and keeps its data under DIR.
+# (or $ETCD_HOST, e.g. an address other network namespaces reach) on free
+# ports and keeps its data under DIR.
 #
 #   tools/etcd_cluster.sh start DIR [MEMBERS]  start (default 3 members); prints the
 #                                    endpoints, also written to DIR/endpoints
@@ -15,14 +16,15 @@
 set -euo pipefail
 
 ETCD=${ETCD:-$(command -v etcd || true)}
+HOST=${ETCD_HOST:-127.0.0.1}
 
-usage() { sed -n '2,14p' "$0" >&2; exit 2; }
+usage() { sed -n '2,15p' "$0" >&2; exit 2; }
 [[ $# -ge 2 ]] || usage
 cmd=$1
 dir=$(mkdir -p "$2" && cd "$2" && pwd)
 
 free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+  python3 -c 'import socket; s=socket.socket(); s.bind(("'"$HOST"'",0)); print(s.getsockname()[1])'
 }
 
 healthy() {  # URL
@@ -50,8 +52,8 @@ case "$cmd" in
     names=() clients=() peers=() cluster=""
     for i in $(seq 1 "$n"); do
       names+=("m$i")
-      clients+=("http://127.0.0.1:$(free_port)")
-      peers+=("http://127.0.0.1:$(free_port)")
+      clients+=("http://$HOST:$(free_port)")
+      peers+=("http://$HOST:$(free_port)")
       cluster+="${cluster:+,}m$i=${peers[-1]}"
     done
     for i in "${!names[@]}"; do

@@ -1,5 +1,10 @@
 #include "daemon/registry/job_coordinator.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -31,6 +36,9 @@ RemoteRank DecodeRank(int rank, const std::string& text) {
 }
 
 std::string RankKey(int rank) { return absl::StrCat("rank/", rank); }
+std::string AliveKey(int rank) { return absl::StrCat("alive/", rank); }
+// An alive/<r> key no longer held by a lease (the rank failed or left).
+constexpr char kReleased[] = "-";
 
 // A condition: the wake counter moved past what a waiter saw.
 struct WakeArgs {
@@ -75,10 +83,13 @@ JobStoreAccess TcpJobStore(const std::string& master, const std::string& token) 
 JobCoordinator::JobCoordinator(std::string job_id, int64_t generation, JobStoreAccess access)
     : job_id_(std::move(job_id)),
       prefix_(absl::StrCat("muster/", job_id_, "/", generation, "/")),
-      access_(std::move(access)) {}
+      access_(std::move(access)),
+      claim_id_(absl::StrCat(::getpid(), "/", absl::ToUnixNanos(absl::Now()), "/",
+                             reinterpret_cast<uintptr_t>(this))) {}
 
 JobCoordinator::~JobCoordinator() {
   Cancel();
+  if (lost_watch_) lost_watch_();
   if (watcher_.joinable()) watcher_.join();
 }
 
@@ -198,6 +209,7 @@ absl::StatusOr<bool> JobCoordinator::PublishRank(int world_size, const RemoteRan
   ASSIGN_OR_RETURN(std::string held, store->CompareSet(key, "", record));
   if (held == record) {
     Release(std::move(store));
+    HoldLiveness(rank);
     return false;
   }
   // Another process held the rank: take it over once its daemon reported
@@ -211,6 +223,7 @@ absl::StatusOr<bool> JobCoordinator::PublishRank(int world_size, const RemoteRan
         ASSIGN_OR_RETURN(std::string now, store->CompareSet(key, held, record));
         if (now == record) {
           Release(std::move(store));
+          HoldLiveness(rank);
           return true;
         }
         held = now;  // another process took it first
@@ -226,7 +239,26 @@ absl::StatusOr<bool> JobCoordinator::PublishRank(int world_size, const RemoteRan
       " pid ", other.pid, " (still alive); a restarted job needs a new generation"));
 }
 
+void JobCoordinator::HoldLiveness(const RemoteRank& rank) {
+  if (access_.liveness == nullptr) return;
+  const NodeLiveness& l = *access_.liveness;
+  absl::Status held =
+      l.hold(prefix_ + AliveKey(rank.rank),
+             absl::StrCat(EncodeRank(rank), "\t", l.node, "\t", absl::ToInt64Seconds(l.ttl)));
+  if (!held.ok()) {
+    MLOG(WARNING) << "job " << job_id_ << ": rank " << rank.rank
+                  << "'s liveness key is not held yet (other nodes would not see this node "
+                     "vanish): "
+                  << held.message();
+  }
+}
+
 absl::Status JobCoordinator::MarkGone(const RemoteRank& rank) {
+  // The liveness key first: it is released in order (not lost), and a
+  // process taking the rank over (after gone/<r> below) holds it anew.
+  if (access_.liveness != nullptr) {
+    RETURN_IF_ERROR(access_.liveness->release(prefix_ + AliveKey(rank.rank), kReleased));
+  }
   ASSIGN_OR_RETURN(auto store, Acquire());
   RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "gone/", rank.rank), EncodeRank(rank)));
   Release(std::move(store));
@@ -379,7 +411,102 @@ absl::Status JobCoordinator::ReportFailure(const FailureRecord& f) {
   return absl::OkStatus();
 }
 
+void JobCoordinator::ReportLost(const std::vector<LostKey>& lost) {
+  // One report per node (a lease's keys vanish in one deletion).
+  struct Node {
+    std::string ttl;
+    std::vector<RemoteRank> ranks;
+  };
+  std::map<std::string, Node> nodes;
+  int64_t revision = 0;
+  const std::string alive = prefix_ + "alive/";
+  for (const LostKey& k : lost) {
+    int r = -1;
+    if (!absl::StartsWith(k.key, alive) || !absl::SimpleAtoi(k.key.substr(alive.size()), &r)) {
+      continue;
+    }
+    std::vector<std::string> f = absl::StrSplit(k.value, '\t');
+    if (f.size() < 6) continue;  // released ("-"): the rank failed or left in order
+    Node& n = nodes[f[4]];
+    n.ttl = f[5];
+    n.ranks.push_back(DecodeRank(r, absl::StrJoin(f.begin(), f.begin() + 4, "\t")));
+    revision = k.revision;
+  }
+  for (auto& [node, n] : nodes) {
+    std::sort(n.ranks.begin(), n.ranks.end(),
+              [](const RemoteRank& a, const RemoteRank& b) { return a.rank < b.rank; });
+    std::vector<int> numbers;
+    for (const RemoteRank& r : n.ranks) numbers.push_back(r.rank);
+    std::string reason = absl::StrCat("node ", node, " (musterd lease expired after ", n.ttl,
+                                      " s): ", numbers.size() == 1 ? "rank " : "ranks ",
+                                      absl::StrJoin(numbers, ", "), " lost");
+    // Local ranks are told at once; the record reaches every other daemon
+    // (and this one again: MarkFailed ignores a repeat) through the store.
+    int64_t epoch = 0;
+    for (int i = 0; i < 3 && !stopping_; ++i) {
+      absl::StatusOr<int64_t> latest = LatestEpoch();
+      if (latest.ok()) {
+        epoch = *latest;
+        break;
+      }
+    }
+    for (const RemoteRank& r : n.ranks) {
+      if (!stopping_ && on_failure_) {
+        on_failure_(FailureRecord{r.rank, r.host, r.pid, reason, epoch});
+      }
+    }
+    // Retries of idempotent steps only, for 30 s while the store is
+    // unreachable.
+    auto retry = [this](const std::function<absl::Status()>& step) {
+      absl::Time give_up = absl::Now() + absl::Seconds(30);
+      absl::Status s;
+      while (!(s = step()).ok() && !stopping_ && absl::Now() < give_up) {
+        absl::SleepFor(absl::Milliseconds(200));
+      }
+      return s;
+    };
+    for (const RemoteRank& r : n.ranks) {
+      // Exactly one daemon reports it: the one whose claim lands first. A
+      // claim whose reply was lost reads back as this daemon's on a retry.
+      const std::string claim = absl::StrCat(prefix_, "lost/", r.rank, "/", revision);
+      if (reported_.count(claim)) continue;
+      bool mine = false;
+      absl::Status s = retry([&]() -> absl::Status {
+        ASSIGN_OR_RETURN(auto store, Acquire());
+        ASSIGN_OR_RETURN(std::string claimed, store->CompareSet(claim, "", claim_id_));
+        Release(std::move(store));
+        mine = claimed == claim_id_;
+        return absl::OkStatus();
+      });
+      // The record once (a repeated Add could leave a gap in failure/<n>).
+      if (s.ok() && mine) s = ReportFailure(FailureRecord{r.rank, r.host, r.pid, reason, epoch});
+      // As the rank's own daemon would: a new process may take it over.
+      if (s.ok() && mine) {
+        s = retry([&]() -> absl::Status {
+          ASSIGN_OR_RETURN(auto store, Acquire());
+          RETURN_IF_ERROR(store->Set(absl::StrCat(prefix_, "gone/", r.rank), EncodeRank(r)));
+          Release(std::move(store));
+          return absl::OkStatus();
+        });
+      }
+      if (s.ok() && mine) reported_.insert(claim);
+      if (!s.ok()) {
+        MLOG(WARNING) << "job " << job_id_ << ": cannot report " << reason << ": " << s.message();
+      } else if (mine) {
+        MLOG(WARNING) << "job " << job_id_ << ": reported rank " << r.rank << " failed: " << reason;
+      }
+    }
+  }
+}
+
 void JobCoordinator::WatchFailures(std::function<void(const FailureRecord&)> on_failure) {
+  on_failure_ = on_failure;
+  if (access_.liveness != nullptr) {
+    lost_watch_ =
+        access_.liveness->watch_lost(prefix_ + "alive/", [this](const std::vector<LostKey>& lost) {
+          if (!stopping_) ReportLost(lost);
+        });
+  }
   watcher_ =
       std::thread([this, on_failure = std::move(on_failure)] { RunFailureWatcher(on_failure); });
 }

@@ -13,6 +13,10 @@
 //   epoch                    the latest epoch every world rank joined
 //   epoch/<e>/arrived/<r>    rank r joined epoch e (elastic jobs)
 //   e<e>/group/<name>/...    a group's keys in epoch e > 0 (epoch 0: group/)
+//   alive/<r>                with a liveness (etcd backend): rank r's record,
+//                            its node and the lease TTL, held by the node's
+//                            lease ("-", no lease, once it failed or left)
+//   lost/<r>/<revision>      which daemon reports alive/<r>'s loss (one does)
 // Traffic leaves the node once per operation, not once per rank: the daemon
 // aggregates its ranks (fan-in). How the store is reached is injected
 // (JobStoreAccess): musterd reaches its own node's store in process, where
@@ -29,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +67,37 @@ struct FailureRecord {
 // "host:port" or "[v6]:port" -> host, port.
 absl::Status SplitHostPort(const std::string& address, std::string* host, int* port);
 
+// A key that vanished with its node's liveness (an etcd lease that expired):
+// `key` as the store names it, `value` what it held, `revision` the store's
+// revision of the deletion (the same for every key of one lease).
+struct LostKey {
+  std::string key;
+  std::string value;
+  int64_t revision = 0;
+};
+
+// Optional part of JobStoreAccess (the etcd backend): keys tied to this
+// node's liveness, so that other nodes learn when the node vanishes. The
+// functions are thread-safe (they run on coordinator and worker threads).
+struct NodeLiveness {
+  using Cancel = std::function<void()>;
+  // Puts `key` = `value` so that it vanishes when this node does (its lease
+  // expires); kept (put again) across a lost and regained lease.
+  std::function<absl::Status(const std::string& key, const std::string& value)> hold;
+  // Puts `key` = `value` no longer tied to the node, and stops keeping it.
+  std::function<absl::Status(const std::string& key, const std::string& value)> release;
+  // Calls `lost` (on its own thread) with the keys under `prefix` that
+  // vanished with their node, one call per deletion revision, until the
+  // returned function (which waits for a running call) is called.
+  std::function<Cancel(const std::string& prefix,
+                       std::function<void(const std::vector<LostKey>&)> lost)>
+      watch_lost;
+  // This node as other nodes' failure reasons name it, e.g. "host-b 10.0.0.2
+  // (musterd pid 812)", and the time after which it is declared lost.
+  std::string node;
+  absl::Duration ttl = absl::Seconds(5);
+};
+
 // How a coordinator reaches the job's store.
 struct JobStoreAccess {
   // A new connection; UNAVAILABLE while the store cannot be reached yet
@@ -74,6 +110,10 @@ struct JobStoreAccess {
   using Cancel = std::function<void()>;
   std::function<Cancel(std::vector<std::string> keys, std::function<void(absl::Status)> ready)>
       watch;
+  // Optional (etcd backend): each local rank's alive/<r> key is held by the
+  // node's lease, and the coordinator turns another node's lost keys into
+  // failure records (one writer per loss), as that node's daemon would.
+  std::shared_ptr<NodeLiveness> liveness;
 };
 
 // The job store at `master` ("host:port") over TCP, with `token`.
@@ -132,6 +172,11 @@ class JobCoordinator {
 
   // Runs `on_failure` (on a coordinator thread) for every failure record of
   // the job, including ones this daemon reported. Stopped by the destructor.
+  // With a liveness, also watches the job's alive/ keys: a rank whose key
+  // vanished with its node (lease expired) gets a failure record naming the
+  // node, written by exactly one of the daemons that saw it go; each of
+  // them also runs `on_failure` with it at once (not only when the record
+  // comes back through the failure watcher).
   void WatchFailures(std::function<void(const FailureRecord&)> on_failure);
 
  private:
@@ -142,6 +187,10 @@ class JobCoordinator {
   absl::Status WaitForKeys(Store& store, const std::vector<std::string>& keys, absl::Time deadline,
                            const std::function<std::string()>& interrupted);
   void RunFailureWatcher(const std::function<void(const FailureRecord&)>& on_failure);
+  // Ties rank's alive/<r> key to the node's liveness (if any).
+  void HoldLiveness(const RemoteRank& rank);
+  // Reports the ranks whose alive/ keys vanished in one deletion.
+  void ReportLost(const std::vector<LostKey>& lost);
 
   const std::string job_id_;
   const std::string prefix_;
@@ -157,6 +206,15 @@ class JobCoordinator {
 
   std::atomic<bool> stopping_{false};
   std::thread watcher_;  // owned; polls failure records until stopping_
+  // Ends the watch of other nodes' alive/ keys (set by WatchFailures).
+  NodeLiveness::Cancel lost_watch_;
+  // WatchFailures' callback (set before the watches start).
+  std::function<void(const FailureRecord&)> on_failure_;
+  const std::string claim_id_;  // this coordinator, in lost/<r>/<revision>
+  // lost/<r>/<revision> keys this coordinator reported (a watch that
+  // delivers a deletion again must not write a second record). Only the
+  // lost-key watch's thread uses it.
+  std::set<std::string> reported_;
 };
 
 }  // namespace muster

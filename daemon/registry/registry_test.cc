@@ -7,12 +7,17 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <memory>
+#include <thread>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "backends/shm/trace.h"
 #include "daemon/store/local_store.h"
@@ -37,6 +42,18 @@ class RecordingSink : public SessionSink {
     int n = 0;
     for (const auto& m : pushed_) n += m.has_rank_failed();
     return n;
+  }
+  // "rank R: reason" of every RankFailed pushed.
+  std::vector<std::string> failures() {
+    absl::MutexLock lock(&mu_);
+    std::vector<std::string> out;
+    for (const auto& m : pushed_) {
+      if (m.has_rank_failed()) {
+        out.push_back(absl::StrCat("rank ", m.rank_failed().rank().rank().global_rank(), ": ",
+                                   m.rank_failed().rank().failure()));
+      }
+    }
+    return out;
   }
 
  private:
@@ -69,6 +86,32 @@ bool Eventually(const std::function<bool()>& condition) {
   return false;
 }
 
+// Liveness keys kept in a map, and the lost-key watches' callbacks, so a
+// test can play "this node's lease expired" (the etcd implementation is
+// tested with real etcd in //test:etcd_liveness_test).
+struct FakeLiveness {
+  absl::Mutex mu;
+  std::map<std::string, std::string> held ABSL_GUARDED_BY(mu);
+  std::vector<std::function<void(const std::vector<LostKey>&)>> watches ABSL_GUARDED_BY(mu);
+  std::shared_ptr<NodeLiveness> For(const std::string& node) {
+    auto l = std::make_shared<NodeLiveness>();
+    l->node = node;
+    l->ttl = absl::Seconds(5);
+    l->hold = l->release = [this](const std::string& key, const std::string& value) {
+      absl::MutexLock lock(&mu);
+      held[key] = value;
+      return absl::OkStatus();
+    };
+    l->watch_lost = [this](const std::string&,
+                           std::function<void(const std::vector<LostKey>&)> lost) {
+      absl::MutexLock lock(&mu);
+      watches.push_back(std::move(lost));
+      return NodeLiveness::Cancel([] {});  // the test calls the watches before shutdown
+    };
+    return l;
+  }
+};
+
 // A registry whose job store is a StoreServer in this process.
 struct Fixture {
   std::unique_ptr<StoreServer> store;
@@ -78,20 +121,24 @@ struct Fixture {
   std::vector<std::unique_ptr<RecordingSink>> sinks;
   std::map<int, std::string> sessions;
 
-  explicit Fixture(std::string dump_dir = "") {
-    StoreServerOptions store_options;
-    store_options.listen_address = "127.0.0.1";
-    store_options.port = 0;
-    auto started = StoreServer::Start(store_options);
-    REQUIRE(started.ok());
-    store = std::move(*started);
-    master = absl::StrCat("127.0.0.1:", store->port());
+  // `shared`: another fixture's store (a second daemon of the same job).
+  explicit Fixture(std::string dump_dir = "", std::shared_ptr<NodeLiveness> liveness = nullptr,
+                   Fixture* shared = nullptr, std::string hostname = "node-a") {
+    if (shared == nullptr) {
+      StoreServerOptions store_options;
+      store_options.listen_address = "127.0.0.1";
+      store_options.port = 0;
+      auto started = StoreServer::Start(store_options);
+      REQUIRE(started.ok());
+      store = std::move(*started);
+    }
+    StoreServer* server = shared != nullptr ? shared->store.get() : store.get();
+    master = absl::StrCat("127.0.0.1:", server->port());
     RegistryOptions options;
-    options.hostname = "node-a";
+    options.hostname = hostname;
     options.job_grace = absl::Seconds(60);
     options.dump_dir = dump_dir;
-    StoreServer* server = store.get();
-    options.job_store = [server](const std::string&) {
+    options.job_store = [server, liveness](const std::string&) {
       JobStoreAccess access;
       access.connect = [server]() -> absl::StatusOr<std::unique_ptr<Store>> {
         return std::unique_ptr<Store>(std::make_unique<LocalStore>(server));
@@ -100,6 +147,7 @@ struct Fixture {
                               std::function<void(absl::Status)> ready) {
         return LocalStore::Watch(server, std::move(keys), std::move(ready));
       };
+      access.liveness = liveness;
       return access;
     };
     registry = std::make_unique<Registry>(options);
@@ -110,7 +158,7 @@ struct Fixture {
   }
   ~Fixture() {
     registry->Shutdown();
-    store->Stop();
+    if (store != nullptr) store->Stop();
   }
 
   v1::RegisterRequest Request(int rank, int world_size) {
@@ -200,6 +248,69 @@ TEST_CASE("a member's failure ends a pending formation at once, naming it") {
   REQUIRE(result.status().code() == absl::StatusCode::kAborted);
   CHECK(result.status().message().find("rank 1") != std::string::npos);
   CHECK(f.sinks[0]->rank_failures() == 1);
+}
+
+TEST_CASE("a node whose liveness keys vanished: one failure record per rank, all ranks told") {
+  FakeLiveness keys;
+  Fixture a("", keys.For("node-a"));
+  Fixture b("", keys.For("node-b"), &a, "node-b");
+  REQUIRE(a.Register(0, 6).ok());
+  REQUIRE(a.Register(1, 6).ok());
+  REQUIRE(b.Register(2, 6).ok());
+  // Node c's coordinator (its daemon is about to vanish) holds ranks 4, 5;
+  // rank 3 of node c left in order (released).
+  JobStoreAccess c_access;
+  StoreServer* server = a.store.get();
+  c_access.connect = [server]() -> absl::StatusOr<std::unique_ptr<Store>> {
+    return std::unique_ptr<Store>(std::make_unique<LocalStore>(server));
+  };
+  c_access.liveness = keys.For("node-c/10.0.0.3");
+  {
+    JobCoordinator c("job", 0, c_access);
+    for (int r : {3, 4, 5}) {
+      REQUIRE(c.PublishRank(6, RemoteRank{r, "host-c", 1000 + r, "daemon-c", ""}).ok());
+    }
+    REQUIRE(c.MarkGone(RemoteRank{3, "host-c", 1003, "daemon-c", ""}).ok());
+  }
+  std::vector<LostKey> lost;
+  std::vector<std::function<void(const std::vector<LostKey>&)>> watches;
+  {
+    absl::MutexLock lock(&keys.mu);
+    CHECK(absl::EndsWith(keys.held["muster/job/0/alive/0"], "\tnode-a\t5"));
+    CHECK(keys.held["muster/job/0/alive/3"] == "-");
+    for (int r : {3, 4, 5}) {
+      std::string key = absl::StrCat("muster/job/0/alive/", r);
+      lost.push_back(LostKey{key, keys.held[key], 42});
+    }
+    watches = keys.watches;
+  }
+  REQUIRE(watches.size() == 2);  // one per daemon with local ranks of the job
+  // Both daemons see the same deletion at once, and one sees it twice (a
+  // resumed watch).
+  std::thread other([&] { watches[1](lost); });
+  watches[0](lost);
+  other.join();
+  watches[0](lost);
+  const std::string reason =
+      "node node-c/10.0.0.3 (musterd lease expired after 5 s): ranks 4, 5 lost";
+  std::vector<std::string> want = {absl::StrCat("rank 4: ", reason),
+                                   absl::StrCat("rank 5: ", reason)};
+  for (RecordingSink* sink : {a.sinks[0].get(), a.sinks[1].get(), b.sinks[0].get()}) {
+    REQUIRE(Eventually([&] { return sink->rank_failures() >= 2; }));
+  }
+  LocalStore store(a.store.get());
+  // The records come back through every daemon's failure watcher: no repeat.
+  REQUIRE(store.Wait({"muster/job/0/failure/1", "muster/job/0/failure/2"}, absl::Seconds(5)).ok());
+  absl::SleepFor(absl::Milliseconds(300));
+  for (RecordingSink* sink : {a.sinks[0].get(), a.sinks[1].get(), b.sinks[0].get()}) {
+    std::vector<std::string> told = sink->failures();  // in either order
+    std::sort(told.begin(), told.end());
+    CHECK(told == want);
+  }
+  CHECK(*store.Add("muster/job/0/failures", 0) == 2);
+  CHECK_FALSE(*store.Check({"muster/job/0/failure/3"}));
+  CHECK(*store.Get("muster/job/0/gone/4", absl::Seconds(1)) == "host-c\t1004\tdaemon-c\t");
+  CHECK(*store.Get("muster/job/0/gone/5", absl::Seconds(1)) == "host-c\t1005\tdaemon-c\t");
 }
 
 TEST_CASE("an aborted group ends its pending formation; a timeout names who never came") {

@@ -223,7 +223,9 @@ void StoreFrontend::Serve(Connection* c) {
     return s;
   };
   auto values_body = [&](const std::vector<std::string>& keys, std::string* out) -> absl::Status {
-    ASSIGN_OR_RETURN(std::vector<std::string> values, store.MultiGet(keys, absl::Seconds(1)));
+    // The keys exist (the wait ended), but the read may meet an etcd leader
+    // election (about a second): 1 s failed Gets mid-failover.
+    ASSIGN_OR_RETURN(std::vector<std::string> values, store.MultiGet(keys, absl::Seconds(10)));
     for (const std::string& v : values) wire::PutBytes(out, v);
     return absl::OkStatus();
   };
