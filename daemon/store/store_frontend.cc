@@ -11,7 +11,9 @@
 
 #include <cerrno>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -185,8 +187,9 @@ void StoreFrontend::Serve(Connection* c) {
   };
   // Blocks in a wait while watching the socket; nullopt: cancelled by input
   // or a close (then nothing is answered), else the wait's status.
-  auto wait = [&](const std::vector<std::string>& keys,
-                  absl::Duration timeout) -> std::optional<absl::Status> {
+  // `block` runs the blocking call with the connection's WaitCancel.
+  auto blocking =
+      [&](const std::function<absl::Status(WaitCancel*)>& block) -> std::optional<absl::Status> {
     WaitCancel cancel;
     {
       absl::MutexLock lock(&mu_);
@@ -196,7 +199,7 @@ void StoreFrontend::Serve(Connection* c) {
     int done_fd = ::eventfd(0, EFD_CLOEXEC);
     if (done_fd < 0) return ErrnoToStatus(errno, "eventfd");
     auto result = std::async(std::launch::async, [&] {
-      absl::Status s = store.WaitCancellable(keys, timeout, &cancel);
+      absl::Status s = block(&cancel);
       uint64_t one = 1;
       (void)!::write(done_fd, &one, sizeof(one));
       return s;
@@ -222,6 +225,22 @@ void StoreFrontend::Serve(Connection* c) {
     if (interrupted && absl::IsCancelled(s)) return std::nullopt;
     return s;
   };
+  // PyTorch's WAIT (and the native WAIT_FOR) count a non-empty queue of the
+  // key's name as present, like KvStore; GET_WAIT_FOR wants the value.
+  auto wait = [&](const std::vector<std::string>& keys, absl::Duration timeout,
+                  bool queues = false) -> std::optional<absl::Status> {
+    return blocking([&](WaitCancel* cancel) {
+      return queues ? store.WaitCancellableOrQueued(keys, timeout, cancel)
+                    : store.WaitCancellable(keys, timeout, cancel);
+    });
+  };
+  // The one key of the last WAIT that finished, until the next request: a
+  // PyTorch blocking queue_pop is WAIT(key) then QUEUE_POP(key), and
+  // KvStore wakes one waiter per push; here every waiter wakes, so a pop
+  // that follows its WAIT and finds the queue emptied by another popper
+  // waits for the next item (until the client gives up and closes or
+  // sends) instead of failing "queue is empty".
+  std::optional<std::string> waited_key;
   auto values_body = [&](const std::vector<std::string>& keys, std::string* out) -> absl::Status {
     ASSIGN_OR_RETURN(std::vector<std::string> values, store.MultiGet(keys, absl::Seconds(1)));
     for (const std::string& v : values) wire::PutBytes(out, v);
@@ -248,6 +267,9 @@ void StoreFrontend::Serve(Connection* c) {
     in.erase(0, consumed);
     using wire::Op;
     std::string body;
+    // What the previous request left: the key of a WAIT that finished.
+    std::optional<std::string> waited = std::move(waited_key);
+    waited_key.reset();
     if (req.op == Op::kAuth) {
       absl::StatusOr<std::string> server_nonce = store_auth::RandomNonce();
       if (!server_nonce.ok()) return (void)fail(server_nonce.status());
@@ -333,26 +355,31 @@ void StoreFrontend::Serve(Connection* c) {
         break;
       }
       case Op::kCheck: {
-        absl::StatusOr<bool> v = store.Check(req.keys);
-        if (v.ok()) wire::PutU8(&body, *v ? wire::kCheckReady : wire::kCheckNotReady);
-        s = v.status();
+        absl::StatusOr<std::vector<std::string>> missing = store.MissingOrQueued(req.keys);
+        if (missing.ok()) {
+          wire::PutU8(&body, missing->empty() ? wire::kCheckReady : wire::kCheckNotReady);
+        }
+        s = missing.status();
         break;
       }
       case Op::kWait: {
-        std::optional<absl::Status> w = wait(req.keys, absl::Hours(24 * 365));
+        std::optional<absl::Status> w = wait(req.keys, absl::Hours(24 * 365), true);
         if (!w.has_value()) continue;  // the client gave up on it
         s = *w;
         wire::PutU8(&body, wire::kStopWaiting);
+        if (s.ok() && req.keys.size() == 1) waited_key = req.keys[0];
         break;
       }
       case Op::kWaitFor:
       case Op::kGetWaitFor: {
         absl::Duration timeout =
             req.number > 0 ? absl::Milliseconds(req.number) : absl::Hours(24 * 365);
-        std::optional<absl::Status> w = wait(req.keys, timeout);
+        bool queues = req.op == Op::kWaitFor;
+        std::optional<absl::Status> w = wait(req.keys, timeout, queues);
         if (!w.has_value()) continue;
         if (absl::IsDeadlineExceeded(*w)) {
-          absl::StatusOr<std::vector<std::string>> missing = store.Missing(req.keys);
+          absl::StatusOr<std::vector<std::string>> missing =
+              queues ? store.MissingOrQueued(req.keys) : store.Missing(req.keys);
           s = missing.status();
           if (s.ok()) {
             wire::PutU8(&body, wire::kWaitTimedOut);
@@ -401,10 +428,33 @@ void StoreFrontend::Serve(Connection* c) {
         break;
       }
       case Op::kQueuePush:
-      case Op::kQueuePop:
-      case Op::kQueueLen:
-        s = absl::UnimplementedError("queues are not supported by musterd's etcd store backend");
+        s = store.QueuePush(req.keys[0], req.values[0]);
+        has_reply = false;
         break;
+      case Op::kQueuePop: {
+        std::string value;
+        absl::StatusOr<int64_t> before =
+            store.QueuePop(req.keys[0], &value, absl::ZeroDuration(), nullptr);
+        if (before.ok() && *before == 0 && waited == req.keys[0]) {
+          std::optional<absl::Status> w = blocking([&](WaitCancel* cancel) {
+            before = store.QueuePop(req.keys[0], &value, absl::Hours(24 * 365), cancel);
+            return before.status();
+          });
+          if (!w.has_value()) continue;  // the client gave up on it
+        }
+        s = before.status();
+        if (s.ok()) {
+          wire::PutI64(&body, *before);
+          if (*before > 0) wire::PutBytes(&body, value);
+        }
+        break;
+      }
+      case Op::kQueueLen: {
+        absl::StatusOr<int64_t> v = store.QueueLen(req.keys[0]);
+        if (v.ok()) wire::PutI64(&body, *v);
+        s = v.status();
+        break;
+      }
     }
     if (!s.ok()) return (void)fail(s);
     // SET, APPEND and MULTI_SET have no reply in any dialect.

@@ -12,7 +12,8 @@
 // StoreServer's parked waits. A store call that fails (etcd unreachable:
 // UNAVAILABLE naming the endpoint) fails that request: a native client gets
 // the error, a torch client's connection is closed (its protocol has no
-// error reply). Queue commands are refused (Unimplemented).
+// error reply). Queue commands (PyTorch 2.8+) go to BlockingStore's queue
+// calls; WAIT and CHECK count a non-empty queue of a key's name as present.
 //
 // Thread-safety: Start/Stop/port are thread-safe; one thread accepts, one
 // thread per connection serves it (owned by the front-end, joined by Stop).

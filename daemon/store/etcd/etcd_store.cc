@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/status_macros.h"
@@ -429,8 +431,11 @@ class EtcdStore::Impl {
 
   // One watch stream from `revision` + 1 over the missing keys (one watcher
   // per key for a few, the whole prefix for many). OK once none is missing.
+  // `map_keys` / `queues`: what makes a key present (its value, a queued
+  // item of that name); `missing` holds map keys (Key(k)) either way.
   absl::Status WatchUntilPresent(std::set<std::string>* missing, int64_t revision,
-                                 absl::Time deadline, WaitCancel* cancel) {
+                                 absl::Time deadline, WaitCancel* cancel, bool map_keys = true,
+                                 bool queues = false) {
     size_t index = current_.load() % endpoints_.size();
     Endpoint& ep = *endpoints_[index];
     grpc::ClientContext ctx;
@@ -458,18 +463,23 @@ class EtcdStore::Impl {
     };
     auto stream = ep.watch->Watch(&ctx);
     bool whole_prefix = missing->size() > 8;
-    std::vector<std::string> ranges;
-    if (whole_prefix) {
-      ranges.push_back(opt_.prefix);
+    // (key, range_end): range_end empty for one key.
+    std::vector<std::pair<std::string, std::string>> ranges;
+    if (!queues) {
+      if (whole_prefix) {
+        ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
+      } else {
+        for (const std::string& k : *missing) ranges.emplace_back(k, "");
+      }
     } else {
-      ranges.assign(missing->begin(), missing->end());
+      ranges = QueueWatchRanges(*missing, whole_prefix, map_keys);
     }
     bool wrote = true;
-    for (const std::string& k : ranges) {
+    for (const auto& [k, end] : ranges) {
       pb::WatchRequest req;
       pb::WatchCreateRequest* create = req.mutable_create_request();
       create->set_key(k);
-      if (whole_prefix) create->set_range_end(PrefixEnd(opt_.prefix));
+      if (!end.empty()) create->set_range_end(end);
       create->set_start_revision(revision + 1);
       create->add_filters(pb::WatchCreateRequest::NODELETE);
       if (!stream->Write(req)) {
@@ -485,7 +495,8 @@ class EtcdStore::Impl {
         break;
       }
       for (const auto& ev : resp.events()) {
-        if (ev.type() == mvccpb::Event::PUT) missing->erase(ev.kv().key());
+        if (ev.type() != mvccpb::Event::PUT) continue;
+        missing->erase(queues ? MapKeyOfEvent(ev.kv().key()) : ev.kv().key());
       }
     }
     bool done = missing->empty();
@@ -587,6 +598,235 @@ class EtcdStore::Impl {
 
   uint64_t add_batches() const { return batches_.load(); }
 
+  // ---- Queues (EtcdStore::QueuePush and friends; see the header) ----
+
+  // The root of every queue's items: the prefix with its last byte replaced
+  // by "\0queues" and that byte, so it sorts just before the store's key
+  // range and no store key (nor a prefix given on a command line) can
+  // reach it.
+  absl::StatusOr<std::string> QueueRoot() const {
+    if (opt_.prefix.empty() || opt_.prefix.back() == '\0') {
+      return absl::FailedPreconditionError(
+          "etcd store: queues need a key prefix (--etcd-prefix) not ending in a NUL byte");
+    }
+    std::string root = opt_.prefix.substr(0, opt_.prefix.size() - 1);
+    root.append(std::string("\0queues", 7));
+    root.push_back(opt_.prefix.back());
+    return root;
+  }
+  // The prefix of queue `key`'s items: the key's length first, so no queue's
+  // prefix is a prefix of another's.
+  absl::StatusOr<std::string> QueuePrefix(absl::string_view key) const {
+    ASSIGN_OR_RETURN(std::string root, QueueRoot());
+    return absl::StrCat(root, key.size(), ":", key, "/");
+  }
+  // An event's etcd key as the map key (Key(k)) it makes present: a queue
+  // item counts for its queue's name.
+  std::string MapKeyOfEvent(const std::string& etcd_key) const {
+    absl::StatusOr<std::string> root = QueueRoot();
+    if (!root.ok() || !absl::StartsWith(etcd_key, *root)) return etcd_key;
+    absl::string_view rest = absl::string_view(etcd_key).substr(root->size());
+    size_t colon = rest.find(':');
+    uint64_t len = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, colon), &len) ||
+        rest.size() < colon + 1 + len) {
+      return etcd_key;
+    }
+    return Key(rest.substr(colon + 1, len));
+  }
+  // Watch ranges for `missing` (map keys) when queued items count.
+  std::vector<std::pair<std::string, std::string>> QueueWatchRanges(
+      const std::set<std::string>& missing, bool whole_prefix, bool map_keys) const {
+    std::vector<std::pair<std::string, std::string>> ranges;
+    std::string root = QueueRoot().value_or("");
+    if (whole_prefix) {
+      if (map_keys) ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
+      ranges.emplace_back(root, PrefixEnd(root));
+      return ranges;
+    }
+    for (const std::string& k : missing) {
+      if (map_keys) ranges.emplace_back(k, "");
+      std::string qp = absl::StrCat(root, k.size() - opt_.prefix.size(), ":",
+                                    absl::string_view(k).substr(opt_.prefix.size()), "/");
+      ranges.emplace_back(qp, PrefixEnd(qp));
+    }
+    return ranges;
+  }
+
+  // Which of `keys` are missing (as map keys, Key(k)) at one revision:
+  // a key is present if `map_keys` and it has a value, or if `queues` and
+  // its queue has an item. Txns of at most 128 ranges, later ones at the
+  // first one's revision.
+  absl::Status ReadPresence(const std::vector<std::string>& keys, absl::Time deadline,
+                            bool map_keys, bool queues, std::set<std::string>* missing,
+                            int64_t* revision) {
+    const size_t per_key = (map_keys ? 1 : 0) + (queues ? 1 : 0);
+    const size_t chunk = 128 / per_key;
+    *revision = 0;
+    for (size_t begin = 0; begin < keys.size(); begin += chunk) {
+      size_t end = std::min(keys.size(), begin + chunk);
+      pb::TxnRequest req;
+      for (size_t i = begin; i < end; ++i) {
+        if (map_keys) {
+          pb::RangeRequest* r = req.add_success()->mutable_request_range();
+          r->set_key(Key(keys[i]));
+          r->set_count_only(true);
+          if (*revision != 0) r->set_revision(*revision);
+        }
+        if (queues) {
+          ASSIGN_OR_RETURN(std::string qp, QueuePrefix(keys[i]));
+          pb::RangeRequest* r = req.add_success()->mutable_request_range();
+          r->set_key(qp);
+          r->set_range_end(PrefixEnd(qp));
+          r->set_count_only(true);
+          if (*revision != 0) r->set_revision(*revision);
+        }
+      }
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(Call("read", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+        resp.Clear();
+        return ep.kv->Txn(&ctx, req, &resp);
+      }));
+      if (*revision == 0) *revision = resp.header().revision();
+      for (size_t i = begin; i < end; ++i) {
+        bool present = false;
+        for (size_t j = 0; j < per_key; ++j) {
+          present =
+              present ||
+              resp.responses(static_cast<int>((i - begin) * per_key + j)).response_range().count() >
+                  0;
+        }
+        if (!present) missing->insert(Key(keys[i]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Blocks until every key is present in ReadPresence's sense (or
+  // deadline / cancel): a read, then a watch from the revision after it.
+  absl::Status WaitPresent(const std::vector<std::string>& keys, absl::Time deadline,
+                           absl::Duration timeout, WaitCancel* cancel, bool map_keys, bool queues) {
+    for (;;) {
+      if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
+      std::set<std::string> missing;
+      int64_t revision = 0;
+      RETURN_IF_ERROR(ReadPresence(keys, std::max(deadline, absl::Now() + absl::Seconds(1)),
+                                   map_keys, queues, &missing, &revision));
+      if (missing.empty()) return absl::OkStatus();
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      absl::Status watched =
+          WatchUntilPresent(&missing, revision, deadline, cancel, map_keys, queues);
+      if (watched.ok() || missing.empty()) return absl::OkStatus();
+      if (absl::IsCancelled(watched)) return watched;
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    }
+  }
+
+  absl::Status QueuePush(absl::string_view key, absl::string_view value, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    pb::PutRequest req;
+    // Unique across musterds (a random id per EtcdStore) and pushes; the
+    // order is the create revision's, not the name's.
+    req.set_key(absl::StrCat(qp, absl::Hex(store_id_, absl::kZeroPad16), "-",
+                             absl::Hex(pushes_.fetch_add(1), absl::kZeroPad16)));
+    req.set_value(std::string(value));
+    pb::PutResponse resp;
+    // Not repeated after a lost reply: the first Put may have been applied
+    // and its item popped since, so a second would queue the value twice.
+    return Call("queue_push", deadline, false, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+      resp.Clear();
+      return ep.kv->Put(&ctx, req, &resp);
+    });
+  }
+
+  // One non-blocking pop: the queue's length before it (0: empty).
+  absl::StatusOr<int64_t> QueuePopOnce(absl::string_view key, std::string* value,
+                                       absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    pb::RangeRequest oldest;
+    oldest.set_key(qp);
+    oldest.set_range_end(PrefixEnd(qp));
+    oldest.set_sort_target(pb::RangeRequest::CREATE);
+    oldest.set_sort_order(pb::RangeRequest::ASCEND);
+    oldest.set_limit(1);
+    pb::RangeResponse head;
+    RETURN_IF_ERROR(
+        Call("queue_pop (read)", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+          head.Clear();
+          return ep.kv->Range(&ctx, oldest, &head);
+        }));
+    for (;;) {
+      if (head.kvs_size() == 0) return 0;
+      const std::string item = head.kvs(0).key();
+      pb::TxnRequest txn;
+      pb::Compare* c = txn.add_compare();
+      c->set_key(item);
+      c->set_target(pb::Compare::MOD);
+      c->set_result(pb::Compare::EQUAL);
+      c->set_mod_revision(head.kvs(0).mod_revision());
+      pb::RangeRequest* count = txn.add_success()->mutable_request_range();
+      count->set_key(qp);
+      count->set_range_end(PrefixEnd(qp));
+      count->set_count_only(true);
+      txn.add_success()->mutable_request_delete_range()->set_key(item);
+      *txn.add_failure()->mutable_request_range() = oldest;
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(
+          Call("queue_pop", deadline, false, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+            resp.Clear();
+            return ep.kv->Txn(&ctx, txn, &resp);
+          }));
+      if (resp.succeeded()) {
+        *value = head.kvs(0).value();
+        return resp.responses(0).response_range().count();
+      }
+      // Another popper took it: the failed Txn read the new oldest item.
+      pop_conflicts_.fetch_add(1);
+      head = resp.responses(0).response_range();
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(
+            "etcd queue_pop: still conflicting with other poppers at the deadline");
+      }
+    }
+  }
+
+  absl::StatusOr<int64_t> QueuePop(absl::string_view key, std::string* value,
+                                   absl::Duration timeout, WaitCancel* cancel,
+                                   absl::Duration call_timeout) {
+    absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      ASSIGN_OR_RETURN(int64_t before,
+                       QueuePopOnce(key, value, std::max(deadline, absl::Now() + call_timeout)));
+      if (before > 0 || timeout <= absl::ZeroDuration()) return before;
+      absl::Status w = WaitPresent({std::string(key)}, deadline, timeout, cancel,
+                                   /*map_keys=*/false, /*queues=*/true);
+      if (absl::IsDeadlineExceeded(w)) {
+        return absl::DeadlineExceededError(absl::StrCat("queue_pop timed out after ",
+                                                        absl::FormatDuration(timeout), ": queue '",
+                                                        wire::PrintableKey(key), "' stayed empty"));
+      }
+      RETURN_IF_ERROR(w);
+    }
+  }
+
+  absl::StatusOr<int64_t> QueueLen(absl::string_view key, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    pb::RangeRequest req;
+    req.set_key(qp);
+    req.set_range_end(PrefixEnd(qp));
+    req.set_count_only(true);
+    pb::RangeResponse resp;
+    RETURN_IF_ERROR(Call("queue_len", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+      resp.Clear();
+      return ep.kv->Range(&ctx, req, &resp);
+    }));
+    return resp.count();
+  }
+
+  uint64_t pop_conflicts() const { return pop_conflicts_.load(); }
+
   // Ends every watch now and makes calls stop retrying.
   void Shutdown() {
     stopping_.store(true);
@@ -664,6 +904,10 @@ class EtcdStore::Impl {
   absl::Mutex add_mu_;
   std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);
   std::atomic<uint64_t> batches_{0};
+  // Queue item names: this store's random id and a push counter.
+  const uint64_t store_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> pop_conflicts_{0};
   absl::Mutex read_mu_;
   std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
   absl::Mutex flight_mu_;
@@ -825,6 +1069,40 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::ListKeys() {
 }
 
 uint64_t EtcdStore::add_rounds() const { return impl_->add_batches(); }
+
+absl::Status EtcdStore::QueuePush(absl::string_view key, absl::string_view value) {
+  return impl_->QueuePush(key, value, absl::Now() + timeout());
+}
+
+absl::StatusOr<int64_t> EtcdStore::QueuePop(absl::string_view key, std::string* value,
+                                            absl::Duration timeout, WaitCancel* cancel) {
+  return impl_->QueuePop(key, value, timeout, cancel, this->timeout());
+}
+
+absl::StatusOr<int64_t> EtcdStore::QueueLen(absl::string_view key) {
+  return impl_->QueueLen(key, absl::Now() + timeout());
+}
+
+absl::Status EtcdStore::WaitCancellableOrQueued(const std::vector<std::string>& keys,
+                                                absl::Duration timeout, WaitCancel* cancel) {
+  return impl_->WaitPresent(keys, absl::Now() + timeout, timeout, cancel, /*map_keys=*/true,
+                            /*queues=*/true);
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::MissingOrQueued(
+    const std::vector<std::string>& keys) {
+  std::set<std::string> missing;
+  int64_t revision = 0;
+  RETURN_IF_ERROR(impl_->ReadPresence(keys, absl::Now() + timeout(), /*map_keys=*/true,
+                                      /*queues=*/true, &missing, &revision));
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    if (missing.count(impl_->Key(k))) out.push_back(k);
+  }
+  return out;
+}
+
+uint64_t EtcdStore::queue_pop_conflicts() const { return impl_->pop_conflicts(); }
 
 void EtcdStore::Shutdown() { impl_->Shutdown(); }
 

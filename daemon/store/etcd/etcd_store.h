@@ -103,10 +103,34 @@ class EtcdStore : public BlockingStore {
                                WaitCancel* cancel) override;
   absl::StatusOr<std::vector<std::string>> Missing(const std::vector<std::string>& keys) override;
 
+  // Queues: each item is one etcd key under the queue's own prefix (outside
+  // the store's key range: prefix with its last byte replaced by
+  // "\0queues" + that byte, then "<length of key>:<key>/<unique id>"),
+  // ordered by its create revision, so FIFO is etcd's order of the pushes
+  // across every node. Push: one Put. Pop: the oldest item (a Range sorted
+  // by create revision, limit 1), then a Txn deleting it if its
+  // mod_revision is unchanged, which also counts the queue; a conflict (a
+  // popper on another musterd won) retries with the new oldest item the
+  // failed Txn read back, so each item is popped exactly once. A pop that
+  // may have been applied but lost its reply is not retried (UNAVAILABLE).
+  // A blocking pop waits through a Watch on the queue's prefix.
+  absl::Status QueuePush(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<int64_t> QueuePop(absl::string_view key, std::string* value,
+                                   absl::Duration timeout, WaitCancel* cancel) override;
+  absl::StatusOr<int64_t> QueueLen(absl::string_view key) override;
+  absl::Status WaitCancellableOrQueued(const std::vector<std::string>& keys, absl::Duration timeout,
+                                       WaitCancel* cancel) override;
+  absl::StatusOr<std::vector<std::string>> MissingOrQueued(
+      const std::vector<std::string>& keys) override;
+
   // Read-modify-write rounds Add has run so far: concurrent Adds of one key
   // share a round (the node-level aggregation), so this grows slower than
   // the number of Add calls.
   uint64_t add_rounds() const;
+
+  // Pops that lost their Txn to another popper and retried (the Txn's
+  // failure branch read the next oldest item): for tests.
+  uint64_t queue_pop_conflicts() const;
 
   // Ends blocking calls (UNAVAILABLE) and stops retries, for shutdown;
   // later calls fail at once.
