@@ -3,6 +3,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
 #include <random>
 #include <set>
@@ -741,10 +742,22 @@ class EtcdStore::Impl {
     });
   }
 
-  // One non-blocking pop: the queue's length before it (0: empty).
+  // One non-blocking pop: the queue's length before it (0: empty). This
+  // node's pops of one queue take turns (a stripe lock), so they do not
+  // race each other for the oldest item; only other musterds' pops
+  // conflict.
   absl::StatusOr<int64_t> QueuePopOnce(absl::string_view key, std::string* value,
                                        absl::Time deadline) {
     ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    absl::Mutex& turn = pop_turns_[std::hash<std::string>{}(qp) % pop_turns_.size()];
+    if (!turn.LockWhenWithDeadline(absl::Condition::kTrue, deadline)) {
+      turn.Unlock();
+      return absl::UnavailableError(
+          absl::StrCat("etcd queue_pop: this musterd's earlier pops of queue '",
+                       wire::PrintableKey(key), "' still ran at the deadline"));
+    }
+    auto unlock = [&turn](void*) { turn.Unlock(); };
+    std::unique_ptr<void, decltype(unlock)> unlocker(&turn, unlock);
     pb::RangeRequest oldest;
     oldest.set_key(qp);
     oldest.set_range_end(PrefixEnd(qp));
@@ -908,6 +921,7 @@ class EtcdStore::Impl {
   const uint64_t store_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
   std::atomic<uint64_t> pushes_{0};
   std::atomic<uint64_t> pop_conflicts_{0};
+  std::array<absl::Mutex, 16> pop_turns_;
   absl::Mutex read_mu_;
   std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
   absl::Mutex flight_mu_;
