@@ -95,6 +95,29 @@ bool Retriable(const grpc::Status& s, bool idempotent) {
 
 absl::StatusCode Translate(grpc::StatusCode c) { return static_cast<absl::StatusCode>(c); }
 
+// What a failed connection says about TLS to etcd (empty: not TLS's fault),
+// in musterd's flags: a handshake refused for the CA, or a server that
+// closes the connection of a client without a certificate (etcd's
+// --client-cert-auth, TLS 1.3: after the handshake, "Endpoint read failed").
+std::string TlsProblem(const grpc::Status& s, absl::string_view endpoint, bool have_cert) {
+  const std::string& m = s.error_message();
+  if (absl::StrContains(m, "certificate verify failed")) {
+    return "etcd's server certificate is not trusted: --etcd-ca must name the CA that signed "
+           "it";
+  }
+  if (absl::StrContains(m, "Ssl handshake failed") || absl::StrContains(m, "SSL_ERROR")) {
+    return "the TLS handshake with etcd failed: check --etcd-ca, --etcd-cert and --etcd-key";
+  }
+  if (absl::StartsWith(endpoint, "https://") && !have_cert &&
+      absl::StrContains(m, "failed to connect") &&
+      (absl::StrContains(m, "Endpoint read failed") || absl::StrContains(m, "Socket closed") ||
+       absl::StrContains(m, "Connection reset"))) {
+    return "etcd closed the TLS connection, as etcd --client-cert-auth does to a client "
+           "without a certificate: give --etcd-cert and --etcd-key";
+  }
+  return "";
+}
+
 }  // namespace
 
 class EtcdStore::Impl {
@@ -156,6 +179,9 @@ class EtcdStore::Impl {
     std::string last;
     size_t tried = 0;
     bool reauthenticated = false;
+    // Consecutive failures that TLS explains: twice round every endpoint is
+    // a configuration error, not an outage, and fails the call at once.
+    size_t tls_failures = 0;
     for (;;) {
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       size_t index = current_.load() % endpoints_.size();
@@ -180,6 +206,12 @@ class EtcdStore::Impl {
           reauthenticated = true;
           DropToken();
           continue;
+        }
+        if (std::string tls = TlsProblem(s, ep.name, !opt_.cert_pem.empty()); tls.empty()) {
+          tls_failures = 0;
+        } else if (++tls_failures >= 2 * endpoints_.size()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "etcd ", what, ": TLS to etcd failed at every endpoint: ", tls, " (", last, ")"));
         }
         if (!Retriable(s, idempotent)) {
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
