@@ -85,6 +85,14 @@ class BlockingStore : public Store {
       const std::vector<std::string>& keys) {
     return Missing(keys);
   }
+
+  // The values of `keys` (present: a wait for them just ended), read at or
+  // after `since` (when the request arrived): a store may answer many such
+  // requests with one read. Missing keys fail (NotFound: deleted meanwhile).
+  virtual absl::StatusOr<std::vector<std::string>> ValuesSince(const std::vector<std::string>& keys,
+                                                               absl::Time since) {
+    return MultiGet(keys, absl::Seconds(1));
+  }
 };
 
 }  // namespace muster

@@ -5,14 +5,13 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <functional>
-#include <future>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -87,8 +86,51 @@ absl::StatusOr<std::unique_ptr<StoreFrontend>> StoreFrontend::Start(
   std::unique_ptr<StoreFrontend> f(new StoreFrontend(std::move(options), std::move(store)));
   ASSIGN_OR_RETURN(f->listen_fd_,
                    ListenOn(f->options_.listen_address, f->options_.port, &f->port_));
+  f->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (f->epoll_fd_ < 0) return ErrnoToStatus(errno, "store front-end: epoll_create1");
   f->acceptor_ = std::thread([p = f.get()] { p->AcceptLoop(); });
+  f->watcher_ = std::thread([p = f.get()] { p->WatchLoop(); });
   return f;
+}
+
+absl::Status StoreFrontend::Watch(int fd, WaitCancel* cancel) {
+  absl::MutexLock lock(&watch_mu_);
+  watched_[fd] = Watched{cancel, false};
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    int err = errno;
+    watched_.erase(fd);
+    return ErrnoToStatus(err, "store front-end: epoll_ctl");
+  }
+  return absl::OkStatus();
+}
+
+bool StoreFrontend::Unwatch(int fd) {
+  absl::MutexLock lock(&watch_mu_);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  auto it = watched_.find(fd);
+  bool interrupted = it != watched_.end() && it->second.interrupted;
+  if (it != watched_.end()) watched_.erase(it);
+  return interrupted;
+}
+
+// Thread: cancels the wait of a connection whose client sent or closed.
+void StoreFrontend::WatchLoop() {
+  epoll_event events[64];
+  while (!stopping_.load()) {
+    int n = ::epoll_wait(epoll_fd_, events, 64, 100);
+    absl::MutexLock lock(&watch_mu_);
+    for (int i = 0; i < n; ++i) {
+      // Cancel runs under watch_mu_, so Unwatch (and the wait's end) cannot
+      // free the WaitCancel meanwhile.
+      auto it = watched_.find(events[i].data.fd);
+      if (it == watched_.end() || it->second.interrupted) continue;
+      it->second.interrupted = true;
+      it->second.cancel->Cancel();
+    }
+  }
 }
 
 StoreFrontend::StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store)
@@ -99,6 +141,7 @@ StoreFrontend::~StoreFrontend() { Stop(); }
 void StoreFrontend::Stop() {
   if (stopping_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();
+  if (watcher_.joinable()) watcher_.join();
   ::close(listen_fd_);
   std::vector<std::unique_ptr<Connection>> conns;
   {
@@ -113,6 +156,8 @@ void StoreFrontend::Stop() {
     if (c->thread.joinable()) c->thread.join();
     ::close(c->fd);
   }
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  epoll_fd_ = -1;
 }
 
 // Thread: accepts connections until Stop, reaping finished ones.
@@ -196,28 +241,15 @@ void StoreFrontend::Serve(Connection* c) {
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       c->wait = &cancel;
     }
-    int done_fd = ::eventfd(0, EFD_CLOEXEC);
-    if (done_fd < 0) return ErrnoToStatus(errno, "eventfd");
-    auto result = std::async(std::launch::async, [&] {
-      absl::Status s = block(&cancel);
-      uint64_t one = 1;
-      (void)!::write(done_fd, &one, sizeof(one));
-      return s;
-    });
-    // Sleeps until the wait ends or the client sends or closes.
-    bool interrupted = false;
-    for (;;) {
-      pollfd p[2] = {{done_fd, POLLIN, 0}, {c->fd, POLLIN | POLLRDHUP, 0}};
-      int n = ::poll(p, interrupted ? 1 : 2, -1);
-      if (n < 0 && errno == EINTR) continue;
-      if (p[0].revents != 0) break;
-      if (!interrupted && p[1].revents != 0) {
-        interrupted = true;
-        cancel.Cancel();
-      }
+    // Blocks on this thread; the watcher thread cancels it when the client
+    // sends or closes meanwhile.
+    if (absl::Status watched = Watch(c->fd, &cancel); !watched.ok()) {
+      absl::MutexLock lock(&mu_);
+      c->wait = nullptr;
+      return watched;
     }
-    ::close(done_fd);
-    absl::Status s = result.get();
+    absl::Status s = block(&cancel);
+    bool interrupted = Unwatch(c->fd);
     {
       absl::MutexLock lock(&mu_);
       c->wait = nullptr;
@@ -268,6 +300,8 @@ void StoreFrontend::Serve(Connection* c) {
     using wire::Op;
     std::string body;
     // What the previous request left: the key of a WAIT that finished.
+    // Reads that start from now on may answer this request (ValuesSince).
+    const absl::Time arrived = absl::Now();
     std::optional<std::string> waited = std::move(waited_key);
     waited_key.reset();
     if (req.op == Op::kAuth) {
@@ -394,7 +428,14 @@ void StoreFrontend::Serve(Connection* c) {
         s = *w;
         if (!s.ok()) break;
         wire::PutU8(&body, wire::kWaitDone);
-        if (req.op == Op::kGetWaitFor) s = values_body(req.keys, &body);
+        if (req.op == Op::kGetWaitFor) {
+          // The wait's waiters wake together: one read for all of them.
+          absl::StatusOr<std::vector<std::string>> values = store.ValuesSince(req.keys, arrived);
+          s = values.status();
+          if (s.ok()) {
+            for (const std::string& v : *values) wire::PutBytes(&body, v);
+          }
+        }
         break;
       }
       case Op::kCancelWait:

@@ -22,6 +22,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -62,6 +63,11 @@ class StoreFrontend {
   StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store);
   void AcceptLoop();
   void Serve(Connection* c);
+  // While a connection's wait blocks, the watcher thread watches its socket:
+  // input or a close cancels the wait. Unwatch says whether that happened.
+  absl::Status Watch(int fd, WaitCancel* cancel);
+  bool Unwatch(int fd);
+  void WatchLoop();
 
   StoreFrontendOptions options_;
   std::shared_ptr<BlockingStore> store_;
@@ -70,6 +76,16 @@ class StoreFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> connections_{0};
   std::thread acceptor_;
+  // Thread: waits in epoll on the sockets of connections whose requests
+  // block (one thread for all of them, not one per wait).
+  std::thread watcher_;
+  int epoll_fd_ = -1;
+  struct Watched {
+    WaitCancel* cancel = nullptr;
+    bool interrupted = false;
+  };
+  absl::Mutex watch_mu_;
+  std::map<int, Watched> watched_ ABSL_GUARDED_BY(watch_mu_);
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Connection>> conns_ ABSL_GUARDED_BY(mu_);
 };

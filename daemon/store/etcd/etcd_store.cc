@@ -240,11 +240,20 @@ class EtcdStore::Impl {
   // Reads of the same keys coalesced: a caller joins a batch that has not
   // started yet (so its result is at least as new as the call), the first
   // caller runs the batches one after another.
-  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only) {
+  // `since`: the caller may also join a batch already sent, if it was sent
+  // at or after `since` (a read that begins after the caller's request
+  // arrived still answers that request linearizably).
+  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only,
+                      absl::Time since = absl::InfiniteFuture()) {
     auto self = std::make_shared<PendingRead>();
     std::pair<std::vector<std::string>, bool> id(keys, count_only);
     absl::MutexLock lock(&read_mu_);
     ReadQueue& q = reads_[id];
+    if (q.running && q.sent_at >= since) {
+      q.sent.push_back(self);
+      read_mu_.Await(absl::Condition(&self->done));
+      return self->result;
+    }
     q.queued.push_back(self);
     if (q.running) {
       read_mu_.Await(absl::Condition(&self->done));
@@ -252,11 +261,13 @@ class EtcdStore::Impl {
     }
     q.running = true;
     while (!reads_[id].queued.empty()) {
-      std::vector<std::shared_ptr<PendingRead>> batch;
-      batch.swap(reads_[id].queued);
+      reads_[id].sent.swap(reads_[id].queued);
+      reads_[id].sent_at = absl::Now();
       read_mu_.Unlock();
       ReadResult r = ReadKeysOnce(keys, deadline, count_only);
       read_mu_.Lock();
+      std::vector<std::shared_ptr<PendingRead>> batch;
+      batch.swap(reads_[id].sent);
       for (const auto& p : batch) {
         p->result = r;
         p->done = true;
@@ -513,7 +524,11 @@ class EtcdStore::Impl {
       pb::WatchCreateRequest* create = req.mutable_create_request();
       create->set_key(k);
       if (!end.empty()) create->set_range_end(end);
-      create->set_start_revision(revision + 1);
+      // No start revision: a watcher that starts in the past is "unsynced"
+      // in etcd and gets its events from a loop that runs every 100 ms
+      // (half a barrier's time went there); from now it is synced and gets
+      // each event as it commits. What committed between the read at
+      // `revision` and the watch's start is read again below.
       create->add_filters(pb::WatchCreateRequest::NODELETE);
       if (!stream->Write(req)) {
         wrote = false;
@@ -522,6 +537,9 @@ class EtcdStore::Impl {
     }
     bool broken = !wrote;
     pb::WatchResponse resp;
+    size_t created = 0;
+    int64_t watch_revision = 0;  // the latest "created" header: watched after it
+    absl::Status recheck;
     while (!broken && !missing->empty() && stream->Read(&resp)) {
       if (resp.canceled() || resp.compact_revision() != 0) {
         broken = true;  // compacted or the member lost its leader
@@ -530,6 +548,29 @@ class EtcdStore::Impl {
       for (const auto& ev : resp.events()) {
         if (ev.type() != mvccpb::Event::PUT) continue;
         missing->erase(queues ? MapKeyOfEvent(ev.kv().key()) : ev.kv().key());
+      }
+      if (resp.created()) {
+        ++created;
+        watch_revision = std::max(watch_revision, resp.header().revision());
+      }
+      if (created == ranges.size() && watch_revision > revision && !missing->empty()) {
+        // Writes after the read and up to the watch's start: read again
+        // (once), every later write arrives as an event.
+        revision = watch_revision;
+        std::vector<std::string> keys;
+        for (const std::string& k : *missing) keys.push_back(k.substr(opt_.prefix.size()));
+        std::set<std::string> still;
+        int64_t read_revision = 0;
+        recheck = ReadPresence(keys, deadline, map_keys, queues, &still, &read_revision);
+        if (!recheck.ok()) {
+          broken = true;
+          break;
+        }
+        std::set<std::string> kept;
+        for (const std::string& k : *missing) {
+          if (still.count(k)) kept.insert(k);
+        }
+        missing->swap(kept);
       }
     }
     bool done = missing->empty();
@@ -580,7 +621,10 @@ class EtcdStore::Impl {
     }
     q.running = true;
     // What the previous round wrote: the next round's guess of the value.
-    std::optional<std::vector<Read>> last;
+    // The first round guesses "missing" (a barrier's fresh counter) instead
+    // of reading first: a wrong guess costs nothing, the failed Txn reads
+    // the value back.
+    std::optional<std::vector<Read>> last = std::vector<Read>(1);
     while (!adds_[k].queued.empty()) {
       std::vector<std::shared_ptr<PendingAdd>> batch;
       batch.swap(adds_[k].queued);
@@ -922,6 +966,9 @@ class EtcdStore::Impl {
   struct ReadQueue {
     bool running = false;
     std::vector<std::shared_ptr<PendingRead>> queued;
+    // The batch in flight, and when it was sent.
+    std::vector<std::shared_ptr<PendingRead>> sent;
+    absl::Time sent_at;
   };
   struct Flight {
     bool done = false;
@@ -1149,6 +1196,20 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::MissingOrQueued(
 }
 
 uint64_t EtcdStore::queue_pop_conflicts() const { return impl_->pop_conflicts(); }
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::ValuesSince(
+    const std::vector<std::string>& keys, absl::Time since) {
+  ASSIGN_OR_RETURN(auto read, impl_->ReadKeys(keys, absl::Now() + timeout(), false, since));
+  std::vector<std::string> values;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!read.first[i].value.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat("key '", wire::PrintableKey(keys[i]), "' was deleted after its wait"));
+    }
+    values.push_back(std::move(*read.first[i].value));
+  }
+  return values;
+}
 
 void EtcdStore::Shutdown() { impl_->Shutdown(); }
 

@@ -122,6 +122,10 @@ class EtcdStore : public BlockingStore {
                                        WaitCancel* cancel) override;
   absl::StatusOr<std::vector<std::string>> MissingOrQueued(
       const std::vector<std::string>& keys) override;
+  // One read of the values, shared with the node's reads of the same keys
+  // sent at or after `since`.
+  absl::StatusOr<std::vector<std::string>> ValuesSince(const std::vector<std::string>& keys,
+                                                       absl::Time since) override;
 
   // Read-modify-write rounds Add has run so far: concurrent Adds of one key
   // share a round (the node-level aggregation), so this grows slower than
