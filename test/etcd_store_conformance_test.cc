@@ -14,6 +14,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
@@ -305,6 +306,47 @@ TEST_CASE("without quorum calls fail UNAVAILABLE, and work again once it is back
   CHECK(store->Get("kept").value_or("") == "yes");
   CHECK(store->Get("after").value_or("") == "ok");
   CHECK(store->Add("n", 1).value_or(0) == 1);
+}
+
+TEST_CASE("a wait whose watch starts while other writes commit wakes at once", "[etcd]") {
+  // Regression: the watch used to start at the revision after the wait's
+  // read; with writes committing meanwhile (a barrier's Adds) etcd treats
+  // such a watcher as unsynced and delivers its events from a loop that runs
+  // every 100 ms, so a woken Get came 0 to 100 ms late.
+  auto store = NewEtcdStore(FreshPrefix());
+  auto writer = NewEtcdStore(store->options().prefix);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int t = 0; t < 4; ++t) {
+    busy.emplace_back([&, t] {
+      while (!stop.load()) (void)writer->Set(absl::StrCat("busy/", t), "x");
+    });
+  }
+  std::vector<double> late_ms;
+  for (int i = 0; i < 20; ++i) {
+    std::string key = absl::StrCat("wake/", i);
+    absl::Time woke;
+    absl::StatusOr<std::string> got;
+    std::thread waiter([&] {
+      got = store->Get(key, absl::Seconds(20));
+      woke = absl::Now();
+    });
+    // Soon after the waiter's read and watch (etcd syncs an unsynced
+    // watcher within 100 ms, after that it would not show).
+    absl::SleepFor(absl::Milliseconds(25));
+    REQUIRE(writer->Set(key, "v").ok());
+    absl::Time set_done = absl::Now();
+    waiter.join();
+    REQUIRE(got.ok());
+    late_ms.push_back(absl::ToDoubleMilliseconds(woke - set_done));
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  std::sort(late_ms.begin(), late_ms.end());
+  std::printf("Get woken after its key's Set, with writes committing (ms):");
+  for (double ms : late_ms) std::printf(" %.1f", ms);
+  std::printf("\n");
+  CHECK(late_ms[16] < 40);
 }
 
 // ---- Queues (PyTorch 2.8+ QUEUE_PUSH / QUEUE_POP / QUEUE_LEN) ----

@@ -12,9 +12,11 @@
 //  - Add / CompareSet / Append: read-modify-write Txns that compare the
 //    key's mod_revision (version 0 when missing) and retry on a conflict
 //    with the value the failed Txn read back (one round trip per retry).
-//  - Get / Wait / MultiGet block through etcd Watch, started at the revision
-//    right after the read that found keys missing, so no write is missed and
-//    nothing polls; a compacted start revision re-reads and watches again.
+//  - Get / Wait / MultiGet block through etcd Watch, started at etcd's
+//    current revision (synced: events as they commit) after the read that
+//    found keys missing; if writes committed between that read and the
+//    watch's start, the keys are read once more, so no write is missed and
+//    nothing polls. A broken watch re-reads and watches again.
 //
 // Every call has one deadline (the per-call timeout of blocking calls, the
 // store's timeout() for the others). An endpoint that is unreachable, or
