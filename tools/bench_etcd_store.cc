@@ -395,8 +395,10 @@ int Main(int argc, char** argv) {
                 set.p99_us, get.p50_us, get.p99_us, barrier_ms.back());
     std::fflush(stdout);
   }
-  std::printf("barrier: musterd/etcd = %.2fx musterd/memory; etcd direct = %.2fx musterd/etcd",
-              barrier_ms[0] / barrier_ms[1], barrier_ms[2] / barrier_ms[0]);
+  // A target left out by --only has 0.
+  std::printf("barrier: musterd/etcd = %.2fx musterd/memory", barrier_ms[0] / barrier_ms[1]);
+  if (barrier_ms[2] > 0)
+    std::printf("; etcd direct = %.2fx musterd/etcd", barrier_ms[2] / barrier_ms[0]);
   if (barrier_ms.size() > 3 && barrier_ms[3] > 0)
     std::printf("; torch = %.2fx musterd/etcd", barrier_ms[3] / barrier_ms[0]);
   std::printf("\n");
