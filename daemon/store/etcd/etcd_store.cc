@@ -280,14 +280,21 @@ class EtcdStore::Impl {
   // Waits for the same keys share one watch: a caller joins the wait in
   // flight; when it ends without the keys (its owner's deadline or cancel),
   // the others that still have time start another.
+  // `queues`: a queued item of a key's name counts as present (WAIT and
+  // CHECK as PyTorch sees them); such waits share flights among themselves.
   absl::Status WaitFor(const std::vector<std::string>& keys, absl::Time deadline,
-                       absl::Duration timeout, WaitCancel* cancel) {
+                       absl::Duration timeout, WaitCancel* cancel, bool queues = false) {
+    auto once = [&] {
+      return queues ? WaitPresent(keys, deadline, timeout, cancel, true, true)
+                    : WaitForOnce(keys, deadline, timeout, cancel);
+    };
+    auto& flights = queues ? queued_flights_ : flights_;
     for (;;) {
       std::shared_ptr<Flight> flight;
       bool owner = false;
       {
         absl::MutexLock lock(&flight_mu_);
-        std::shared_ptr<Flight>& slot = flights_[keys];
+        std::shared_ptr<Flight>& slot = flights[keys];
         if (slot == nullptr) {
           slot = std::make_shared<Flight>();
           owner = true;
@@ -295,11 +302,11 @@ class EtcdStore::Impl {
         flight = slot;
       }
       if (owner) {
-        absl::Status s = WaitForOnce(keys, deadline, timeout, cancel);
+        absl::Status s = once();
         absl::MutexLock lock(&flight_mu_);
         flight->status = s;
         flight->done = true;
-        flights_.erase(keys);
+        flights.erase(keys);
         return s;
       }
       absl::MutexLock lock(&flight_mu_);
@@ -316,8 +323,7 @@ class EtcdStore::Impl {
       if (flight->done && flight->status.ok()) return absl::OkStatus();
       if (absl::Now() >= deadline) {
         flight_mu_.Unlock();
-        absl::Status s =
-            WaitForOnce(keys, deadline, timeout, cancel);  // reads once, then times out
+        absl::Status s = once();  // reads once, then times out
         flight_mu_.Lock();
         return s;
       }
@@ -1005,6 +1011,8 @@ class EtcdStore::Impl {
   std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
   absl::Mutex flight_mu_;
   std::map<std::vector<std::string>, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flight_mu_);
+  std::map<std::vector<std::string>, std::shared_ptr<Flight>> queued_flights_
+      ABSL_GUARDED_BY(flight_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {
@@ -1178,8 +1186,7 @@ absl::StatusOr<int64_t> EtcdStore::QueueLen(absl::string_view key) {
 
 absl::Status EtcdStore::WaitCancellableOrQueued(const std::vector<std::string>& keys,
                                                 absl::Duration timeout, WaitCancel* cancel) {
-  return impl_->WaitPresent(keys, absl::Now() + timeout, timeout, cancel, /*map_keys=*/true,
-                            /*queues=*/true);
+  return impl_->WaitFor(keys, absl::Now() + timeout, timeout, cancel, /*queues=*/true);
 }
 
 absl::StatusOr<std::vector<std::string>> EtcdStore::MissingOrQueued(
