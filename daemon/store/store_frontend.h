@@ -7,16 +7,18 @@
 //
 // Requests are parsed by the same RequestParser as StoreServer's (limits,
 // dialects, handshake order). Waits block in BlockingStore::WaitCancellable
-// while the connection thread watches the socket: input during a wait (a
-// 1.13 client that gave up, a 2.x CANCEL_WAIT) or a close cancels it, like
-// StoreServer's parked waits. A store call that fails (etcd unreachable:
+// on the connection's thread while one watcher thread (epoll) watches the
+// sockets of every waiting connection: input during a wait (a 1.13 client
+// that gave up, a 2.x CANCEL_WAIT) or a close cancels it, like StoreServer's
+// parked waits. A store call that fails (etcd unreachable:
 // UNAVAILABLE naming the endpoint) fails that request: a native client gets
 // the error, a torch client's connection is closed (its protocol has no
 // error reply). Queue commands (PyTorch 2.8+) go to BlockingStore's queue
 // calls; WAIT and CHECK count a non-empty queue of a key's name as present.
 //
 // Thread-safety: Start/Stop/port are thread-safe; one thread accepts, one
-// thread per connection serves it (owned by the front-end, joined by Stop).
+// thread per connection serves it, one watches waiting connections' sockets
+// (all owned by the front-end, joined by Stop).
 #ifndef MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
 #define MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
 

@@ -13,6 +13,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
@@ -251,12 +252,13 @@ class EtcdStore::Impl {
     ReadQueue& q = reads_[id];
     if (q.running && q.sent_at >= since) {
       q.sent.push_back(self);
-      read_mu_.Await(absl::Condition(&self->done));
-      return self->result;
+    } else {
+      q.queued.push_back(self);
     }
-    q.queued.push_back(self);
     if (q.running) {
-      read_mu_.Await(absl::Condition(&self->done));
+      read_mu_.Unlock();  // as in Add: a notification per waiter
+      self->notified.WaitForNotification();
+      read_mu_.Lock();
       return self->result;
     }
     q.running = true;
@@ -271,6 +273,7 @@ class EtcdStore::Impl {
       for (const auto& p : batch) {
         p->result = r;
         p->done = true;
+        p->notified.Notify();
       }
     }
     reads_.erase(id);
@@ -622,7 +625,11 @@ class EtcdStore::Impl {
     AddQueue& q = adds_[k];
     q.queued.push_back(self);
     if (q.running) {
-      add_mu_.Await(absl::Condition(&self->done));
+      // Each waiter sleeps on its own notification: with hundreds of them a
+      // shared Mutex::Await would have every unlock re-evaluate them all.
+      add_mu_.Unlock();
+      self->notified.WaitForNotification();
+      add_mu_.Lock();
       return self->result;
     }
     q.running = true;
@@ -673,6 +680,7 @@ class EtcdStore::Impl {
           p->result = s;
         }
         p->done = true;
+        p->notified.Notify();
       }
     }
     adds_.erase(k);
@@ -892,8 +900,9 @@ class EtcdStore::Impl {
                                    absl::Duration call_timeout) {
     absl::Time deadline = absl::Now() + timeout;
     for (;;) {
-      ASSIGN_OR_RETURN(int64_t before,
-                       QueuePopOnce(key, value, std::max(deadline, absl::Now() + call_timeout)));
+      // Each pop gets the store's call timeout, not the (maybe year-long)
+      // wait's: only the wait in between is what the caller may cancel.
+      ASSIGN_OR_RETURN(int64_t before, QueuePopOnce(key, value, absl::Now() + call_timeout));
       if (before > 0 || timeout <= absl::ZeroDuration()) return before;
       absl::Status w = WaitPresent({std::string(key)}, deadline, timeout, cancel,
                                    /*map_keys=*/false, /*queues=*/true);
@@ -967,6 +976,7 @@ class EtcdStore::Impl {
 
   struct PendingRead {
     bool done = false;
+    absl::Notification notified;
     ReadResult result;
   };
   struct ReadQueue {
@@ -984,6 +994,7 @@ class EtcdStore::Impl {
   struct PendingAdd {
     int64_t delta = 0;
     bool done = false;
+    absl::Notification notified;
     absl::StatusOr<int64_t> result;
   };
   struct AddQueue {
