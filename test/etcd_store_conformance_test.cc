@@ -651,6 +651,20 @@ TEMPLATE_TEST_CASE("queues over PyTorch 2.x's wire protocol", "[etcd][queue]", M
   }
   CHECK(items.size() == size_t{kPoppers});
   CHECK(c.Len("jobs") == 0);
+
+  // torch 2.x gives up on a WAIT with CANCEL_WAIT: the wait ends (only the
+  // cancel is answered) and the connection goes on.
+  std::string req = Torch2Client::Command(wire::Op::kWait);
+  wire::PutKeyList(&req, {"never"});
+  c.Send(req);
+  CHECK_FALSE(c.Read(1, absl::Milliseconds(300)).has_value());
+  absl::Time cancelled_at = absl::Now();
+  c.Send(Torch2Client::Command(wire::Op::kCancelWait));
+  auto answer = c.Read(1, absl::Seconds(5));
+  REQUIRE(answer.has_value());
+  CHECK(static_cast<uint8_t>((*answer)[0]) == wire::kWaitCanceled);
+  CHECK(absl::Now() - cancelled_at < absl::Seconds(2));
+  CHECK(c.Len("jobs") == 0);
 }
 }  // namespace
 }  // namespace muster
