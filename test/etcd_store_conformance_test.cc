@@ -7,13 +7,20 @@
 // Without etcd installed every case passes at once and the binary prints
 // MUSTER_TEST_SKIPPED (see main below).
 #define CATCH_CONFIG_RUNNER
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -21,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/store_wire.h"
 #include "daemon/store/etcd/etcd_store.h"
 #include "daemon/store/store_frontend.h"
 #include "muster/tcp_store.h"
@@ -300,6 +308,364 @@ TEST_CASE("without quorum calls fail UNAVAILABLE, and work again once it is back
   CHECK(store->Add("n", 1).value_or(0) == 1);
 }
 
+TEST_CASE("a wait whose watch starts while other writes commit wakes at once", "[etcd]") {
+  // Regression: the watch used to start at the revision after the wait's
+  // read; with writes committing meanwhile (a barrier's Adds) etcd treats
+  // such a watcher as unsynced and delivers its events from a loop that runs
+  // every 100 ms, so a woken Get came 0 to 100 ms late.
+  auto store = NewEtcdStore(FreshPrefix());
+  auto writer = NewEtcdStore(store->options().prefix);
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> busy;
+  for (int t = 0; t < 4; ++t) {
+    busy.emplace_back([&, t] {
+      while (!stop.load()) (void)writer->Set(absl::StrCat("busy/", t), "x");
+    });
+  }
+  std::vector<double> late_ms;
+  for (int i = 0; i < 20; ++i) {
+    std::string key = absl::StrCat("wake/", i);
+    absl::Time woke;
+    absl::StatusOr<std::string> got;
+    std::thread waiter([&] {
+      got = store->Get(key, absl::Seconds(20));
+      woke = absl::Now();
+    });
+    // Soon after the waiter's read and watch (etcd syncs an unsynced
+    // watcher within 100 ms, after that it would not show).
+    absl::SleepFor(absl::Milliseconds(25));
+    REQUIRE(writer->Set(key, "v").ok());
+    absl::Time set_done = absl::Now();
+    waiter.join();
+    REQUIRE(got.ok());
+    late_ms.push_back(absl::ToDoubleMilliseconds(woke - set_done));
+  }
+  stop = true;
+  for (auto& t : busy) t.join();
+  std::sort(late_ms.begin(), late_ms.end());
+  std::printf("Get woken after its key's Set, with writes committing (ms):");
+  for (double ms : late_ms) std::printf(" %.1f", ms);
+  std::printf("\n");
+  CHECK(late_ms[16] < 40);
+}
+
+// ---- Queues (PyTorch 2.8+ QUEUE_PUSH / QUEUE_POP / QUEUE_LEN) ----
+
+TEST_CASE("queues: FIFO, exact length, apart from the keys", "[etcd][queue]") {
+  auto store = NewEtcdStore(FreshPrefix());
+  std::string v;
+  CHECK(*store->QueueLen("q") == 0);
+  CHECK(*store->QueuePop("q", &v, absl::ZeroDuration(), nullptr) == 0);
+  for (const char* item : {"first", "second", "third"}) REQUIRE(store->QueuePush("q", item).ok());
+  REQUIRE(store->QueuePush("q2", std::string("\0bin", 4)).ok());
+  CHECK(*store->QueueLen("q") == 3);
+  // A queue is not a key: not counted, not listed, not a value to Get...
+  CHECK(*store->NumKeys() == 0);
+  CHECK(store->ListKeys()->empty());
+  CHECK(store->Get("q", absl::Milliseconds(100)).status().code() ==
+        absl::StatusCode::kDeadlineExceeded);
+  // ...but WAIT and CHECK (PyTorch's) count it as present.
+  CHECK(store->MissingOrQueued({"q", "none"})->size() == 1);
+  CHECK(store->WaitCancellableOrQueued({"q"}, absl::Seconds(5), nullptr).ok());
+  CHECK(store->Missing({"q"})->size() == 1);
+  // A key of the same name is its own thing.
+  REQUIRE(store->Set("q", "a value").ok());
+  CHECK(*store->Get("q") == "a value");
+  CHECK(*store->QueueLen("q") == 3);
+  CHECK(*store->QueuePop("q", &v, absl::ZeroDuration(), nullptr) == 3);
+  CHECK(v == "first");
+  CHECK(*store->QueuePop("q", &v, absl::ZeroDuration(), nullptr) == 2);
+  CHECK(v == "second");
+  CHECK(*store->QueuePop("q", &v, absl::ZeroDuration(), nullptr) == 1);
+  CHECK(v == "third");
+  v = "untouched";
+  CHECK(*store->QueuePop("q", &v, absl::ZeroDuration(), nullptr) == 0);
+  CHECK(v == "untouched");
+  CHECK(*store->QueueLen("q") == 0);
+  CHECK(*store->QueuePop("q2", &v, absl::ZeroDuration(), nullptr) == 1);
+  CHECK(v == std::string("\0bin", 4));
+  // A queue whose name extends another's is a different queue.
+  REQUIRE(store->QueuePush("q/x", "x").ok());
+  CHECK(*store->QueueLen("q") == 0);
+  CHECK(*store->QueueLen("q/x") == 1);
+  CHECK(*store->Get("q") == "a value");
+}
+
+TEST_CASE("queues: a blocking pop waits in a watch and honours its timeout", "[etcd][queue]") {
+  auto popper = NewEtcdStore(FreshPrefix());
+  auto pusher = NewEtcdStore(popper->options().prefix);  // another musterd
+  std::string v;
+  absl::Time start = absl::Now();
+  auto timed_out = popper->QueuePop("jobs", &v, absl::Milliseconds(400), nullptr);
+  absl::Duration took = absl::Now() - start;
+  CHECK(timed_out.status().code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(std::string(timed_out.status().message()).find("jobs") != std::string::npos);
+  CHECK(took >= absl::Milliseconds(400));
+  CHECK(took < absl::Seconds(3));
+  // A key named like the queue does not end the pop's wait.
+  REQUIRE(popper->Set("jobs", "not an item").ok());
+  absl::StatusOr<int64_t> got;
+  absl::Time popped_at;
+  std::thread t([&] {
+    got = popper->QueuePop("jobs", &v, absl::Seconds(20), nullptr);
+    popped_at = absl::Now();
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  absl::Time pushed_at = absl::Now();
+  REQUIRE(pusher->QueuePush("jobs", "work").ok());
+  t.join();
+  REQUIRE(got.ok());
+  CHECK(*got == 1);
+  CHECK(v == "work");
+  std::printf("blocking pop woke %s after the push\n",
+              absl::FormatDuration(popped_at - pushed_at).c_str());
+  CHECK(popped_at - pushed_at < absl::Seconds(2));
+  // Cancelled from another thread.
+  WaitCancel cancel;
+  std::thread c([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    cancel.Cancel();
+  });
+  auto cancelled = popper->QueuePop("jobs", &v, absl::Seconds(20), &cancel);
+  c.join();
+  CHECK(cancelled.status().code() == absl::StatusCode::kCancelled);
+}
+
+TEST_CASE("queues: two musterds popping concurrently get every item exactly once, in order",
+          "[etcd][queue]") {
+  auto a = NewEtcdStore(FreshPrefix());
+  auto b = NewEtcdStore(a->options().prefix);
+  constexpr int kPushers = 4, kItems = 60, kPoppers = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> failures{0}, popped{0};
+  absl::Mutex mu;
+  // Per popper: the items it got, in its order.
+  std::vector<std::vector<std::string>> got(kPoppers);
+  for (int p = 0; p < kPushers; ++p) {
+    threads.emplace_back([&, p] {
+      EtcdStore& s = p % 2 ? *b : *a;
+      for (int i = 0; i < kItems; ++i) {
+        if (!s.QueuePush("work", absl::StrCat(p, ":", i)).ok()) ++failures;
+      }
+    });
+  }
+  for (int p = 0; p < kPoppers; ++p) {
+    threads.emplace_back([&, p] {
+      EtcdStore& s = p % 2 ? *b : *a;
+      while (popped.load() < kPushers * kItems) {
+        std::string v;
+        auto r = s.QueuePop("work", &v, absl::Milliseconds(300), nullptr);
+        if (absl::IsDeadlineExceeded(r.status())) continue;
+        if (!r.ok()) {
+          ++failures;
+          break;
+        }
+        if (*r > 0) {
+          got[p].push_back(v);
+          ++popped;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(failures == 0);
+  std::map<std::string, int> times;
+  for (int p = 0; p < kPoppers; ++p) {
+    // FIFO: what one popper got of one pusher is in push order.
+    std::map<int, int> last;
+    for (const std::string& v : got[p]) {
+      ++times[v];
+      std::vector<std::string> parts = absl::StrSplit(v, ':');
+      int pusher = std::stoi(parts[0]), i = std::stoi(parts[1]);
+      if (last.count(pusher)) CHECK(i > last[pusher]);
+      last[pusher] = i;
+    }
+  }
+  CHECK(times.size() == size_t{kPushers * kItems});
+  for (const auto& [v, n] : times) {
+    INFO(v);
+    CHECK(n == 1);
+  }
+  CHECK(*a->QueueLen("work") == 0);
+  std::printf("%d items, %d poppers on two EtcdStores: %llu + %llu pop conflicts retried\n",
+              kPushers * kItems, kPoppers,
+              static_cast<unsigned long long>(a->queue_pop_conflicts()),
+              static_cast<unsigned long long>(b->queue_pop_conflicts()));
+}
+
+// A PyTorch 2.x client on the wire (VALIDATE first, then 2.x command bytes).
+class Torch2Client {
+ public:
+  explicit Torch2Client(int port) {
+    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+    std::string hello;
+    wire::PutU8(&hello, 0);
+    wire::PutU32(&hello, wire::kValidateMagic);
+    Send(hello);
+  }
+  ~Torch2Client() { ::close(fd_); }
+  static std::string Command(wire::Op op) {
+    std::string out;
+    wire::PutU8(&out, *wire::CommandByte(wire::Dialect::kTorch2, op));
+    return out;
+  }
+  void Send(const std::string& bytes) {
+    REQUIRE(::send(fd_, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+            static_cast<ssize_t>(bytes.size()));
+  }
+  // Exactly n bytes within `timeout`, or nullopt.
+  std::optional<std::string> Read(size_t n, absl::Duration timeout) {
+    std::string out;
+    absl::Time deadline = absl::Now() + timeout;
+    while (out.size() < n) {
+      pollfd p{fd_, POLLIN, 0};
+      int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
+      if (left <= 0 || ::poll(&p, 1, left) <= 0) return std::nullopt;
+      char buf[4096];
+      ssize_t got = ::recv(fd_, buf, std::min(sizeof(buf), n - out.size()), 0);
+      if (got <= 0) return std::nullopt;
+      out.append(buf, static_cast<size_t>(got));
+    }
+    return out;
+  }
+  int64_t ReadI64(absl::Duration timeout = absl::Seconds(10)) {
+    auto b = Read(8, timeout);
+    REQUIRE(b.has_value());
+    int64_t v;
+    std::memcpy(&v, b->data(), 8);
+    return v;
+  }
+  void Push(const std::string& key, const std::string& value) {
+    std::string req = Command(wire::Op::kQueuePush);
+    wire::PutBytes(&req, key);
+    wire::PutBytes(&req, value);
+    Send(req);
+  }
+  int64_t Len(const std::string& key) {
+    std::string req = Command(wire::Op::kQueueLen);
+    wire::PutBytes(&req, key);
+    Send(req);
+    return ReadI64();
+  }
+  // Non-blocking pop: nullopt when empty ("queue is empty" in torch).
+  std::optional<std::string> Pop(const std::string& key,
+                                 absl::Duration timeout = absl::Seconds(10)) {
+    std::string req = Command(wire::Op::kQueuePop);
+    wire::PutBytes(&req, key);
+    Send(req);
+    int64_t before = ReadI64(timeout);
+    if (before == 0) return std::nullopt;
+    int64_t size = ReadI64();
+    auto v = Read(static_cast<size_t>(size), absl::Seconds(10));
+    REQUIRE(v.has_value());
+    return v;
+  }
+  // torch's queue_pop(block=True): WAIT on the key, then QUEUE_POP.
+  std::optional<std::string> BlockingPop(const std::string& key) {
+    std::string req = Command(wire::Op::kWait);
+    wire::PutKeyList(&req, {key});
+    Send(req);
+    auto stop = Read(1, absl::Seconds(20));
+    REQUIRE(stop.has_value());
+    CHECK(static_cast<uint8_t>((*stop)[0]) == wire::kStopWaiting);
+    return Pop(key, absl::Seconds(20));
+  }
+  bool Check(const std::string& key) {
+    std::string req = Command(wire::Op::kCheck);
+    wire::PutKeyList(&req, {key});
+    Send(req);
+    auto b = Read(1, absl::Seconds(10));
+    REQUIRE(b.has_value());
+    return static_cast<uint8_t>((*b)[0]) == wire::kCheckReady;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+// The queue commands on the wire, the same for musterd's in-memory store
+// (StoreServer) and its etcd backend (StoreFrontend over EtcdStore).
+struct MemoryPort {
+  std::unique_ptr<StoreServer> server;
+  MemoryPort() {
+    StoreServerOptions options;
+    options.listen_address = "127.0.0.1";
+    options.port = 0;
+    server = std::move(*StoreServer::Start(options));
+  }
+  int port() { return server->port(); }
+};
+struct EtcdPort {
+  std::unique_ptr<StoreFrontend> frontend;
+  EtcdPort() {
+    REQUIRE(EtcdCluster::Get().available);
+    StoreFrontendOptions options;
+    options.listen_address = "127.0.0.1";
+    options.port = 0;
+    frontend = std::move(*StoreFrontend::Start(options, NewEtcdStore(FreshPrefix())));
+  }
+  int port() { return frontend->port(); }
+};
+
+TEMPLATE_TEST_CASE("queues over PyTorch 2.x's wire protocol", "[etcd][queue]", MemoryPort,
+                   EtcdPort) {
+  TestType server;
+  Torch2Client c(server.port());
+  CHECK(c.Len("q") == 0);
+  CHECK_FALSE(c.Pop("q").has_value());
+  CHECK_FALSE(c.Check("q"));
+  c.Push("q", "one");
+  c.Push("q", std::string("t\0o", 3));
+  CHECK(c.Len("q") == 2);
+  CHECK(c.Check("q"));
+  CHECK(c.Pop("q") == std::optional<std::string>("one"));
+  CHECK(c.BlockingPop("q") == std::optional<std::string>(std::string("t\0o", 3)));
+  CHECK(c.Len("q") == 0);
+
+  // Blocking pops on four connections, then four pushes from a fifth: each
+  // popper gets one item, none fails "queue is empty".
+  constexpr int kPoppers = 4;
+  std::vector<std::optional<std::string>> got(kPoppers);
+  std::vector<std::thread> poppers;
+  for (int i = 0; i < kPoppers; ++i) {
+    poppers.emplace_back([&, i] {
+      Torch2Client p(server.port());
+      got[i] = p.BlockingPop("jobs");
+    });
+  }
+  absl::SleepFor(absl::Milliseconds(500));
+  for (int i = 0; i < kPoppers; ++i) {
+    c.Push("jobs", absl::StrCat("job", i));
+    absl::SleepFor(absl::Milliseconds(100));
+  }
+  for (auto& t : poppers) t.join();
+  std::set<std::string> items;
+  for (const auto& g : got) {
+    REQUIRE(g.has_value());
+    items.insert(*g);
+  }
+  CHECK(items.size() == size_t{kPoppers});
+  CHECK(c.Len("jobs") == 0);
+
+  // torch 2.x gives up on a WAIT with CANCEL_WAIT: the wait ends (only the
+  // cancel is answered) and the connection goes on.
+  std::string req = Torch2Client::Command(wire::Op::kWait);
+  wire::PutKeyList(&req, {"never"});
+  c.Send(req);
+  CHECK_FALSE(c.Read(1, absl::Milliseconds(300)).has_value());
+  absl::Time cancelled_at = absl::Now();
+  c.Send(Torch2Client::Command(wire::Op::kCancelWait));
+  auto answer = c.Read(1, absl::Seconds(5));
+  REQUIRE(answer.has_value());
+  CHECK(static_cast<uint8_t>((*answer)[0]) == wire::kWaitCanceled);
+  CHECK(absl::Now() - cancelled_at < absl::Seconds(2));
+  CHECK(c.Len("jobs") == 0);
+}
 }  // namespace
 }  // namespace muster
 

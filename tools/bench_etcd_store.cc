@@ -26,15 +26,19 @@
 #include <cstdlib>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "absl/synchronization/barrier.h"
 #include "absl/time/clock.h"
 #include "common/flags.h"
@@ -144,8 +148,57 @@ void Check(const absl::Status& s, const std::string& what) {
   }
 }
 
+// When the clients of one barrier got through its phases, ms from the start.
+struct Phases {
+  std::vector<double> add_done, get_done;
+  double set_done = 0;
+};
+bool g_phases = false;
+
+double Pct(std::vector<double> v, double q) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(q * v.size()))];
+}
+
+// The etcd members' own count of the gRPC calls they served (their
+// /metrics), summed over members: unary calls by method, and Watch streams
+// started. Read before and after a barrier: its etcd round trips.
+std::vector<std::string> g_etcd_endpoints;
+std::map<std::string, double> EtcdCalls() {
+  std::map<std::string, double> calls;
+  for (const std::string& ep : g_etcd_endpoints) {
+    std::FILE* p = ::popen(absl::StrCat("curl -s -m 2 ", ep, "/metrics").c_str(), "r");
+    if (p == nullptr) continue;
+    char line[2048];
+    while (std::fgets(line, sizeof(line), p) != nullptr) {
+      absl::string_view l(line);
+      bool handled = absl::StartsWith(l, "grpc_server_handled_total{");
+      bool started = absl::StartsWith(l, "grpc_server_started_total{");
+      if (!handled && !started) continue;
+      size_t m = l.find("grpc_method=\"");
+      if (m == absl::string_view::npos) continue;
+      m += 13;
+      std::string method(l.substr(m, l.find('"', m) - m));
+      if (started != (method == "Watch")) continue;  // streams: started; unary: handled
+      double v = 0;
+      if (absl::SimpleAtod(absl::StripAsciiWhitespace(l.substr(l.rfind(' ') + 1)), &v)) {
+        calls[method] += v;
+      }
+    }
+    ::pclose(p);
+  }
+  return calls;
+}
+
 // One barrier of n clients (connected before the clock starts): ms.
 double Barrier(const Target& t, int n, const std::string& tag) {
+  std::map<std::string, double> calls_before;
+  if (g_phases) calls_before = EtcdCalls();
+  Phases phases;
+  phases.add_done.assign(n, 0);
+  phases.get_done.assign(n, 0);
+  absl::Time t0;
   std::vector<std::unique_ptr<Store>> clients;
   for (int i = 0; i < n; ++i) clients.push_back(t.open());
   std::string counter = absl::StrCat("barrier/", tag, "/count");
@@ -163,20 +216,41 @@ double Barrier(const Target& t, int n, const std::string& tag) {
           std::fprintf(stderr, "%s: %s\n", t.name.c_str(), st.ToString().c_str());
       };
       auto v = s.Add(counter, 1);
+      phases.add_done[i] = absl::ToDoubleMilliseconds(absl::Now() - t0);
       note(v.status());
       if (!v.ok()) return;
       if (*v == n) {
         note(s.Set(release, "1"));
+        phases.set_done = absl::ToDoubleMilliseconds(absl::Now() - t0);
       } else {
         note(s.Get(release, absl::Seconds(120)).status());
+        phases.get_done[i] = absl::ToDoubleMilliseconds(absl::Now() - t0);
       }
     });
   }
   absl::SleepFor(absl::Milliseconds(200));
-  absl::Time t0 = absl::Now();
+  t0 = absl::Now();
   if (start->Block()) delete start;
   for (auto& th : threads) th.join();
   double ms = absl::ToDoubleMilliseconds(absl::Now() - t0);
+  if (g_phases) {
+    std::vector<double> gets;
+    for (double g : phases.get_done) {
+      if (g > 0) gets.push_back(g);
+    }
+    std::printf(
+        "  %s phases (ms from start): adds done p10 %.1f p50 %.1f max %.1f; release set %.1f; "
+        "gets done p10 %.1f p50 %.1f max %.1f; total %.1f\n",
+        t.name.c_str(), Pct(phases.add_done, 0.1), Pct(phases.add_done, 0.5),
+        Pct(phases.add_done, 1), phases.set_done, Pct(gets, 0.1), Pct(gets, 0.5), Pct(gets, 1), ms);
+    std::map<std::string, double> calls = EtcdCalls();
+    std::string text;
+    for (const auto& [method, count] : calls) {
+      double d = count - calls_before[method];
+      if (d > 0) absl::StrAppend(&text, " ", method, " ", static_cast<int64_t>(d));
+    }
+    if (!text.empty()) std::printf("    etcd calls served during it:%s\n", text.c_str());
+  }
   if (failures > 0) {
     std::fprintf(stderr, "muster-bench-etcd: %s barrier: %d clients failed\n", t.name.c_str(),
                  failures.load());
@@ -196,6 +270,12 @@ int Main(int argc, char** argv) {
   flags.AddInt("repeats", &repeats, "Barrier runs per target (the median is reported).");
   flags.AddString("musterd", &musterd, "musterd binary (default: next to this one).");
   flags.AddString("python", &python, "Python with torch 1.13 for the TCPStore master.");
+  flags.AddBool("phases", &g_phases,
+                "Print when each barrier's clients were through Add, the release Set and Get.");
+  std::string only;
+  flags.AddString("only", &only,
+                  "Comma-separated targets to run (musterd/etcd,musterd/memory,etcd direct,torch): "
+                  "default all; the ratios need the first two.");
   flags.ParseOrExit(argc, argv);
   if (musterd.empty()) musterd = RunfilesPath(argv[0], "daemon/musterd");
   std::string cluster_sh = RunfilesPath(argv[0], "tools/etcd_cluster.sh");
@@ -255,6 +335,7 @@ int Main(int argc, char** argv) {
     };
   };
   std::vector<std::string> eps = absl::StrSplit(endpoints, ',');
+  g_etcd_endpoints = eps;
   std::vector<Target> targets = {
       {"musterd/etcd", tcp(etcd_port, TcpStoreOptions::Protocol::kNative)},
       {"musterd/memory", tcp(mem_port, TcpStoreOptions::Protocol::kNative)},
@@ -282,7 +363,14 @@ int Main(int argc, char** argv) {
               "get p50 us", "get p99 us", absl::StrCat("barrier ", barrier_n, " ms").c_str());
   std::vector<double> barrier_ms;
   std::string value(64, 'v');
+  std::vector<std::string> wanted = absl::StrSplit(only, ',', absl::SkipEmpty());
   for (const Target& t : targets) {
+    if (!wanted.empty() && std::none_of(wanted.begin(), wanted.end(), [&](const std::string& w) {
+          return absl::StartsWith(t.name, w);
+        })) {
+      barrier_ms.push_back(0);
+      continue;
+    }
     std::fprintf(stderr, "%s: latency\n", t.name.c_str());
     auto s = t.open();
     // SET has no reply in these protocols: a Set is timed with the Get that
@@ -307,9 +395,11 @@ int Main(int argc, char** argv) {
                 set.p99_us, get.p50_us, get.p99_us, barrier_ms.back());
     std::fflush(stdout);
   }
-  std::printf("barrier: musterd/etcd = %.2fx musterd/memory; etcd direct = %.2fx musterd/etcd",
-              barrier_ms[0] / barrier_ms[1], barrier_ms[2] / barrier_ms[0]);
-  if (barrier_ms.size() > 3)
+  // A target left out by --only has 0.
+  std::printf("barrier: musterd/etcd = %.2fx musterd/memory", barrier_ms[0] / barrier_ms[1]);
+  if (barrier_ms[2] > 0)
+    std::printf("; etcd direct = %.2fx musterd/etcd", barrier_ms[2] / barrier_ms[0]);
+  if (barrier_ms.size() > 3 && barrier_ms[3] > 0)
     std::printf("; torch = %.2fx musterd/etcd", barrier_ms[3] / barrier_ms[0]);
   std::printf("\n");
   return 0;

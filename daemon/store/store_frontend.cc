@@ -5,13 +5,14 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
-#include <sys/eventfd.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <future>
+#include <functional>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
@@ -85,8 +86,51 @@ absl::StatusOr<std::unique_ptr<StoreFrontend>> StoreFrontend::Start(
   std::unique_ptr<StoreFrontend> f(new StoreFrontend(std::move(options), std::move(store)));
   ASSIGN_OR_RETURN(f->listen_fd_,
                    ListenOn(f->options_.listen_address, f->options_.port, &f->port_));
+  f->epoll_fd_ = ::epoll_create1(EPOLL_CLOEXEC);
+  if (f->epoll_fd_ < 0) return ErrnoToStatus(errno, "store front-end: epoll_create1");
   f->acceptor_ = std::thread([p = f.get()] { p->AcceptLoop(); });
+  f->watcher_ = std::thread([p = f.get()] { p->WatchLoop(); });
   return f;
+}
+
+absl::Status StoreFrontend::Watch(int fd, WaitCancel* cancel) {
+  absl::MutexLock lock(&watch_mu_);
+  watched_[fd] = Watched{cancel, false};
+  epoll_event ev{};
+  ev.events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT;
+  ev.data.fd = fd;
+  if (::epoll_ctl(epoll_fd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    int err = errno;
+    watched_.erase(fd);
+    return ErrnoToStatus(err, "store front-end: epoll_ctl");
+  }
+  return absl::OkStatus();
+}
+
+bool StoreFrontend::Unwatch(int fd) {
+  absl::MutexLock lock(&watch_mu_);
+  ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, fd, nullptr);
+  auto it = watched_.find(fd);
+  bool interrupted = it != watched_.end() && it->second.interrupted;
+  if (it != watched_.end()) watched_.erase(it);
+  return interrupted;
+}
+
+// Thread: cancels the wait of a connection whose client sent or closed.
+void StoreFrontend::WatchLoop() {
+  epoll_event events[64];
+  while (!stopping_.load()) {
+    int n = ::epoll_wait(epoll_fd_, events, 64, 100);
+    absl::MutexLock lock(&watch_mu_);
+    for (int i = 0; i < n; ++i) {
+      // Cancel runs under watch_mu_, so Unwatch (and the wait's end) cannot
+      // free the WaitCancel meanwhile.
+      auto it = watched_.find(events[i].data.fd);
+      if (it == watched_.end() || it->second.interrupted) continue;
+      it->second.interrupted = true;
+      it->second.cancel->Cancel();
+    }
+  }
 }
 
 StoreFrontend::StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store)
@@ -97,6 +141,7 @@ StoreFrontend::~StoreFrontend() { Stop(); }
 void StoreFrontend::Stop() {
   if (stopping_.exchange(true)) return;
   if (acceptor_.joinable()) acceptor_.join();
+  if (watcher_.joinable()) watcher_.join();
   ::close(listen_fd_);
   std::vector<std::unique_ptr<Connection>> conns;
   {
@@ -111,6 +156,8 @@ void StoreFrontend::Stop() {
     if (c->thread.joinable()) c->thread.join();
     ::close(c->fd);
   }
+  if (epoll_fd_ >= 0) ::close(epoll_fd_);
+  epoll_fd_ = -1;
 }
 
 // Thread: accepts connections until Stop, reaping finished ones.
@@ -185,36 +232,24 @@ void StoreFrontend::Serve(Connection* c) {
   };
   // Blocks in a wait while watching the socket; nullopt: cancelled by input
   // or a close (then nothing is answered), else the wait's status.
-  auto wait = [&](const std::vector<std::string>& keys,
-                  absl::Duration timeout) -> std::optional<absl::Status> {
+  // `block` runs the blocking call with the connection's WaitCancel.
+  auto blocking =
+      [&](const std::function<absl::Status(WaitCancel*)>& block) -> std::optional<absl::Status> {
     WaitCancel cancel;
     {
       absl::MutexLock lock(&mu_);
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       c->wait = &cancel;
     }
-    int done_fd = ::eventfd(0, EFD_CLOEXEC);
-    if (done_fd < 0) return ErrnoToStatus(errno, "eventfd");
-    auto result = std::async(std::launch::async, [&] {
-      absl::Status s = store.WaitCancellable(keys, timeout, &cancel);
-      uint64_t one = 1;
-      (void)!::write(done_fd, &one, sizeof(one));
-      return s;
-    });
-    // Sleeps until the wait ends or the client sends or closes.
-    bool interrupted = false;
-    for (;;) {
-      pollfd p[2] = {{done_fd, POLLIN, 0}, {c->fd, POLLIN | POLLRDHUP, 0}};
-      int n = ::poll(p, interrupted ? 1 : 2, -1);
-      if (n < 0 && errno == EINTR) continue;
-      if (p[0].revents != 0) break;
-      if (!interrupted && p[1].revents != 0) {
-        interrupted = true;
-        cancel.Cancel();
-      }
+    // Blocks on this thread; the watcher thread cancels it when the client
+    // sends or closes meanwhile.
+    if (absl::Status watched = Watch(c->fd, &cancel); !watched.ok()) {
+      absl::MutexLock lock(&mu_);
+      c->wait = nullptr;
+      return watched;
     }
-    ::close(done_fd);
-    absl::Status s = result.get();
+    absl::Status s = block(&cancel);
+    bool interrupted = Unwatch(c->fd);
     {
       absl::MutexLock lock(&mu_);
       c->wait = nullptr;
@@ -222,6 +257,22 @@ void StoreFrontend::Serve(Connection* c) {
     if (interrupted && absl::IsCancelled(s)) return std::nullopt;
     return s;
   };
+  // PyTorch's WAIT (and the native WAIT_FOR) count a non-empty queue of the
+  // key's name as present, like KvStore; GET_WAIT_FOR wants the value.
+  auto wait = [&](const std::vector<std::string>& keys, absl::Duration timeout,
+                  bool queues = false) -> std::optional<absl::Status> {
+    return blocking([&](WaitCancel* cancel) {
+      return queues ? store.WaitCancellableOrQueued(keys, timeout, cancel)
+                    : store.WaitCancellable(keys, timeout, cancel);
+    });
+  };
+  // The one key of the last WAIT that finished, until the next request: a
+  // PyTorch blocking queue_pop is WAIT(key) then QUEUE_POP(key), and
+  // KvStore wakes one waiter per push; here every waiter wakes, so a pop
+  // that follows its WAIT and finds the queue emptied by another popper
+  // waits for the next item (until the client gives up and closes or
+  // sends) instead of failing "queue is empty".
+  std::optional<std::string> waited_key;
   auto values_body = [&](const std::vector<std::string>& keys, std::string* out) -> absl::Status {
     // The keys exist (the wait ended), but the read may meet an etcd leader
     // election (about a second): 1 s failed Gets mid-failover.
@@ -250,6 +301,11 @@ void StoreFrontend::Serve(Connection* c) {
     in.erase(0, consumed);
     using wire::Op;
     std::string body;
+    // What the previous request left: the key of a WAIT that finished.
+    // Reads that start from now on may answer this request (ValuesSince).
+    const absl::Time arrived = absl::Now();
+    std::optional<std::string> waited = std::move(waited_key);
+    waited_key.reset();
     if (req.op == Op::kAuth) {
       absl::StatusOr<std::string> server_nonce = store_auth::RandomNonce();
       if (!server_nonce.ok()) return (void)fail(server_nonce.status());
@@ -335,26 +391,31 @@ void StoreFrontend::Serve(Connection* c) {
         break;
       }
       case Op::kCheck: {
-        absl::StatusOr<bool> v = store.Check(req.keys);
-        if (v.ok()) wire::PutU8(&body, *v ? wire::kCheckReady : wire::kCheckNotReady);
-        s = v.status();
+        absl::StatusOr<std::vector<std::string>> missing = store.MissingOrQueued(req.keys);
+        if (missing.ok()) {
+          wire::PutU8(&body, missing->empty() ? wire::kCheckReady : wire::kCheckNotReady);
+        }
+        s = missing.status();
         break;
       }
       case Op::kWait: {
-        std::optional<absl::Status> w = wait(req.keys, absl::Hours(24 * 365));
+        std::optional<absl::Status> w = wait(req.keys, absl::Hours(24 * 365), true);
         if (!w.has_value()) continue;  // the client gave up on it
         s = *w;
         wire::PutU8(&body, wire::kStopWaiting);
+        if (s.ok() && req.keys.size() == 1) waited_key = req.keys[0];
         break;
       }
       case Op::kWaitFor:
       case Op::kGetWaitFor: {
         absl::Duration timeout =
             req.number > 0 ? absl::Milliseconds(req.number) : absl::Hours(24 * 365);
-        std::optional<absl::Status> w = wait(req.keys, timeout);
+        bool queues = req.op == Op::kWaitFor;
+        std::optional<absl::Status> w = wait(req.keys, timeout, queues);
         if (!w.has_value()) continue;
         if (absl::IsDeadlineExceeded(*w)) {
-          absl::StatusOr<std::vector<std::string>> missing = store.Missing(req.keys);
+          absl::StatusOr<std::vector<std::string>> missing =
+              queues ? store.MissingOrQueued(req.keys) : store.Missing(req.keys);
           s = missing.status();
           if (s.ok()) {
             wire::PutU8(&body, wire::kWaitTimedOut);
@@ -369,7 +430,14 @@ void StoreFrontend::Serve(Connection* c) {
         s = *w;
         if (!s.ok()) break;
         wire::PutU8(&body, wire::kWaitDone);
-        if (req.op == Op::kGetWaitFor) s = values_body(req.keys, &body);
+        if (req.op == Op::kGetWaitFor) {
+          // The wait's waiters wake together: one read for all of them.
+          absl::StatusOr<std::vector<std::string>> values = store.ValuesSince(req.keys, arrived);
+          s = values.status();
+          if (s.ok()) {
+            for (const std::string& v : *values) wire::PutBytes(&body, v);
+          }
+        }
         break;
       }
       case Op::kCancelWait:
@@ -403,10 +471,33 @@ void StoreFrontend::Serve(Connection* c) {
         break;
       }
       case Op::kQueuePush:
-      case Op::kQueuePop:
-      case Op::kQueueLen:
-        s = absl::UnimplementedError("queues are not supported by musterd's etcd store backend");
+        s = store.QueuePush(req.keys[0], req.values[0]);
+        has_reply = false;
         break;
+      case Op::kQueuePop: {
+        std::string value;
+        absl::StatusOr<int64_t> before =
+            store.QueuePop(req.keys[0], &value, absl::ZeroDuration(), nullptr);
+        if (before.ok() && *before == 0 && waited == req.keys[0]) {
+          std::optional<absl::Status> w = blocking([&](WaitCancel* cancel) {
+            before = store.QueuePop(req.keys[0], &value, absl::Hours(24 * 365), cancel);
+            return before.status();
+          });
+          if (!w.has_value()) continue;  // the client gave up on it
+        }
+        s = before.status();
+        if (s.ok()) {
+          wire::PutI64(&body, *before);
+          if (*before > 0) wire::PutBytes(&body, value);
+        }
+        break;
+      }
+      case Op::kQueueLen: {
+        absl::StatusOr<int64_t> v = store.QueueLen(req.keys[0]);
+        if (v.ok()) wire::PutI64(&body, *v);
+        s = v.status();
+        break;
+      }
     }
     if (!s.ok()) return (void)fail(s);
     // SET, APPEND and MULTI_SET have no reply in any dialect.

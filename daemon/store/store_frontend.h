@@ -7,20 +7,24 @@
 //
 // Requests are parsed by the same RequestParser as StoreServer's (limits,
 // dialects, handshake order). Waits block in BlockingStore::WaitCancellable
-// while the connection thread watches the socket: input during a wait (a
-// 1.13 client that gave up, a 2.x CANCEL_WAIT) or a close cancels it, like
-// StoreServer's parked waits. A store call that fails (etcd unreachable:
+// on the connection's thread while one watcher thread (epoll) watches the
+// sockets of every waiting connection: input during a wait (a 1.13 client
+// that gave up, a 2.x CANCEL_WAIT) or a close cancels it, like StoreServer's
+// parked waits. A store call that fails (etcd unreachable:
 // UNAVAILABLE naming the endpoint) fails that request: a native client gets
 // the error, a torch client's connection is closed (its protocol has no
-// error reply). Queue commands are refused (Unimplemented).
+// error reply). Queue commands (PyTorch 2.8+) go to BlockingStore's queue
+// calls; WAIT and CHECK count a non-empty queue of a key's name as present.
 //
 // Thread-safety: Start/Stop/port are thread-safe; one thread accepts, one
-// thread per connection serves it (owned by the front-end, joined by Stop).
+// thread per connection serves it, one watches waiting connections' sockets
+// (all owned by the front-end, joined by Stop).
 #ifndef MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
 #define MUSTER_DAEMON_STORE_STORE_FRONTEND_H_
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -61,6 +65,11 @@ class StoreFrontend {
   StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store);
   void AcceptLoop();
   void Serve(Connection* c);
+  // While a connection's wait blocks, the watcher thread watches its socket:
+  // input or a close cancels the wait. Unwatch says whether that happened.
+  absl::Status Watch(int fd, WaitCancel* cancel);
+  bool Unwatch(int fd);
+  void WatchLoop();
 
   StoreFrontendOptions options_;
   std::shared_ptr<BlockingStore> store_;
@@ -69,6 +78,16 @@ class StoreFrontend {
   std::atomic<bool> stopping_{false};
   std::atomic<int64_t> connections_{0};
   std::thread acceptor_;
+  // Thread: waits in epoll on the sockets of connections whose requests
+  // block (one thread for all of them, not one per wait).
+  std::thread watcher_;
+  int epoll_fd_ = -1;
+  struct Watched {
+    WaitCancel* cancel = nullptr;
+    bool interrupted = false;
+  };
+  absl::Mutex watch_mu_;
+  std::map<int, Watched> watched_ ABSL_GUARDED_BY(watch_mu_);
   absl::Mutex mu_;
   std::vector<std::unique_ptr<Connection>> conns_ ABSL_GUARDED_BY(mu_);
 };

@@ -3,13 +3,17 @@
 #include <grpcpp/grpcpp.h>
 
 #include <algorithm>
+#include <array>
 #include <map>
+#include <random>
 #include <set>
 #include <thread>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
@@ -92,6 +96,29 @@ bool Retriable(const grpc::Status& s, bool idempotent) {
 
 absl::StatusCode Translate(grpc::StatusCode c) { return static_cast<absl::StatusCode>(c); }
 
+// What a failed connection says about TLS to etcd (empty: not TLS's fault),
+// in musterd's flags: a handshake refused for the CA, or a server that
+// closes the connection of a client without a certificate (etcd's
+// --client-cert-auth, TLS 1.3: after the handshake, "Endpoint read failed").
+std::string TlsProblem(const grpc::Status& s, absl::string_view endpoint, bool have_cert) {
+  const std::string& m = s.error_message();
+  if (absl::StrContains(m, "certificate verify failed")) {
+    return "etcd's server certificate is not trusted: --etcd-ca must name the CA that signed "
+           "it";
+  }
+  if (absl::StrContains(m, "Ssl handshake failed") || absl::StrContains(m, "SSL_ERROR")) {
+    return "the TLS handshake with etcd failed: check --etcd-ca, --etcd-cert and --etcd-key";
+  }
+  if (absl::StartsWith(endpoint, "https://") && !have_cert &&
+      absl::StrContains(m, "failed to connect") &&
+      (absl::StrContains(m, "Endpoint read failed") || absl::StrContains(m, "Socket closed") ||
+       absl::StrContains(m, "Connection reset"))) {
+    return "etcd closed the TLS connection, as etcd --client-cert-auth does to a client "
+           "without a certificate: give --etcd-cert and --etcd-key";
+  }
+  return "";
+}
+
 }  // namespace
 
 class EtcdStore::Impl {
@@ -153,6 +180,9 @@ class EtcdStore::Impl {
     std::string last;
     size_t tried = 0;
     bool reauthenticated = false;
+    // Consecutive failures that TLS explains: twice round every endpoint is
+    // a configuration error, not an outage, and fails the call at once.
+    size_t tls_failures = 0;
     for (;;) {
       if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
       size_t index = current_.load() % endpoints_.size();
@@ -177,6 +207,12 @@ class EtcdStore::Impl {
           reauthenticated = true;
           DropToken();
           continue;
+        }
+        if (std::string tls = TlsProblem(s, ep.name, !opt_.cert_pem.empty()); tls.empty()) {
+          tls_failures = 0;
+        } else if (++tls_failures >= 2 * endpoints_.size()) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "etcd ", what, ": TLS to etcd failed at every endpoint: ", tls, " (", last, ")"));
         }
         if (!Retriable(s, idempotent)) {
           if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
@@ -205,26 +241,39 @@ class EtcdStore::Impl {
   // Reads of the same keys coalesced: a caller joins a batch that has not
   // started yet (so its result is at least as new as the call), the first
   // caller runs the batches one after another.
-  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only) {
+  // `since`: the caller may also join a batch already sent, if it was sent
+  // at or after `since` (a read that begins after the caller's request
+  // arrived still answers that request linearizably).
+  ReadResult ReadKeys(const std::vector<std::string>& keys, absl::Time deadline, bool count_only,
+                      absl::Time since = absl::InfiniteFuture()) {
     auto self = std::make_shared<PendingRead>();
     std::pair<std::vector<std::string>, bool> id(keys, count_only);
     absl::MutexLock lock(&read_mu_);
     ReadQueue& q = reads_[id];
-    q.queued.push_back(self);
+    if (q.running && q.sent_at >= since) {
+      q.sent.push_back(self);
+    } else {
+      q.queued.push_back(self);
+    }
     if (q.running) {
-      read_mu_.Await(absl::Condition(&self->done));
+      read_mu_.Unlock();  // as in Add: a notification per waiter
+      self->notified.WaitForNotification();
+      read_mu_.Lock();
       return self->result;
     }
     q.running = true;
     while (!reads_[id].queued.empty()) {
-      std::vector<std::shared_ptr<PendingRead>> batch;
-      batch.swap(reads_[id].queued);
+      reads_[id].sent.swap(reads_[id].queued);
+      reads_[id].sent_at = absl::Now();
       read_mu_.Unlock();
       ReadResult r = ReadKeysOnce(keys, deadline, count_only);
       read_mu_.Lock();
+      std::vector<std::shared_ptr<PendingRead>> batch;
+      batch.swap(reads_[id].sent);
       for (const auto& p : batch) {
         p->result = r;
         p->done = true;
+        p->notified.Notify();
       }
     }
     reads_.erase(id);
@@ -234,14 +283,21 @@ class EtcdStore::Impl {
   // Waits for the same keys share one watch: a caller joins the wait in
   // flight; when it ends without the keys (its owner's deadline or cancel),
   // the others that still have time start another.
+  // `queues`: a queued item of a key's name counts as present (WAIT and
+  // CHECK as PyTorch sees them); such waits share flights among themselves.
   absl::Status WaitFor(const std::vector<std::string>& keys, absl::Time deadline,
-                       absl::Duration timeout, WaitCancel* cancel) {
+                       absl::Duration timeout, WaitCancel* cancel, bool queues = false) {
+    auto once = [&] {
+      return queues ? WaitPresent(keys, deadline, timeout, cancel, true, true)
+                    : WaitForOnce(keys, deadline, timeout, cancel);
+    };
+    auto& flights = queues ? queued_flights_ : flights_;
     for (;;) {
       std::shared_ptr<Flight> flight;
       bool owner = false;
       {
         absl::MutexLock lock(&flight_mu_);
-        std::shared_ptr<Flight>& slot = flights_[keys];
+        std::shared_ptr<Flight>& slot = flights[keys];
         if (slot == nullptr) {
           slot = std::make_shared<Flight>();
           owner = true;
@@ -249,11 +305,11 @@ class EtcdStore::Impl {
         flight = slot;
       }
       if (owner) {
-        absl::Status s = WaitForOnce(keys, deadline, timeout, cancel);
+        absl::Status s = once();
         absl::MutexLock lock(&flight_mu_);
         flight->status = s;
         flight->done = true;
-        flights_.erase(keys);
+        flights.erase(keys);
         return s;
       }
       absl::MutexLock lock(&flight_mu_);
@@ -270,8 +326,7 @@ class EtcdStore::Impl {
       if (flight->done && flight->status.ok()) return absl::OkStatus();
       if (absl::Now() >= deadline) {
         flight_mu_.Unlock();
-        absl::Status s =
-            WaitForOnce(keys, deadline, timeout, cancel);  // reads once, then times out
+        absl::Status s = once();  // reads once, then times out
         flight_mu_.Lock();
         return s;
       }
@@ -429,8 +484,11 @@ class EtcdStore::Impl {
 
   // One watch stream from `revision` + 1 over the missing keys (one watcher
   // per key for a few, the whole prefix for many). OK once none is missing.
+  // `map_keys` / `queues`: what makes a key present (its value, a queued
+  // item of that name); `missing` holds map keys (Key(k)) either way.
   absl::Status WatchUntilPresent(std::set<std::string>* missing, int64_t revision,
-                                 absl::Time deadline, WaitCancel* cancel) {
+                                 absl::Time deadline, WaitCancel* cancel, bool map_keys = true,
+                                 bool queues = false) {
     size_t index = current_.load() % endpoints_.size();
     Endpoint& ep = *endpoints_[index];
     grpc::ClientContext ctx;
@@ -458,19 +516,28 @@ class EtcdStore::Impl {
     };
     auto stream = ep.watch->Watch(&ctx);
     bool whole_prefix = missing->size() > 8;
-    std::vector<std::string> ranges;
-    if (whole_prefix) {
-      ranges.push_back(opt_.prefix);
+    // (key, range_end): range_end empty for one key.
+    std::vector<std::pair<std::string, std::string>> ranges;
+    if (!queues) {
+      if (whole_prefix) {
+        ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
+      } else {
+        for (const std::string& k : *missing) ranges.emplace_back(k, "");
+      }
     } else {
-      ranges.assign(missing->begin(), missing->end());
+      ranges = QueueWatchRanges(*missing, whole_prefix, map_keys);
     }
     bool wrote = true;
-    for (const std::string& k : ranges) {
+    for (const auto& [k, end] : ranges) {
       pb::WatchRequest req;
       pb::WatchCreateRequest* create = req.mutable_create_request();
       create->set_key(k);
-      if (whole_prefix) create->set_range_end(PrefixEnd(opt_.prefix));
-      create->set_start_revision(revision + 1);
+      if (!end.empty()) create->set_range_end(end);
+      // No start revision: a watcher that starts in the past is "unsynced"
+      // in etcd and gets its events from a loop that runs every 100 ms
+      // (half a barrier's time went there); from now it is synced and gets
+      // each event as it commits. What committed between the read at
+      // `revision` and the watch's start is read again below.
       create->add_filters(pb::WatchCreateRequest::NODELETE);
       if (!stream->Write(req)) {
         wrote = false;
@@ -479,13 +546,40 @@ class EtcdStore::Impl {
     }
     bool broken = !wrote;
     pb::WatchResponse resp;
+    size_t created = 0;
+    int64_t watch_revision = 0;  // the latest "created" header: watched after it
+    absl::Status recheck;
     while (!broken && !missing->empty() && stream->Read(&resp)) {
       if (resp.canceled() || resp.compact_revision() != 0) {
         broken = true;  // compacted or the member lost its leader
         break;
       }
       for (const auto& ev : resp.events()) {
-        if (ev.type() == mvccpb::Event::PUT) missing->erase(ev.kv().key());
+        if (ev.type() != mvccpb::Event::PUT) continue;
+        missing->erase(queues ? MapKeyOfEvent(ev.kv().key()) : ev.kv().key());
+      }
+      if (resp.created()) {
+        ++created;
+        watch_revision = std::max(watch_revision, resp.header().revision());
+      }
+      if (created == ranges.size() && watch_revision > revision && !missing->empty()) {
+        // Writes after the read and up to the watch's start: read again
+        // (once), every later write arrives as an event.
+        revision = watch_revision;
+        std::vector<std::string> keys;
+        for (const std::string& k : *missing) keys.push_back(k.substr(opt_.prefix.size()));
+        std::set<std::string> still;
+        int64_t read_revision = 0;
+        recheck = ReadPresence(keys, deadline, map_keys, queues, &still, &read_revision);
+        if (!recheck.ok()) {
+          broken = true;
+          break;
+        }
+        std::set<std::string> kept;
+        for (const std::string& k : *missing) {
+          if (still.count(k)) kept.insert(k);
+        }
+        missing->swap(kept);
       }
     }
     bool done = missing->empty();
@@ -531,12 +625,19 @@ class EtcdStore::Impl {
     AddQueue& q = adds_[k];
     q.queued.push_back(self);
     if (q.running) {
-      add_mu_.Await(absl::Condition(&self->done));
+      // Each waiter sleeps on its own notification: with hundreds of them a
+      // shared Mutex::Await would have every unlock re-evaluate them all.
+      add_mu_.Unlock();
+      self->notified.WaitForNotification();
+      add_mu_.Lock();
       return self->result;
     }
     q.running = true;
     // What the previous round wrote: the next round's guess of the value.
-    std::optional<std::vector<Read>> last;
+    // The first round guesses "missing" (a barrier's fresh counter) instead
+    // of reading first: a wrong guess costs nothing, the failed Txn reads
+    // the value back.
+    std::optional<std::vector<Read>> last = std::vector<Read>(1);
     while (!adds_[k].queued.empty()) {
       std::vector<std::shared_ptr<PendingAdd>> batch;
       batch.swap(adds_[k].queued);
@@ -579,6 +680,7 @@ class EtcdStore::Impl {
           p->result = s;
         }
         p->done = true;
+        p->notified.Notify();
       }
     }
     adds_.erase(k);
@@ -586,6 +688,248 @@ class EtcdStore::Impl {
   }
 
   uint64_t add_batches() const { return batches_.load(); }
+
+  // ---- Queues (EtcdStore::QueuePush and friends; see the header) ----
+
+  // The root of every queue's items: the prefix with its last byte replaced
+  // by "\0queues" and that byte, so it sorts just before the store's key
+  // range and no store key (nor a prefix given on a command line) can
+  // reach it.
+  absl::StatusOr<std::string> QueueRoot() const {
+    if (opt_.prefix.empty() || opt_.prefix.back() == '\0') {
+      return absl::FailedPreconditionError(
+          "etcd store: queues need a key prefix (--etcd-prefix) not ending in a NUL byte");
+    }
+    std::string root = opt_.prefix.substr(0, opt_.prefix.size() - 1);
+    root.append(std::string("\0queues", 7));
+    root.push_back(opt_.prefix.back());
+    return root;
+  }
+  // The prefix of queue `key`'s items: the key's length first, so no queue's
+  // prefix is a prefix of another's.
+  absl::StatusOr<std::string> QueuePrefix(absl::string_view key) const {
+    ASSIGN_OR_RETURN(std::string root, QueueRoot());
+    return absl::StrCat(root, key.size(), ":", key, "/");
+  }
+  // An event's etcd key as the map key (Key(k)) it makes present: a queue
+  // item counts for its queue's name.
+  std::string MapKeyOfEvent(const std::string& etcd_key) const {
+    absl::StatusOr<std::string> root = QueueRoot();
+    if (!root.ok() || !absl::StartsWith(etcd_key, *root)) return etcd_key;
+    absl::string_view rest = absl::string_view(etcd_key).substr(root->size());
+    size_t colon = rest.find(':');
+    uint64_t len = 0;
+    if (colon == absl::string_view::npos || !absl::SimpleAtoi(rest.substr(0, colon), &len) ||
+        rest.size() < colon + 1 + len) {
+      return etcd_key;
+    }
+    return Key(rest.substr(colon + 1, len));
+  }
+  // Watch ranges for `missing` (map keys) when queued items count.
+  std::vector<std::pair<std::string, std::string>> QueueWatchRanges(
+      const std::set<std::string>& missing, bool whole_prefix, bool map_keys) const {
+    std::vector<std::pair<std::string, std::string>> ranges;
+    std::string root = QueueRoot().value_or("");
+    if (whole_prefix) {
+      if (map_keys) ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
+      ranges.emplace_back(root, PrefixEnd(root));
+      return ranges;
+    }
+    for (const std::string& k : missing) {
+      if (map_keys) ranges.emplace_back(k, "");
+      std::string qp = absl::StrCat(root, k.size() - opt_.prefix.size(), ":",
+                                    absl::string_view(k).substr(opt_.prefix.size()), "/");
+      ranges.emplace_back(qp, PrefixEnd(qp));
+    }
+    return ranges;
+  }
+
+  // Which of `keys` are missing (as map keys, Key(k)) at one revision:
+  // a key is present if `map_keys` and it has a value, or if `queues` and
+  // its queue has an item. Txns of at most 128 ranges, later ones at the
+  // first one's revision.
+  absl::Status ReadPresence(const std::vector<std::string>& keys, absl::Time deadline,
+                            bool map_keys, bool queues, std::set<std::string>* missing,
+                            int64_t* revision) {
+    const size_t per_key = (map_keys ? 1 : 0) + (queues ? 1 : 0);
+    const size_t chunk = 128 / per_key;
+    *revision = 0;
+    for (size_t begin = 0; begin < keys.size(); begin += chunk) {
+      size_t end = std::min(keys.size(), begin + chunk);
+      pb::TxnRequest req;
+      for (size_t i = begin; i < end; ++i) {
+        if (map_keys) {
+          pb::RangeRequest* r = req.add_success()->mutable_request_range();
+          r->set_key(Key(keys[i]));
+          r->set_count_only(true);
+          if (*revision != 0) r->set_revision(*revision);
+        }
+        if (queues) {
+          ASSIGN_OR_RETURN(std::string qp, QueuePrefix(keys[i]));
+          pb::RangeRequest* r = req.add_success()->mutable_request_range();
+          r->set_key(qp);
+          r->set_range_end(PrefixEnd(qp));
+          r->set_count_only(true);
+          if (*revision != 0) r->set_revision(*revision);
+        }
+      }
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(Call("read", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+        resp.Clear();
+        return ep.kv->Txn(&ctx, req, &resp);
+      }));
+      if (*revision == 0) *revision = resp.header().revision();
+      for (size_t i = begin; i < end; ++i) {
+        bool present = false;
+        for (size_t j = 0; j < per_key; ++j) {
+          present =
+              present ||
+              resp.responses(static_cast<int>((i - begin) * per_key + j)).response_range().count() >
+                  0;
+        }
+        if (!present) missing->insert(Key(keys[i]));
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  // Blocks until every key is present in ReadPresence's sense (or
+  // deadline / cancel): a read, then a watch from the revision after it.
+  absl::Status WaitPresent(const std::vector<std::string>& keys, absl::Time deadline,
+                           absl::Duration timeout, WaitCancel* cancel, bool map_keys, bool queues) {
+    for (;;) {
+      if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+      if (stopping_.load()) return absl::UnavailableError("musterd's store is shutting down");
+      std::set<std::string> missing;
+      int64_t revision = 0;
+      RETURN_IF_ERROR(ReadPresence(keys, std::max(deadline, absl::Now() + absl::Seconds(1)),
+                                   map_keys, queues, &missing, &revision));
+      if (missing.empty()) return absl::OkStatus();
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      absl::Status watched =
+          WatchUntilPresent(&missing, revision, deadline, cancel, map_keys, queues);
+      if (watched.ok() || missing.empty()) return absl::OkStatus();
+      if (absl::IsCancelled(watched)) return watched;
+      if (absl::Now() >= deadline) return TimedOut(missing, timeout);
+      absl::SleepFor(std::min(absl::Milliseconds(50), deadline - absl::Now()));
+    }
+  }
+
+  absl::Status QueuePush(absl::string_view key, absl::string_view value, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    pb::PutRequest req;
+    // Unique across musterds (a random id per EtcdStore) and pushes; the
+    // order is the create revision's, not the name's.
+    req.set_key(absl::StrCat(qp, absl::Hex(store_id_, absl::kZeroPad16), "-",
+                             absl::Hex(pushes_.fetch_add(1), absl::kZeroPad16)));
+    req.set_value(std::string(value));
+    pb::PutResponse resp;
+    // Not repeated after a lost reply: the first Put may have been applied
+    // and its item popped since, so a second would queue the value twice.
+    return Call("queue_push", deadline, false, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+      resp.Clear();
+      return ep.kv->Put(&ctx, req, &resp);
+    });
+  }
+
+  // One non-blocking pop: the queue's length before it (0: empty). This
+  // node's pops of one queue take turns (a stripe lock), so they do not
+  // race each other for the oldest item; only other musterds' pops
+  // conflict.
+  absl::StatusOr<int64_t> QueuePopOnce(absl::string_view key, std::string* value,
+                                       absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    absl::Mutex& turn = pop_turns_[std::hash<std::string>{}(qp) % pop_turns_.size()];
+    if (!turn.LockWhenWithDeadline(absl::Condition::kTrue, deadline)) {
+      turn.Unlock();
+      return absl::UnavailableError(
+          absl::StrCat("etcd queue_pop: this musterd's earlier pops of queue '",
+                       wire::PrintableKey(key), "' still ran at the deadline"));
+    }
+    auto unlock = [&turn](void*) { turn.Unlock(); };
+    std::unique_ptr<void, decltype(unlock)> unlocker(&turn, unlock);
+    pb::RangeRequest oldest;
+    oldest.set_key(qp);
+    oldest.set_range_end(PrefixEnd(qp));
+    oldest.set_sort_target(pb::RangeRequest::CREATE);
+    oldest.set_sort_order(pb::RangeRequest::ASCEND);
+    oldest.set_limit(1);
+    pb::RangeResponse head;
+    RETURN_IF_ERROR(
+        Call("queue_pop (read)", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+          head.Clear();
+          return ep.kv->Range(&ctx, oldest, &head);
+        }));
+    for (;;) {
+      if (head.kvs_size() == 0) return 0;
+      const std::string item = head.kvs(0).key();
+      pb::TxnRequest txn;
+      pb::Compare* c = txn.add_compare();
+      c->set_key(item);
+      c->set_target(pb::Compare::MOD);
+      c->set_result(pb::Compare::EQUAL);
+      c->set_mod_revision(head.kvs(0).mod_revision());
+      pb::RangeRequest* count = txn.add_success()->mutable_request_range();
+      count->set_key(qp);
+      count->set_range_end(PrefixEnd(qp));
+      count->set_count_only(true);
+      txn.add_success()->mutable_request_delete_range()->set_key(item);
+      *txn.add_failure()->mutable_request_range() = oldest;
+      pb::TxnResponse resp;
+      RETURN_IF_ERROR(
+          Call("queue_pop", deadline, false, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+            resp.Clear();
+            return ep.kv->Txn(&ctx, txn, &resp);
+          }));
+      if (resp.succeeded()) {
+        *value = head.kvs(0).value();
+        return resp.responses(0).response_range().count();
+      }
+      // Another popper took it: the failed Txn read the new oldest item.
+      pop_conflicts_.fetch_add(1);
+      head = resp.responses(0).response_range();
+      if (absl::Now() >= deadline) {
+        return absl::UnavailableError(
+            "etcd queue_pop: still conflicting with other poppers at the deadline");
+      }
+    }
+  }
+
+  absl::StatusOr<int64_t> QueuePop(absl::string_view key, std::string* value,
+                                   absl::Duration timeout, WaitCancel* cancel,
+                                   absl::Duration call_timeout) {
+    absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      // Each pop gets the store's call timeout, not the (maybe year-long)
+      // wait's: only the wait in between is what the caller may cancel.
+      ASSIGN_OR_RETURN(int64_t before, QueuePopOnce(key, value, absl::Now() + call_timeout));
+      if (before > 0 || timeout <= absl::ZeroDuration()) return before;
+      absl::Status w = WaitPresent({std::string(key)}, deadline, timeout, cancel,
+                                   /*map_keys=*/false, /*queues=*/true);
+      if (absl::IsDeadlineExceeded(w)) {
+        return absl::DeadlineExceededError(absl::StrCat("queue_pop timed out after ",
+                                                        absl::FormatDuration(timeout), ": queue '",
+                                                        wire::PrintableKey(key), "' stayed empty"));
+      }
+      RETURN_IF_ERROR(w);
+    }
+  }
+
+  absl::StatusOr<int64_t> QueueLen(absl::string_view key, absl::Time deadline) {
+    ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
+    pb::RangeRequest req;
+    req.set_key(qp);
+    req.set_range_end(PrefixEnd(qp));
+    req.set_count_only(true);
+    pb::RangeResponse resp;
+    RETURN_IF_ERROR(Call("queue_len", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
+      resp.Clear();
+      return ep.kv->Range(&ctx, req, &resp);
+    }));
+    return resp.count();
+  }
+
+  uint64_t pop_conflicts() const { return pop_conflicts_.load(); }
 
   // Ends every watch now and makes calls stop retrying.
   void Shutdown() {
@@ -632,11 +976,15 @@ class EtcdStore::Impl {
 
   struct PendingRead {
     bool done = false;
+    absl::Notification notified;
     ReadResult result;
   };
   struct ReadQueue {
     bool running = false;
     std::vector<std::shared_ptr<PendingRead>> queued;
+    // The batch in flight, and when it was sent.
+    std::vector<std::shared_ptr<PendingRead>> sent;
+    absl::Time sent_at;
   };
   struct Flight {
     bool done = false;
@@ -646,6 +994,7 @@ class EtcdStore::Impl {
   struct PendingAdd {
     int64_t delta = 0;
     bool done = false;
+    absl::Notification notified;
     absl::StatusOr<int64_t> result;
   };
   struct AddQueue {
@@ -664,10 +1013,17 @@ class EtcdStore::Impl {
   absl::Mutex add_mu_;
   std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);
   std::atomic<uint64_t> batches_{0};
+  // Queue item names: this store's random id and a push counter.
+  const uint64_t store_id_ = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  std::atomic<uint64_t> pushes_{0};
+  std::atomic<uint64_t> pop_conflicts_{0};
+  std::array<absl::Mutex, 16> pop_turns_;
   absl::Mutex read_mu_;
   std::map<std::pair<std::vector<std::string>, bool>, ReadQueue> reads_ ABSL_GUARDED_BY(read_mu_);
   absl::Mutex flight_mu_;
   std::map<std::vector<std::string>, std::shared_ptr<Flight>> flights_ ABSL_GUARDED_BY(flight_mu_);
+  std::map<std::vector<std::string>, std::shared_ptr<Flight>> queued_flights_
+      ABSL_GUARDED_BY(flight_mu_);
 };
 
 absl::StatusOr<std::unique_ptr<EtcdStore>> EtcdStore::Create(EtcdStoreOptions options) {
@@ -825,6 +1181,53 @@ absl::StatusOr<std::vector<std::string>> EtcdStore::ListKeys() {
 }
 
 uint64_t EtcdStore::add_rounds() const { return impl_->add_batches(); }
+
+absl::Status EtcdStore::QueuePush(absl::string_view key, absl::string_view value) {
+  return impl_->QueuePush(key, value, absl::Now() + timeout());
+}
+
+absl::StatusOr<int64_t> EtcdStore::QueuePop(absl::string_view key, std::string* value,
+                                            absl::Duration timeout, WaitCancel* cancel) {
+  return impl_->QueuePop(key, value, timeout, cancel, this->timeout());
+}
+
+absl::StatusOr<int64_t> EtcdStore::QueueLen(absl::string_view key) {
+  return impl_->QueueLen(key, absl::Now() + timeout());
+}
+
+absl::Status EtcdStore::WaitCancellableOrQueued(const std::vector<std::string>& keys,
+                                                absl::Duration timeout, WaitCancel* cancel) {
+  return impl_->WaitFor(keys, absl::Now() + timeout, timeout, cancel, /*queues=*/true);
+}
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::MissingOrQueued(
+    const std::vector<std::string>& keys) {
+  std::set<std::string> missing;
+  int64_t revision = 0;
+  RETURN_IF_ERROR(impl_->ReadPresence(keys, absl::Now() + timeout(), /*map_keys=*/true,
+                                      /*queues=*/true, &missing, &revision));
+  std::vector<std::string> out;
+  for (const std::string& k : keys) {
+    if (missing.count(impl_->Key(k))) out.push_back(k);
+  }
+  return out;
+}
+
+uint64_t EtcdStore::queue_pop_conflicts() const { return impl_->pop_conflicts(); }
+
+absl::StatusOr<std::vector<std::string>> EtcdStore::ValuesSince(
+    const std::vector<std::string>& keys, absl::Time since) {
+  ASSIGN_OR_RETURN(auto read, impl_->ReadKeys(keys, absl::Now() + timeout(), false, since));
+  std::vector<std::string> values;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    if (!read.first[i].value.has_value()) {
+      return absl::NotFoundError(
+          absl::StrCat("key '", wire::PrintableKey(keys[i]), "' was deleted after its wait"));
+    }
+    values.push_back(std::move(*read.first[i].value));
+  }
+  return values;
+}
 
 void EtcdStore::Shutdown() { impl_->Shutdown(); }
 

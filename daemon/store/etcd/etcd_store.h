@@ -12,9 +12,11 @@
 //  - Add / CompareSet / Append: read-modify-write Txns that compare the
 //    key's mod_revision (version 0 when missing) and retry on a conflict
 //    with the value the failed Txn read back (one round trip per retry).
-//  - Get / Wait / MultiGet block through etcd Watch, started at the revision
-//    right after the read that found keys missing, so no write is missed and
-//    nothing polls; a compacted start revision re-reads and watches again.
+//  - Get / Wait / MultiGet block through etcd Watch, started at etcd's
+//    current revision (synced: events as they commit) after the read that
+//    found keys missing; if writes committed between that read and the
+//    watch's start, the keys are read once more, so no write is missed and
+//    nothing polls. A broken watch re-reads and watches again.
 //
 // Every call has one deadline (the per-call timeout of blocking calls, the
 // store's timeout() for the others). An endpoint that is unreachable, or
@@ -103,10 +105,38 @@ class EtcdStore : public BlockingStore {
                                WaitCancel* cancel) override;
   absl::StatusOr<std::vector<std::string>> Missing(const std::vector<std::string>& keys) override;
 
+  // Queues: each item is one etcd key under the queue's own prefix (outside
+  // the store's key range: prefix with its last byte replaced by
+  // "\0queues" + that byte, then "<length of key>:<key>/<unique id>"),
+  // ordered by its create revision, so FIFO is etcd's order of the pushes
+  // across every node. Push: one Put. Pop: the oldest item (a Range sorted
+  // by create revision, limit 1), then a Txn deleting it if its
+  // mod_revision is unchanged, which also counts the queue; a conflict (a
+  // popper on another musterd won) retries with the new oldest item the
+  // failed Txn read back, so each item is popped exactly once. A pop that
+  // may have been applied but lost its reply is not retried (UNAVAILABLE).
+  // A blocking pop waits through a Watch on the queue's prefix.
+  absl::Status QueuePush(absl::string_view key, absl::string_view value) override;
+  absl::StatusOr<int64_t> QueuePop(absl::string_view key, std::string* value,
+                                   absl::Duration timeout, WaitCancel* cancel) override;
+  absl::StatusOr<int64_t> QueueLen(absl::string_view key) override;
+  absl::Status WaitCancellableOrQueued(const std::vector<std::string>& keys, absl::Duration timeout,
+                                       WaitCancel* cancel) override;
+  absl::StatusOr<std::vector<std::string>> MissingOrQueued(
+      const std::vector<std::string>& keys) override;
+  // One read of the values, shared with the node's reads of the same keys
+  // sent at or after `since`.
+  absl::StatusOr<std::vector<std::string>> ValuesSince(const std::vector<std::string>& keys,
+                                                       absl::Time since) override;
+
   // Read-modify-write rounds Add has run so far: concurrent Adds of one key
   // share a round (the node-level aggregation), so this grows slower than
   // the number of Add calls.
   uint64_t add_rounds() const;
+
+  // Pops that lost their Txn to another popper and retried (the Txn's
+  // failure branch read the next oldest item): for tests.
+  uint64_t queue_pop_conflicts() const;
 
   // Ends blocking calls (UNAVAILABLE) and stops retries, for shutdown;
   // later calls fail at once.
