@@ -1192,7 +1192,9 @@ bool ProcessGroup::Impl::RunHead() {
   Work::Impl::Of(*item.work).Complete(std::move(status));
   exec_mu_.Lock();
   running_ = false;
-  exec_cv_.SignalAll();  // waiters in RunUntil, an expedited executor (cheap when none)
+  // Only those who wait for this: the polling executor is not woken per
+  // collective (that cost a context switch each on the other core).
+  if (progress_waiters_ > 0 || (expedite_ && !queue_.empty())) exec_cv_.SignalAll();
   return true;
 }
 
@@ -1258,9 +1260,11 @@ void ProcessGroup::Impl::RunUntil(const Work::Impl* work, absl::Time deadline) {
     auto progress = [this, work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
       return !running_ || work->IsCompleted();
     };
-    while (!progress()) {
-      if (exec_cv_.WaitWithDeadline(&exec_mu_, deadline) && !progress()) return;  // deadline
-    }
+    ++progress_waiters_;
+    bool timed_out = false;
+    while (!progress() && !timed_out) timed_out = exec_cv_.WaitWithDeadline(&exec_mu_, deadline);
+    --progress_waiters_;
+    if (!progress()) return;                                          // the deadline passed
     if (queue_.empty() && !running_ && !work->IsCompleted()) return;  // not ours to run
   }
 }

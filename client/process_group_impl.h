@@ -241,9 +241,11 @@ class ProcessGroup::Impl {
   // What waits on exec_mu_'s state waits here, not in Mutex::Await: a
   // condition waiter on the mutex made every unlock take absl's slow path
   // (evaluating it), three times per collective. Signalled when a
-  // collective ends, and by what wakes the executor (kick_, expedite_,
+  // collective ends and someone waits for that (progress_waiters_, an
+  // expedited executor), and by what wakes the executor (kick_, expedite_,
   // stopping_).
   absl::CondVar exec_cv_;
+  int progress_waiters_ ABSL_GUARDED_BY(exec_mu_) = 0;  // in RunUntil, waiting for running_
   struct Queued {
     Device device;
     Op op;

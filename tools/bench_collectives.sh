@@ -10,7 +10,7 @@
 # Usage: tools/bench_collectives.sh [--worlds "2 4"] [--repeats R] [--max-load L]
 #                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
 #                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
-#                                   [--hog N [--hog-cpu C]]
+#                                   [--hog N [--hog-cpu C]] [--muster-bind cores|none]
 #        tools/bench_collectives.sh --report DIR [--no-doc]
 #   --worlds      world sizes (default "2 4")
 #   --hog N       CPU contention: every system also runs each pass with N
@@ -20,6 +20,9 @@
 #                 and p99 of the small sizes) against the contention targets
 #   --hog-cpu C   pin the first busy process to CPU C (taskset), e.g.
 #                 `--hog 1 --hog-cpu 0`: one busy process on one core
+#   --muster-bind cores|none  muster-run's --bind for muster's ranks (default
+#                 none, muster-run's default; Open MPI binds to cores by its
+#                 own default)
 #   --shared      also run muster with AllocShared buffers (muster-bench
 #                 --shared: zero-copy), shown next to muster's ordinary buffers;
 #                 the doc block is then the "zero-copy" one (see below)
@@ -61,6 +64,7 @@ sizes_arg=""
 iters_arg=""
 hog=0
 hog_cpu=""
+muster_bind=none
 while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
@@ -77,7 +81,8 @@ while (($#)); do
     --iters) iters_arg="$2"; shift 2 ;;
     --hog) hog="$2"; shift 2 ;;
     --hog-cpu) hog_cpu="$2"; shift 2 ;;
-    -h|--help) sed -n '2,49p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --muster-bind) muster_bind="$2"; shift 2 ;;
+    -h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -91,6 +96,8 @@ if ((quick)); then
   SIZES=4,4096,262144
   ITERS=200,200,50
 fi
+[[ $muster_bind == cores || $muster_bind == none ]] ||
+  { echo "bench_collectives: --muster-bind takes cores or none, not '$muster_bind'" >&2; exit 2; }
 [[ $hog =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog takes a count, not '$hog'" >&2; exit 2; }
 if [[ -n $hog_cpu ]]; then
   [[ $hog_cpu =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog-cpu takes a CPU number, not '$hog_cpu'" >&2; exit 2; }
@@ -184,11 +191,12 @@ else
     case "$system" in
       muster)
         # A socket nobody serves: muster-run starts an embedded musterd.
-        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
-          "$OPT/muster-bench" collectives "${common[@]}" --json 2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
+        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --bind "$muster_bind" \
+          --nproc-per-node "$w" -- "$OPT/muster-bench" collectives "${common[@]}" --json \
+          2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
       muster-shared)
-        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --nproc-per-node "$w" -- \
-          "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
+        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --bind "$muster_bind" \
+          --nproc-per-node "$w" -- "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
           2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
       gloo)
         "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
@@ -235,7 +243,7 @@ else
   REPORT_ELAPSED="$elapsed"
   REPORT_MACHINE="$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname -sr)"
   REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
-  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es)"
+  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es), muster-run --bind $muster_bind"
   REPORT_SHARED=$shared
   REPORT_HOG="$hog busy process(es) beside each system's run${hog_cpu:+, the first pinned to CPU $hog_cpu}"
   if [[ -n $keep ]]; then
