@@ -1216,6 +1216,10 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
     // are alive (the wait starts over for the new set).
     std::vector<int> expected = everyone;
     bool live_changed = false;
+    // An elastic start forms from whoever arrived, so a change in which
+    // ranks are alive does not interrupt it (the epoch another rank formed
+    // leaves the slots it did not admit out of LiveSlots).
+    bool watch_live = allow_shrink;
     auto interrupted = [&]() -> std::string {
       absl::MutexLock lock(&mu_);
       if (stopping_) return "musterd is shutting down";
@@ -1227,7 +1231,7 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
           it->second.info.state() != v1::RANK_STATE_ALIVE) {
         return absl::StrCat("rank ", caller, " left or failed");
       }
-      if (allow_shrink && LiveSlots(*job) != expected) {
+      if (watch_live && LiveSlots(*job) != expected) {
         live_changed = true;
         return "the ranks alive changed";
       }
@@ -1241,12 +1245,35 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
       // least start_min, and nobody new came for a moment.
       std::vector<int> previous;
       absl::Time changed = absl::Now();
+      watch_live = false;
       while (true) {
+        // Another rank may have formed the epoch already (its 300 ms of
+        // stable arrivals ended before this one's): take its members.
+        absl::StatusOr<std::vector<int>> formed = coordinator->Members(epoch);
+        if (!formed.ok()) {
+          s = formed.status();
+          break;
+        }
+        if (!formed->empty()) {
+          candidates = *formed;
+          break;
+        }
         absl::StatusOr<std::vector<int>> arrived = coordinator->Present(key, everyone);
         absl::StatusOr<std::vector<int>> registered = coordinator->Present("rank", everyone);
         if (!arrived.ok() || !registered.ok()) {
           s = !arrived.ok() ? arrived.status() : registered.status();
           break;
+        }
+        // A rank that failed or left since it registered is not waited for
+        // and not admitted: the others start without it.
+        {
+          absl::MutexLock lock(&mu_);
+          Job* job = FindJob(job_id);
+          std::vector<int> live = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
+          auto gone = [&live](int r) { return !std::binary_search(live.begin(), live.end(), r); };
+          arrived->erase(std::remove_if(arrived->begin(), arrived->end(), gone), arrived->end());
+          registered->erase(std::remove_if(registered->begin(), registered->end(), gone),
+                            registered->end());
         }
         if (*arrived != previous) {
           previous = *arrived;

@@ -457,6 +457,33 @@ TEST_CASE(
                                             "arrived: 1") != std::string::npos);
 }
 
+TEST_CASE(
+    "elastic start: a rank that failed after registering is not waited for; the others form "
+    "epoch 1 without it") {
+  Fixture f;
+  REQUIRE(f.Register(0, 4).ok());
+  REQUIRE(f.Register(1, 4).ok());
+  REQUIRE(f.Register(2, 4).ok());
+  // Rank 2's process ends before it joins the first epoch; rank 3 never came.
+  f.registry->Disconnected(f.sessions[2], f.sinks[2].get());
+  auto start = [](int rank) {
+    v1::ReconfigureRequest req = Reconfigure(rank, 1, absl::Seconds(30));
+    req.set_allow_shrink(true);
+    req.set_start_min_size(2);
+    return req;
+  };
+  Result<absl::StatusOr<v1::ReconfigureResponse>> e0, e1;
+  f.registry->Reconfigure(start(0), f.caller, e0.callback());
+  f.registry->Reconfigure(start(1), f.caller, e1.callback());
+  const auto& r0 = e0.Await();
+  const auto& r1 = e1.Await();
+  REQUIRE(r0.ok());
+  REQUIRE(r1.ok());
+  CHECK(r0->world_size() == 2);
+  CHECK(std::vector<int>(r0->members().begin(), r0->members().end()) == std::vector<int>{0, 1});
+  CHECK(std::vector<int>(r1->members().begin(), r1->members().end()) == std::vector<int>{0, 1});
+}
+
 TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {
   char dir_template[] = "/tmp/registry-trace-XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);
