@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <regex>
 
@@ -371,7 +372,9 @@ TEST_CASE("--nnodes MIN:MAX closes with the nodes that came once no more come") 
   CHECK(absl::StrContains(r.out, "rank 1: init ok name=world rank=1 size=2"));
 }
 
-TEST_CASE("--bind cores pins each local rank to one CPU muster-run may use") {
+TEST_CASE(
+    "--bind cores pins each local rank to one CPU muster-run may use; oversubscribed ranks are "
+    "not bound") {
   cpu_set_t set;
   CPU_ZERO(&set);
   REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
@@ -379,15 +382,42 @@ TEST_CASE("--bind cores pins each local rank to one CPU muster-run may use") {
   for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
     if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
   }
+  const std::string show_cpus =
+      "echo CPUS=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)";
+  auto cpus_line = [](int rank) { return absl::StrCat("[rank ", rank, "] CPUS="); };
   TempDir dir;
-  auto r = Launch({"--nproc-per-node", "3", "--bind", "cores", "--", "/bin/sh", "-c",
-                   "echo CPUS=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)"},
-                  IsolatedEnv(dir));
+  // As many ranks as CPUs (at most 2): each on its own.
+  const int fit = static_cast<int>(std::min<size_t>(cpus.size(), 2));
+  auto r = Launch(
+      {"--nproc-per-node", absl::StrCat(fit), "--bind", "cores", "--", "/bin/sh", "-c", show_cpus},
+      IsolatedEnv(dir));
   INFO(r.out << r.err);
   CHECK(r.exit.code == 0);
-  for (int rank = 0; rank < 3; ++rank) {
-    CHECK(absl::StrContains(
-        r.out, absl::StrCat("[rank ", rank, "] CPUS=", cpus[rank % cpus.size()], "\n")));
+  for (int rank = 0; rank < fit; ++rank) {
+    CHECK(absl::StrContains(r.out, absl::StrCat(cpus_line(rank), cpus[rank], "\n")));
+  }
+  // More ranks than CPUs: none is bound, and muster-run says why.
+  std::string inherited;
+  {
+    auto all =
+        Launch({"--nproc-per-node", "1", "--", "/bin/sh", "-c", show_cpus}, IsolatedEnv(dir));
+    REQUIRE(all.exit.code == 0);
+    size_t at = all.out.find(cpus_line(0));
+    REQUIRE(at != std::string::npos);
+    at += cpus_line(0).size();
+    inherited = all.out.substr(at, all.out.find('\n', at) - at);
+  }
+  const int over = static_cast<int>(cpus.size()) + 1;
+  auto o = Launch(
+      {"--nproc-per-node", absl::StrCat(over), "--bind", "cores", "--", "/bin/sh", "-c", show_cpus},
+      IsolatedEnv(dir));
+  INFO(o.out << o.err);
+  CHECK(o.exit.code == 0);
+  CHECK(absl::StrContains(o.err, absl::StrCat("--bind cores: ", over, " ranks on ", cpus.size(),
+                                              " CPU(s): oversubscribed, so the ranks are not "
+                                              "bound")));
+  for (int rank = 0; rank < over; ++rank) {
+    CHECK(absl::StrContains(o.out, absl::StrCat(cpus_line(rank), inherited, "\n")));
   }
   auto floating = Launch({"--nproc-per-node", "1", "--bind", "none", "--", "/bin/sh", "-c",
                           "grep -c . /proc/self/status >/dev/null"},

@@ -123,8 +123,13 @@ class Launcher {
         }
       }
       if (o_.nproc_per_node > static_cast<int>(allowed_cpus_.size())) {
+        // As mpirun does by default: oversubscribed ranks are not bound. Two
+        // ranks pinned to one core beside a busy process wait out its whole
+        // time slice in every collective (4-byte all_reduce p50 2.2 ms at 4
+        // ranks on 2 CPUs, against microseconds unbound; docs/benchmarks.md).
         Say(absl::StrCat("--bind cores: ", o_.nproc_per_node, " ranks on ", allowed_cpus_.size(),
-                         " CPU(s); some ranks share a core"));
+                         " CPU(s): oversubscribed, so the ranks are not bound"));
+        allowed_cpus_.clear();
       }
     }
     if (!PrepareDaemon() || !PrepareLogs()) {

@@ -268,7 +268,8 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   double grace = 5, exit_barrier = 300;
   flags.AddString("bind", &bind,
                   "cores: pin local rank i to the i-th CPU muster-run may use (like mpirun's\n"
-                  "--bind-to core); none: let the ranks float.");
+                  "--bind-to core; with more ranks than CPUs none is bound, as mpirun does);\n"
+                  "none: let the ranks float.");
   flags.AddString("job-id", &o.job_id,
                   "Job name (default: --rdzv-id, else run-<pid> on one node, run-<master-port>\n"
                   "on several).");
