@@ -33,49 +33,21 @@
 #include "daemon/etcd_job_store.h"
 #include "daemon/registry/job_coordinator.h"
 #include "daemon/store/etcd/etcd_store.h"
+#include "test/etcd_test_cluster.h"
 
 namespace muster {
 namespace {
 
 constexpr absl::Duration kTtl = absl::Seconds(2);
 
-// One etcd member per test binary, started on first use, stopped at exit.
-struct Etcd {
-  std::string dir;
-  std::string endpoint;
-  bool available = false;
-  static Etcd& Get() {
-    static Etcd* e = [] {
-      auto* e = new Etcd;
-      const char* tmp = std::getenv("TEST_TMPDIR");
-      e->dir = absl::StrCat(tmp ? tmp : "/tmp", "/etcd-liveness-", ::getpid());
-      std::string cmd = absl::StrCat("tools/etcd_cluster.sh start ", e->dir, " 1 >/dev/null");
-      if (std::system(cmd.c_str()) != 0) return e;
-      std::FILE* f = std::fopen((e->dir + "/endpoints").c_str(), "r");
-      char line[1024] = {};
-      if (f == nullptr || std::fgets(line, sizeof(line), f) == nullptr) return e;
-      std::fclose(f);
-      e->endpoint = line;
-      while (!e->endpoint.empty() && e->endpoint.back() == '\n') e->endpoint.pop_back();
-      e->available = true;
-      std::atexit([] {
-        std::string stop = absl::StrCat("tools/etcd_cluster.sh stop ", Get().dir);
-        (void)std::system(stop.c_str());
-      });
-      return e;
-    }();
-    return *e;
-  }
-};
-
-std::string FreshPrefix() {
-  static int n = 0;
-  return absl::StrCat("/liveness-", ::getpid(), "-", n++, "/");
-}
+// One etcd member for this binary.
+const testing::TestEtcdCluster& Etcd() { return testing::TestEtcdCluster::Get(1); }
+std::string EtcdEndpoint() { return Etcd().endpoints.empty() ? "" : Etcd().endpoints[0]; }
+using testing::FreshEtcdPrefix;
 
 EtcdStoreOptions Options(const std::string& prefix, const std::string& endpoint = "") {
   EtcdStoreOptions o;
-  o.endpoints = {endpoint.empty() ? Etcd::Get().endpoint : endpoint};
+  o.endpoints = {endpoint.empty() ? EtcdEndpoint() : endpoint};
   o.prefix = prefix;
   o.attempt_timeout = absl::Milliseconds(500);
   return o;
@@ -212,8 +184,8 @@ class CuttableProxy {
 };
 
 TEST_CASE("a lease's keys vanish about a TTL after keep-alive stops, and come back", "[etcd]") {
-  REQUIRE(Etcd::Get().available);
-  std::string prefix = FreshPrefix();
+  REQUIRE(Etcd().available);
+  std::string prefix = FreshEtcdPrefix("liveness");
   auto node = NewLiveness(Options(prefix));
   auto observer = NewLiveness(Options(prefix));
   auto store = NewStore(prefix);
@@ -287,8 +259,8 @@ struct Daemon {
 };
 
 TEST_CASE("watchers turn a lost node into exactly one failure record per rank", "[etcd]") {
-  REQUIRE(Etcd::Get().available);
-  std::string prefix = FreshPrefix();
+  REQUIRE(Etcd().available);
+  std::string prefix = FreshEtcdPrefix("liveness");
   Daemon a(prefix, "host-a"), b(prefix, "host-b"), c(prefix, "host-c");
   b.Watch();
   c.Watch();
@@ -345,12 +317,12 @@ TEST_CASE("watchers turn a lost node into exactly one failure record per rank", 
 }
 
 TEST_CASE("a musterd cut off from etcd for longer than the TTL regains a lease", "[etcd]") {
-  REQUIRE(Etcd::Get().available);
-  std::string endpoint = Etcd::Get().endpoint;
+  REQUIRE(Etcd().available);
+  std::string endpoint = EtcdEndpoint();
   int port = 0;
   REQUIRE(absl::SimpleAtoi(endpoint.substr(endpoint.rfind(':') + 1), &port));
   CuttableProxy proxy(port);
-  std::string prefix = FreshPrefix();
+  std::string prefix = FreshEtcdPrefix("liveness");
   auto node = NewLiveness(Options(prefix, absl::StrCat("127.0.0.1:", proxy.port())));
   auto observer = NewLiveness(Options(prefix));
   auto store = NewStore(prefix);

@@ -32,50 +32,19 @@
 #include "daemon/store/etcd/etcd_store.h"
 #include "daemon/store/store_frontend.h"
 #include "muster/tcp_store.h"
+#include "test/etcd_test_cluster.h"
 
 namespace muster {
 namespace {
 
-// One cluster per test binary, started on first use, stopped at exit.
-struct EtcdCluster {
-  std::string dir;
-  std::vector<std::string> endpoints;
-  bool available = false;
-  static EtcdCluster& Get() {
-    static EtcdCluster* c = [] {
-      auto* c = new EtcdCluster;
-      const char* tmp = std::getenv("TEST_TMPDIR");
-      c->dir = absl::StrCat(tmp ? tmp : "/tmp", "/etcd-", ::getpid());
-      std::string script = "tools/etcd_cluster.sh";
-      if (::access("/usr/bin/etcd", X_OK) != 0) return c;
-      std::string cmd = absl::StrCat(script, " start ", c->dir, " >/dev/null");
-      if (std::system(cmd.c_str()) != 0) return c;
-      std::FILE* f = std::fopen((c->dir + "/endpoints").c_str(), "r");
-      char line[4096] = {};
-      if (f == nullptr || std::fgets(line, sizeof(line), f) == nullptr) return c;
-      std::fclose(f);
-      std::string eps(line);
-      while (!eps.empty() && eps.back() == '\n') eps.pop_back();
-      c->endpoints = absl::StrSplit(eps, ',');
-      c->available = true;
-      std::atexit([] {
-        std::string stop = absl::StrCat("tools/etcd_cluster.sh stop ", Get().dir);
-        (void)std::system(stop.c_str());
-      });
-      return c;
-    }();
-    return *c;
-  }
-};
+// The 3-member cluster of this binary.
+const testing::TestEtcdCluster& Cluster() { return testing::TestEtcdCluster::Get(3); }
 
-std::string FreshPrefix() {
-  static std::atomic<int> n{0};
-  return absl::StrCat("/conformance-", ::getpid(), "-", n++, "/");
-}
+std::string FreshPrefix() { return testing::FreshEtcdPrefix("conformance"); }
 
 std::shared_ptr<EtcdStore> NewEtcdStore(const std::string& prefix) {
   EtcdStoreOptions options;
-  options.endpoints = EtcdCluster::Get().endpoints;
+  options.endpoints = Cluster().endpoints;
   options.prefix = prefix;
   auto store = EtcdStore::Create(options);
   REQUIRE(store.ok());
@@ -84,7 +53,7 @@ std::shared_ptr<EtcdStore> NewEtcdStore(const std::string& prefix) {
 
 struct EtcdFixture {
   std::string prefix = FreshPrefix();
-  EtcdFixture() { REQUIRE(EtcdCluster::Get().available); }
+  EtcdFixture() { REQUIRE(Cluster().available); }
   std::shared_ptr<Store> Open() { return NewEtcdStore(prefix); }
 };
 
@@ -93,7 +62,7 @@ struct FrontendFixture {
   static constexpr const char* kTheToken = "etcd-conformance-token";
   std::unique_ptr<StoreFrontend> frontend;
   FrontendFixture() {
-    REQUIRE(EtcdCluster::Get().available);
+    REQUIRE(Cluster().available);
     StoreFrontendOptions options;
     options.listen_address = "127.0.0.1";
     options.port = 0;
@@ -199,7 +168,7 @@ TEST_CASE("an unreachable etcd fails calls UNAVAILABLE naming the endpoint", "[e
 }
 
 TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") {
-  auto& cluster = EtcdCluster::Get();
+  auto& cluster = Cluster();
   REQUIRE(cluster.available);
   auto store = NewEtcdStore(FreshPrefix());
   auto waiter = NewEtcdStore(store->options().prefix);
@@ -277,7 +246,7 @@ TEST_CASE("killing the etcd leader mid-run: the store keeps working", "[etcd]") 
 }
 
 TEST_CASE("without quorum calls fail UNAVAILABLE, and work again once it is back", "[etcd]") {
-  auto& cluster = EtcdCluster::Get();
+  auto& cluster = Cluster();
   REQUIRE(cluster.available);
   auto store = NewEtcdStore(FreshPrefix());
   REQUIRE(store->Set("kept", "yes").ok());
@@ -603,7 +572,7 @@ struct MemoryPort {
 struct EtcdPort {
   std::unique_ptr<StoreFrontend> frontend;
   EtcdPort() {
-    REQUIRE(EtcdCluster::Get().available);
+    REQUIRE(Cluster().available);
     StoreFrontendOptions options;
     options.listen_address = "127.0.0.1";
     options.port = 0;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/logging.h"
 #include "common/status_macros.h"
+#include "daemon/store/etcd/etcd_channel.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace muster {
@@ -15,20 +16,6 @@ namespace muster {
 namespace pb = etcdserverpb;
 
 namespace {
-
-// Etcd's range end for "every key starting with p".
-std::string PrefixEnd(const std::string& p) {
-  std::string end = p;
-  while (!end.empty()) {
-    unsigned char c = static_cast<unsigned char>(end.back());
-    if (c < 0xff) {
-      end.back() = static_cast<char>(c + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');
-}
 
 std::string Hex(int64_t id) { return absl::StrCat(absl::Hex(static_cast<uint64_t>(id))); }
 
@@ -38,58 +25,12 @@ std::string Hex(int64_t id) { return absl::StrCat(absl::Hex(static_cast<uint64_t
 // token. Thread-safe.
 class EtcdLiveness::Channels {
  public:
-  struct Endpoint {
-    std::string name;
-    std::shared_ptr<grpc::Channel> channel;
-    std::unique_ptr<pb::KV::Stub> kv;
-    std::unique_ptr<pb::Lease::Stub> lease;
-    std::unique_ptr<pb::Watch::Stub> watch;
-    std::unique_ptr<pb::Auth::Stub> auth;
-  };
+  using Endpoint = EtcdEndpoint;
 
   explicit Channels(EtcdStoreOptions options) : opt_(std::move(options)) {}
 
   absl::Status Connect() {
-    if (opt_.endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoints given");
-    for (const std::string& e : opt_.endpoints) {
-      std::string target = e;
-      bool tls = false;
-      if (absl::StartsWith(target, "https://")) {
-        tls = true;
-        target = target.substr(8);
-      } else if (absl::StartsWith(target, "http://")) {
-        target = target.substr(7);
-      }
-      while (!target.empty() && target.back() == '/') target.pop_back();
-      if (target.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", e, "' names no host"));
-      }
-      std::shared_ptr<grpc::ChannelCredentials> creds;
-      if (tls) {
-        grpc::SslCredentialsOptions ssl;
-        ssl.pem_root_certs = opt_.ca_pem;
-        ssl.pem_cert_chain = opt_.cert_pem;
-        ssl.pem_private_key = opt_.key_pem;
-        creds = grpc::SslCredentials(ssl);
-      } else {
-        if (!opt_.cert_pem.empty() || !opt_.ca_pem.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "etcd endpoint '", e, "' is plain http but TLS files were given: use https://"));
-        }
-        creds = grpc::InsecureChannelCredentials();
-      }
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      auto ep = std::make_unique<Endpoint>();
-      ep->name = e;
-      ep->channel = grpc::CreateCustomChannel(target, creds, args);
-      ep->kv = pb::KV::NewStub(ep->channel);
-      ep->lease = pb::Lease::NewStub(ep->channel);
-      ep->watch = pb::Watch::NewStub(ep->channel);
-      ep->auth = pb::Auth::NewStub(ep->channel);
-      endpoints_.push_back(std::move(ep));
-    }
+    ASSIGN_OR_RETURN(endpoints_, OpenEtcdEndpoints(opt_));
     return absl::OkStatus();
   }
 
@@ -104,35 +45,9 @@ class EtcdLiveness::Channels {
 
   // Adds the auth token to `ctx` (authenticating first when needed).
   absl::Status Authorize(Endpoint& ep, grpc::ClientContext& ctx, absl::Time deadline) {
-    if (opt_.user.empty()) return absl::OkStatus();
-    std::string token;
-    {
-      absl::MutexLock lock(&mu_);
-      token = token_;
-    }
-    if (token.empty()) {
-      pb::AuthenticateRequest req;
-      req.set_name(opt_.user);
-      req.set_password(opt_.password);
-      pb::AuthenticateResponse resp;
-      grpc::ClientContext actx;
-      actx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + opt_.attempt_timeout)));
-      grpc::Status s = ep.auth->Authenticate(&actx, req, &resp);
-      if (!s.ok()) {
-        return absl::UnavailableError(absl::StrCat("etcd at ", ep.name, ": authenticating as '",
-                                                   opt_.user, "' failed: ", s.error_message()));
-      }
-      token = resp.token();
-      absl::MutexLock lock(&mu_);
-      token_ = token;
-    }
-    ctx.AddMetadata("token", token);
-    return absl::OkStatus();
+    return token_.AddTo(ep, ctx, deadline, opt_);
   }
-  void DropToken() {
-    absl::MutexLock lock(&mu_);
-    token_.clear();
-  }
+  void DropToken() { token_.Drop(); }
 
   // Runs `fn` on one endpoint after another until it succeeds, fails with
   // a code other than UNAVAILABLE/DEADLINE_EXCEEDED/UNKNOWN, or `deadline`.
@@ -177,8 +92,7 @@ class EtcdLiveness::Channels {
   const EtcdStoreOptions opt_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
-  absl::Mutex mu_;
-  std::string token_ ABSL_GUARDED_BY(mu_);
+  EtcdToken token_;
 };
 
 absl::StatusOr<std::unique_ptr<EtcdLiveness>> EtcdLiveness::Start(const EtcdStoreOptions& options,
@@ -413,7 +327,7 @@ EtcdLiveness::Cancel EtcdLiveness::WatchLost(const std::string& prefix,
         pb::WatchRequest req;
         pb::WatchCreateRequest* create = req.mutable_create_request();
         create->set_key(etcd_prefix + prefix);
-        create->set_range_end(PrefixEnd(etcd_prefix + prefix));
+        create->set_range_end(EtcdPrefixEnd(etcd_prefix + prefix));
         create->set_prev_kv(true);
         create->add_filters(pb::WatchCreateRequest::NOPUT);
         create->set_start_revision(next);

@@ -16,6 +16,7 @@
 #include "absl/synchronization/notification.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
+#include "daemon/store/etcd/etcd_channel.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
 namespace muster {
@@ -24,27 +25,7 @@ namespace pb = etcdserverpb;
 
 namespace {
 
-// Etcd's range end for "every key starting with p".
-std::string PrefixEnd(const std::string& p) {
-  std::string end = p;
-  while (!end.empty()) {
-    unsigned char c = static_cast<unsigned char>(end.back());
-    if (c < 0xff) {
-      end.back() = static_cast<char>(c + 1);
-      return end;
-    }
-    end.pop_back();
-  }
-  return std::string(1, '\0');  // every key
-}
-
-struct Endpoint {
-  std::string name;  // as configured
-  std::shared_ptr<grpc::Channel> channel;
-  std::unique_ptr<pb::KV::Stub> kv;
-  std::unique_ptr<pb::Watch::Stub> watch;
-  std::unique_ptr<pb::Auth::Stub> auth;
-};
+using Endpoint = EtcdEndpoint;
 
 // One key's value as read: nullopt when missing.
 struct Read {
@@ -126,47 +107,7 @@ class EtcdStore::Impl {
   explicit Impl(EtcdStoreOptions options) : opt_(std::move(options)) {}
 
   absl::Status Connect() {
-    if (opt_.endpoints.empty()) return absl::InvalidArgumentError("etcd: no endpoints given");
-    for (const std::string& e : opt_.endpoints) {
-      std::string target = e;
-      bool tls = false;
-      if (absl::StartsWith(target, "https://")) {
-        tls = true;
-        target = target.substr(8);
-      } else if (absl::StartsWith(target, "http://")) {
-        target = target.substr(7);
-      }
-      while (!target.empty() && target.back() == '/') target.pop_back();
-      if (target.empty())
-        return absl::InvalidArgumentError(absl::StrCat("etcd endpoint '", e, "'"));
-      std::shared_ptr<grpc::ChannelCredentials> creds;
-      if (tls) {
-        grpc::SslCredentialsOptions ssl;
-        ssl.pem_root_certs = opt_.ca_pem;
-        ssl.pem_cert_chain = opt_.cert_pem;
-        ssl.pem_private_key = opt_.key_pem;
-        creds = grpc::SslCredentials(ssl);
-      } else {
-        if (!opt_.cert_pem.empty() || !opt_.ca_pem.empty()) {
-          return absl::InvalidArgumentError(absl::StrCat(
-              "etcd endpoint '", e, "' is plain http but TLS files were given: use https://"));
-        }
-        creds = grpc::InsecureChannelCredentials();
-      }
-      grpc::ChannelArguments args;
-      args.SetMaxReceiveMessageSize(-1);
-      // Fail over quickly: a dead endpoint is retried at most every second.
-      args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-      args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-      if (opt_.private_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
-      auto ep = std::make_unique<Endpoint>();
-      ep->name = e;
-      ep->channel = grpc::CreateCustomChannel(target, creds, args);
-      ep->kv = pb::KV::NewStub(ep->channel);
-      ep->watch = pb::Watch::NewStub(ep->channel);
-      ep->auth = pb::Auth::NewStub(ep->channel);
-      endpoints_.push_back(std::move(ep));
-    }
+    ASSIGN_OR_RETURN(endpoints_, OpenEtcdEndpoints(opt_));
     return absl::OkStatus();
   }
 
@@ -520,7 +461,7 @@ class EtcdStore::Impl {
     std::vector<std::pair<std::string, std::string>> ranges;
     if (!queues) {
       if (whole_prefix) {
-        ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
+        ranges.emplace_back(opt_.prefix, EtcdPrefixEnd(opt_.prefix));
       } else {
         for (const std::string& k : *missing) ranges.emplace_back(k, "");
       }
@@ -601,7 +542,7 @@ class EtcdStore::Impl {
   absl::StatusOr<std::vector<std::string>> ListPrefix(absl::Time deadline, int64_t* revision) {
     pb::RangeRequest req;
     req.set_key(opt_.prefix);
-    req.set_range_end(PrefixEnd(opt_.prefix));
+    req.set_range_end(EtcdPrefixEnd(opt_.prefix));
     req.set_keys_only(true);
     pb::RangeResponse resp;
     RETURN_IF_ERROR(Call("list", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
@@ -731,15 +672,15 @@ class EtcdStore::Impl {
     std::vector<std::pair<std::string, std::string>> ranges;
     std::string root = QueueRoot().value_or("");
     if (whole_prefix) {
-      if (map_keys) ranges.emplace_back(opt_.prefix, PrefixEnd(opt_.prefix));
-      ranges.emplace_back(root, PrefixEnd(root));
+      if (map_keys) ranges.emplace_back(opt_.prefix, EtcdPrefixEnd(opt_.prefix));
+      ranges.emplace_back(root, EtcdPrefixEnd(root));
       return ranges;
     }
     for (const std::string& k : missing) {
       if (map_keys) ranges.emplace_back(k, "");
       std::string qp = absl::StrCat(root, k.size() - opt_.prefix.size(), ":",
                                     absl::string_view(k).substr(opt_.prefix.size()), "/");
-      ranges.emplace_back(qp, PrefixEnd(qp));
+      ranges.emplace_back(qp, EtcdPrefixEnd(qp));
     }
     return ranges;
   }
@@ -768,7 +709,7 @@ class EtcdStore::Impl {
           ASSIGN_OR_RETURN(std::string qp, QueuePrefix(keys[i]));
           pb::RangeRequest* r = req.add_success()->mutable_request_range();
           r->set_key(qp);
-          r->set_range_end(PrefixEnd(qp));
+          r->set_range_end(EtcdPrefixEnd(qp));
           r->set_count_only(true);
           if (*revision != 0) r->set_revision(*revision);
         }
@@ -850,7 +791,7 @@ class EtcdStore::Impl {
     std::unique_ptr<void, decltype(unlock)> unlocker(&turn, unlock);
     pb::RangeRequest oldest;
     oldest.set_key(qp);
-    oldest.set_range_end(PrefixEnd(qp));
+    oldest.set_range_end(EtcdPrefixEnd(qp));
     oldest.set_sort_target(pb::RangeRequest::CREATE);
     oldest.set_sort_order(pb::RangeRequest::ASCEND);
     oldest.set_limit(1);
@@ -871,7 +812,7 @@ class EtcdStore::Impl {
       c->set_mod_revision(head.kvs(0).mod_revision());
       pb::RangeRequest* count = txn.add_success()->mutable_request_range();
       count->set_key(qp);
-      count->set_range_end(PrefixEnd(qp));
+      count->set_range_end(EtcdPrefixEnd(qp));
       count->set_count_only(true);
       txn.add_success()->mutable_request_delete_range()->set_key(item);
       *txn.add_failure()->mutable_request_range() = oldest;
@@ -919,7 +860,7 @@ class EtcdStore::Impl {
     ASSIGN_OR_RETURN(std::string qp, QueuePrefix(key));
     pb::RangeRequest req;
     req.set_key(qp);
-    req.set_range_end(PrefixEnd(qp));
+    req.set_range_end(EtcdPrefixEnd(qp));
     req.set_count_only(true);
     pb::RangeResponse resp;
     RETURN_IF_ERROR(Call("queue_len", deadline, true, [&](Endpoint& ep, grpc::ClientContext& ctx) {
@@ -940,39 +881,9 @@ class EtcdStore::Impl {
 
  private:
   absl::Status AddToken(Endpoint& ep, grpc::ClientContext& ctx, absl::Time deadline) {
-    if (opt_.user.empty()) return absl::OkStatus();
-    std::string token;
-    {
-      absl::MutexLock lock(&token_mu_);
-      token = token_;
-    }
-    if (token.empty()) {
-      pb::AuthenticateRequest req;
-      req.set_name(opt_.user);
-      req.set_password(opt_.password);
-      pb::AuthenticateResponse resp;
-      grpc::ClientContext actx;
-      actx.set_deadline(absl::ToChronoTime(std::min(deadline, absl::Now() + opt_.attempt_timeout)));
-      grpc::Status s = ep.auth->Authenticate(&actx, req, &resp);
-      if (!s.ok()) {
-        absl::StatusCode code = s.error_code() == grpc::StatusCode::UNAVAILABLE ||
-                                        s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED
-                                    ? absl::StatusCode::kUnavailable
-                                    : absl::StatusCode::kUnauthenticated;
-        return absl::Status(code, absl::StrCat("etcd at ", ep.name, ": authenticating as '",
-                                               opt_.user, "' failed: ", s.error_message()));
-      }
-      token = resp.token();
-      absl::MutexLock lock(&token_mu_);
-      token_ = token;
-    }
-    ctx.AddMetadata("token", token);
-    return absl::OkStatus();
+    return token_.AddTo(ep, ctx, deadline, opt_);
   }
-  void DropToken() {
-    absl::MutexLock lock(&token_mu_);
-    token_.clear();
-  }
+  void DropToken() { token_.Drop(); }
 
   struct PendingRead {
     bool done = false;
@@ -1008,8 +919,7 @@ class EtcdStore::Impl {
   std::atomic<bool> stopping_{false};
   absl::Mutex watches_mu_;
   std::set<grpc::ClientContext*> watches_ ABSL_GUARDED_BY(watches_mu_);
-  absl::Mutex token_mu_;
-  std::string token_ ABSL_GUARDED_BY(token_mu_);
+  EtcdToken token_;
   absl::Mutex add_mu_;
   std::map<std::string, AddQueue> adds_ ABSL_GUARDED_BY(add_mu_);
   std::atomic<uint64_t> batches_{0};
@@ -1114,7 +1024,7 @@ absl::StatusOr<bool> EtcdStore::DeleteKey(absl::string_view key) {
 absl::StatusOr<int64_t> EtcdStore::NumKeys() {
   pb::RangeRequest req;
   req.set_key(options_.prefix);
-  req.set_range_end(PrefixEnd(options_.prefix));
+  req.set_range_end(EtcdPrefixEnd(options_.prefix));
   req.set_count_only(true);
   pb::RangeResponse resp;
   RETURN_IF_ERROR(impl_->Call("count", absl::Now() + timeout(), true,
