@@ -484,6 +484,26 @@ TEST_CASE(
   CHECK(std::vector<int>(r1->members().begin(), r1->members().end()) == std::vector<int>{0, 1});
 }
 
+TEST_CASE(
+    "elastic start: a rank still waiting when another rank formed epoch 1 takes that epoch's "
+    "members") {
+  Fixture f;
+  REQUIRE(f.Register(0, 3).ok());
+  REQUIRE(f.Register(1, 3).ok());
+  // Rank 1 (here: its record) fixed epoch 1 as {0, 1} while rank 0's wait
+  // for stable arrivals had not ended; rank 1 never shows up in this wait.
+  LocalStore store(f.store.get());
+  REQUIRE(store.Set("muster/job/0/epoch/1/members", "0,1").ok());
+  v1::ReconfigureRequest req = Reconfigure(0, 1, absl::Seconds(3));
+  req.set_allow_shrink(true);
+  req.set_start_min_size(2);
+  Result<absl::StatusOr<v1::ReconfigureResponse>> e0;
+  f.registry->Reconfigure(req, f.caller, e0.callback());
+  const auto& r0 = e0.Await();
+  REQUIRE(r0.ok());
+  CHECK(std::vector<int>(r0->members().begin(), r0->members().end()) == std::vector<int>{0, 1});
+}
+
 TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {
   char dir_template[] = "/tmp/registry-trace-XXXXXX";
   REQUIRE(::mkdtemp(dir_template) != nullptr);
