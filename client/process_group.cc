@@ -257,12 +257,10 @@ std::shared_ptr<Work> Work::Impl::Failed(absl::Status status) {
   return work;
 }
 
-bool Work::Impl::IsCompleted() const {
-  absl::MutexLock lock(&mu_);
-  return done_;
-}
+bool Work::Impl::IsCompleted() const { return done_.load(std::memory_order_acquire); }
 
 absl::Status Work::Impl::Wait(absl::Duration timeout) {
+  if (done_.load(std::memory_order_acquire)) return status_;
   absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   // A completed Work never touches its group again: it may outlive it (the
@@ -272,11 +270,12 @@ absl::Status Work::Impl::Wait(absl::Duration timeout) {
   ProcessGroup::Impl* group = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (!done_ && timeout == absl::InfiniteDuration()) group = group_;
+    if (!IsCompleted() && timeout == absl::InfiniteDuration()) group = group_;
   }
   if (group != nullptr) group->RunUntil(this, deadline);
+  if (done_.load(std::memory_order_acquire)) return status_;
   absl::MutexLock lock(&mu_);
-  if (!mu_.AwaitWithDeadline(absl::Condition(&done_), deadline)) {
+  if (!mu_.AwaitWithDeadline(absl::Condition(this, &Impl::IsCompleted), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
   }
@@ -291,24 +290,20 @@ absl::Status Work::Impl::Synchronize(absl::Duration timeout) {
 }
 
 absl::Status Work::Impl::status() const {
-  absl::MutexLock lock(&mu_);
-  if (!done_) return absl::FailedPreconditionError("the collective has not completed yet");
+  if (!IsCompleted()) return absl::FailedPreconditionError("the collective has not completed yet");
   return status_;
 }
 
-int Work::Impl::source_rank() const {
-  absl::MutexLock lock(&mu_);
-  return done_ ? source_ : -1;
-}
+int Work::Impl::source_rank() const { return IsCompleted() ? source_ : -1; }
 
 void Work::Impl::Complete(absl::Status status, int source) {
   std::vector<std::function<void(const absl::Status&)>> callbacks;
   {
     absl::MutexLock lock(&mu_);
-    if (done_) return;  // recorded exactly once
+    if (IsCompleted()) return;  // recorded exactly once
     status_ = std::move(status);
     source_ = source;
-    done_ = true;
+    done_.store(true, std::memory_order_release);
     callbacks.swap(on_complete_);
   }
   // status_ no longer changes once done_ is set: read it without the lock.
@@ -319,7 +314,7 @@ void Work::Impl::OnComplete(std::function<void(const absl::Status&)> callback) {
   ProcessGroup::Impl* group = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (!done_) {
+    if (!IsCompleted()) {
       on_complete_.push_back(std::move(callback));
       group = group_;
       callback = nullptr;

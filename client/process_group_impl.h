@@ -28,6 +28,7 @@
 #ifndef MUSTER_CLIENT_PROCESS_GROUP_IMPL_H_
 #define MUSTER_CLIENT_PROCESS_GROUP_IMPL_H_
 
+#include <atomic>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -104,9 +105,11 @@ class Work::Impl {
   std::function<absl::Status(absl::Time deadline)> synchronize_;
   mutable absl::Mutex mu_;
   ProcessGroup::Impl* group_ ABSL_GUARDED_BY(mu_) = nullptr;
-  bool done_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Status status_ ABSL_GUARDED_BY(mu_);
-  int source_ ABSL_GUARDED_BY(mu_) = -1;
+  // Set once, under mu_, after status_ and source_ (release); read without
+  // the lock (acquire): a completed Work's status costs no lock.
+  std::atomic<bool> done_{false};
+  absl::Status status_;  // written once, before done_
+  int source_ = -1;      // written once, before done_
   std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
 };

@@ -132,6 +132,40 @@ bool ShmCommunicator::Decide(uint64_t round, bool failed) {
   return (seen >> 1) == round && (seen & 1) != 0;
 }
 
+bool ShmCommunicator::AnyGaveUp(uint64_t round) const {
+  // seq_cst loads (plain loads on x86) after those of the arrivals: with
+  // GiveUp's store and fence, a member that gives up either is seen here or
+  // sees every arrival seen here.
+  for (int j = 0; j < size_; ++j) {
+    if (segment_->rank(j).gave_up.load(std::memory_order_seq_cst) >= round) return true;
+  }
+  return false;
+}
+
+void ShmCommunicator::AnnounceGivingUp(uint64_t round) {
+  std::atomic<uint64_t>& mine = segment_->rank(rank_).gave_up;
+  if (mine.load(std::memory_order_relaxed) < round) mine.store(round, std::memory_order_seq_cst);
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+bool ShmCommunicator::GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target,
+                             uint64_t round) {
+  AnnounceGivingUp(round);
+  bool all = true;
+  for (int j = 0; j < size_ && all; ++j) {
+    all = (segment_->rank(j).*field).load(std::memory_order_seq_cst) >= target;
+  }
+  // Every member there after all: the wait sees them on its next look (and
+  // a wait for arrivals then takes the round's decision).
+  if (all) return false;
+  return Decide(round, /*failed=*/true);
+}
+
+void ShmCommunicator::FailNextRound() {
+  AnnounceGivingUp(round_ + 1);
+  Decide(round_ + 1, /*failed=*/true);
+}
+
 absl::Status ShmCommunicator::Aborted() const {
   // The member that failed the round aborts the segment right after
   // deciding: wait for its reason (briefly).
@@ -156,15 +190,17 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     uint32_t epoch = segment_->header().epoch.load(std::memory_order_acquire);
     bool all = true;
     for (int j = 0; j < size_; ++j) {
-      if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) {
+      if ((segment_->rank(j).*field).load(std::memory_order_seq_cst) < target) {
         all = false;
         break;
       }
     }
     if (all) {
       // Every member arrived, but one may have given up on the round
-      // already (a late arrival): then it failed here too.
-      if (arrivals && Decide(round, /*failed=*/false)) return Aborted();
+      // already (a late arrival): then it failed here too. Only a member
+      // that gave up writes the decision; while none did (their gave_up
+      // words sit on the lines just read) the round completed.
+      if (arrivals && AnyGaveUp(round) && Decide(round, /*failed=*/false)) return Aborted();
       // Every member released, but one failed reading (it decided the next
       // round failed before releasing): not OK here either.
       if (!arrivals &&
@@ -179,9 +215,9 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
                                                      group_name_, "': ", local.message()));
     }
     if (segment_->aborted()) {
-      // Unless the round completed (decided by a member that saw every
-      // arrival: they are visible here on the next look).
-      if (!Decide(round, /*failed=*/true)) continue;
+      // Unless the round completed (every member arrived, or a member that
+      // saw them all decided so: visible here on the next look).
+      if (!GiveUp(field, target, round)) continue;
       return segment_->AbortStatus(
           absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
     }
@@ -198,13 +234,13 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
           SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(spin_budget_us_);
     }
     if (now >= deadline) {
+      if (!GiveUp(field, target, round)) continue;  // it completed
       std::vector<int> missing;
       for (int j = 0; j < size_; ++j) {
         if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) {
           missing.push_back(global_ranks_[j]);
         }
       }
-      if (missing.empty() || !Decide(round, /*failed=*/true)) continue;  // it completed
       std::string message = absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
                                          "' timed out waiting for ranks ",
                                          absl::StrJoin(missing, ", "), " to ", what);
@@ -396,7 +432,7 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
         absl::Status st = work();
         if (!st.ok()) {
           // The others go on to the next round: make them fail too.
-          Decide(round_ + 1, /*failed=*/true);
+          FailNextRound();
           segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
         }
         return st;
@@ -563,7 +599,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
                     !st.ok()) {
                   // The others wait for this rank's release (WaitReaders):
                   // the decision tells them it failed.
-                  Decide(round_ + 1, /*failed=*/true);
+                  FailNextRound();
                   segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
                   return st;
                 }

@@ -16,14 +16,20 @@
 // process (with the local reason: the rank lost its musterd) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
-// never complete). A collective fails on every member or on none: each
-// round is decided once, in the segment's outcome word, by the first member
-// that saw every member arrive (completed) or gave up waiting (failed: its
-// deadline, an abort); a member that arrives after the round was failed
-// (a late rank) fails at once with ABORTED and the reason of the member
-// that gave up, and once the segment is aborted every later collective
-// fails at its start. In the first round of every collective each rank also
-// publishes its OpSignature; if they differ, every rank fails the
+// never complete). A collective fails on every member or on none. A member
+// that gives up on a round (its deadline, an abort, a failed read) first
+// publishes so (its gave_up word), fences, looks at the others again, and
+// unless they all arrived after all decides the round failed in the
+// segment's outcome word (compare-and-swap: the first decision stands). A
+// member that saw every arrival then reads the gave_up words (lines it just
+// read: no extra cache miss) and only if one is set takes the decision,
+// deciding "completed" if nobody did yet; so a round that completes writes
+// nothing shared but the counters, and no member completes a round another
+// failed (one that gave up unseen must see every arrival that was seen). A
+// member that arrives after the round was failed (a late rank) fails at
+// once with ABORTED and the reason of the member that gave up, and once
+// the segment is aborted every later collective fails at its start. In the first round of every
+// collective each rank also publishes its OpSignature; if they differ, every rank fails the
 // collective with FAILED_PRECONDITION naming both ranks and both
 // signatures (desync). Reductions combine contributions in rank order on
 // every rank, so all ranks get bitwise-identical results.
@@ -177,6 +183,17 @@ class ShmCommunicator : public Communicator {
   // failed if `failed`, unless it was decided before. Returns whether the
   // round failed.
   bool Decide(uint64_t round, bool failed);
+  // Whether some member gave up on round `round` or a later one (only then
+  // does a member that saw every arrival look at the decision).
+  bool AnyGaveUp(uint64_t round) const;
+  // Publishes that this rank gives up on `round` (then fences).
+  void AnnounceGivingUp(uint64_t round);
+  // Gives up waiting for every rank's `field` >= target (deadline, abort):
+  // announces it, then decides round `round` failed unless every rank is
+  // there after all. Returns whether the round failed.
+  bool GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target, uint64_t round);
+  // A read in this round failed: the next round fails on every member.
+  void FailNextRound();
   // The status of a round another member failed (the segment's abort).
   absl::Status Aborted() const;
   // Waits until rank j's `field` >= target for every j.

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <linux/futex.h>
+#include <linux/membarrier.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -22,7 +23,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 5;
+constexpr uint32_t kVersion = 6;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -109,6 +110,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     c->submitted.store(0);
     c->completed.store(0);
     c->cpu.store(-1);
+    c->gave_up.store(0);
     c->pid.store(0);
   }
   for (int i = 0; i < nranks * nranks; ++i) {
@@ -235,10 +237,44 @@ void GroupSegment::Wake() {
   }
 }
 
+namespace {
+
+long Membarrier(int command) { return ::syscall(SYS_membarrier, command, 0, 0); }
+
+// Whether this kernel lets a sleeper fence every registered process.
+bool GlobalMembarrierAvailable() {
+  static const bool available = [] {
+    long commands = Membarrier(MEMBARRIER_CMD_QUERY);
+    constexpr long kNeeded =
+        MEMBARRIER_CMD_GLOBAL_EXPEDITED | MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED;
+    return commands >= 0 && (commands & kNeeded) == kNeeded;
+  }();
+  return available;
+}
+
+// Whether this process is registered, so that it may wake without a fence
+// (once per process; registration cannot be undone).
+bool WakerRegistered() {
+  static const bool registered =
+      GlobalMembarrierAvailable() && Membarrier(MEMBARRIER_CMD_REGISTER_GLOBAL_EXPEDITED) == 0;
+  return registered;
+}
+
+}  // namespace
+
 void GroupSegment::WakeSleepers() {
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (WakerRegistered()) {
+    std::atomic_signal_fence(std::memory_order_seq_cst);
+  } else {
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+  }
   if (header_->sleepers.load(std::memory_order_relaxed) == 0) return;
   Wake();
+}
+
+void GroupSegment::FenceAllWakers() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (GlobalMembarrierAvailable()) Membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED);
 }
 
 void GroupSegment::Sleep(uint32_t seen, int64_t timeout_us) {

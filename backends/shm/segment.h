@@ -46,17 +46,22 @@ struct alignas(64) RankControl {
   std::atomic<uint64_t> arrived;   // last round whose data is in this rank's slot
   std::atomic<uint64_t> released;  // last round this rank finished reading
   OpSignature signature;           // of the collective in progress
-  uint64_t path;                   // first rounds: 1 = the direct path (collectives.cc)
+  uint32_t path;                   // first rounds: 1 = the direct path (collectives.cc)
   // The CPU this rank was on when it last waited longer than a moment (-1:
   // not yet): a waiter does not spin for a rank last seen on its own CPU.
   std::atomic<int32_t> cpu;
+  // The last round this rank gave up on (deadline, abort, a failed read;
+  // 0: none). Written only then, so a round that completes moves nothing
+  // but the counters (collectives.h: how a round is decided).
+  std::atomic<uint64_t> gave_up;
   // Read by musterd (progress, musterctl), not by the other members.
   alignas(64) std::atomic<uint64_t> submitted;  // last collective sequence submitted
   std::atomic<uint64_t> completed;              // last collective sequence completed
   std::atomic<int32_t> pid;
   alignas(64) uint64_t meta[64];  // small per-round metadata (e.g. split sizes)
 };
-static_assert(offsetof(RankControl, path) < 64, "the per-round words share one line");
+static_assert(offsetof(RankControl, gave_up) + sizeof(uint64_t) <= 64,
+              "the per-round words share one line");
 
 // One single-producer single-consumer byte ring from one rank to another.
 // Invariant: read <= written <= read + capacity; bytes [read, written) are
@@ -172,12 +177,18 @@ class GroupSegment {
   // shared while nobody sleeps; a waiter that may be woken only by it must
   // sleep with SleepUnless, which counts itself a sleeper before it checks
   // `ready` a last time (so a waker either sees the sleeper, or the sleeper
-  // sees the progress; both sides fence).
+  // sees the progress). The fence that needs is asymmetric where the kernel
+  // has membarrier(2)'s global expedited command: the sleeper (rare: it
+  // yielded for a millisecond first) makes every registered process run a
+  // barrier, and the waker (every round) needs only a compiler barrier.
+  // Otherwise both sides fence. A process that could not register fences
+  // itself; should a sleeper's membarrier fail, a wake-up it misses costs
+  // at most its sleep's timeout (the collectives sleep <= 1 ms at a time).
   void WakeSleepers();
   template <typename Ready>
   void SleepUnless(uint32_t seen, int64_t timeout_us, Ready ready) {
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
-    std::atomic_thread_fence(std::memory_order_seq_cst);
+    FenceAllWakers();
     if (!ready()) FutexWait(seen, timeout_us);
     header_->sleepers.fetch_sub(1, std::memory_order_acq_rel);
   }
@@ -185,6 +196,8 @@ class GroupSegment {
  private:
   GroupSegment(std::string name, void* base, size_t bytes);
   void FutexWait(uint32_t seen, int64_t timeout_us);
+  // The sleeper's side of WakeSleepers' fence.
+  static void FenceAllWakers();
   std::string name_;
   void* base_;
   size_t bytes_;
