@@ -249,7 +249,7 @@ int Work::source_rank() const { return impl_->source_rank(); }
 
 // Work::Impl.
 
-std::shared_ptr<Work> Work::Impl::Create() { return std::shared_ptr<Work>(new Work()); }
+std::shared_ptr<Work> Work::Impl::Create() { return std::allocate_shared<Work>(Allocator<Work>()); }
 
 std::shared_ptr<Work> Work::Impl::Failed(absl::Status status) {
   std::shared_ptr<Work> work = Create();
@@ -267,11 +267,8 @@ absl::Status Work::Impl::Wait(absl::Duration timeout) {
   // group's destructor completes every Work it still holds). Only a wait
   // without a deadline runs queued collectives itself: one it ran could not
   // be left at the deadline (the group's executor runs them otherwise).
-  ProcessGroup::Impl* group = nullptr;
-  {
-    absl::MutexLock lock(&mu_);
-    if (!IsCompleted() && timeout == absl::InfiniteDuration()) group = group_;
-  }
+  ProcessGroup::Impl* group =
+      timeout == absl::InfiniteDuration() ? group_.load(std::memory_order_acquire) : nullptr;
   if (group != nullptr) group->RunUntil(this, deadline);
   if (done_.load(std::memory_order_acquire)) return status_;
   absl::MutexLock lock(&mu_);
@@ -316,7 +313,7 @@ void Work::Impl::OnComplete(std::function<void(const absl::Status&)> callback) {
     absl::MutexLock lock(&mu_);
     if (!IsCompleted()) {
       on_complete_.push_back(std::move(callback));
-      group = group_;
+      group = group_.load(std::memory_order_acquire);
       callback = nullptr;
     }
   }

@@ -70,6 +70,33 @@ class Work::Impl {
  public:
   // A pending Work (no sequence number, no group yet).
   static std::shared_ptr<Work> Create();
+  // Allocates a Work and its shared_ptr's count in one block (make_shared
+  // cannot reach Work's private constructor; a member of Impl can).
+  template <typename T>
+  struct Allocator {
+    using value_type = T;
+    Allocator() = default;
+    template <typename U>
+    Allocator(const Allocator<U>&) {}  // NOLINT: rebinding converts implicitly
+    T* allocate(size_t n) { return std::allocator<T>().allocate(n); }
+    void deallocate(T* p, size_t n) { std::allocator<T>().deallocate(p, n); }
+    template <typename U>
+    void construct(U* p) {
+      ::new (static_cast<void*>(p)) U();
+    }
+    template <typename U>
+    void destroy(U* p) {
+      p->~U();
+    }
+    template <typename U>
+    bool operator==(const Allocator<U>&) const {
+      return true;
+    }
+    template <typename U>
+    bool operator!=(const Allocator<U>&) const {
+      return false;
+    }
+  };
   // A Work that already failed with `status`.
   static std::shared_ptr<Work> Failed(absl::Status status);
   static Impl& Of(Work& work) { return *work.impl_; }
@@ -95,16 +122,13 @@ class Work::Impl {
     synchronize_ = std::move(synchronize);
   }
   // The group whose executor queue holds this work (Wait() may run it).
-  void set_group(ProcessGroup::Impl* group) {
-    absl::MutexLock lock(&mu_);
-    group_ = group;
-  }
+  void set_group(ProcessGroup::Impl* group) { group_.store(group, std::memory_order_release); }
 
  private:
   uint64_t sequence_ = 0;
   std::function<absl::Status(absl::Time deadline)> synchronize_;
   mutable absl::Mutex mu_;
-  ProcessGroup::Impl* group_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::atomic<ProcessGroup::Impl*> group_{nullptr};
   // Set once, under mu_, after status_ and source_ (release); read without
   // the lock (acquire): a completed Work's status costs no lock.
   std::atomic<bool> done_{false};

@@ -26,6 +26,44 @@ enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
+// An OpSignature and a path bit in the two words RankControl keeps per
+// round parity: word 0 = the sequence's low 32 bits | root + 1 (16 bits) |
+// kind (8) | dtype (8); word 1 = count (56 bits) | reduce op (7) | path (1).
+// Exact for every value a segment can see (ranks < 2^16, counts < 2^56);
+// sequences are compared modulo 2^32.
+struct PackedSignature {
+  static constexpr uint64_t kPathBit = uint64_t{1} << 63;
+  static constexpr uint64_t kCountMask = (uint64_t{1} << 56) - 1;
+  uint64_t words[2] = {0, 0};
+
+  bool SameOp(const PackedSignature& o) const {
+    return words[0] == o.words[0] && (words[1] & ~kPathBit) == (o.words[1] & ~kPathBit);
+  }
+  uint64_t path() const { return words[1] >> 63; }
+  // The signature back, with the high bits of the sequence from `near`.
+  OpSignature Unpack(uint64_t near) const {
+    OpSignature s;
+    s.sequence = (near & ~uint64_t{0xffffffff}) | (words[0] & 0xffffffff);
+    s.root = static_cast<int32_t>((words[0] >> 32) & 0xffff) - 1;
+    s.kind = static_cast<uint32_t>((words[0] >> 48) & 0xff);
+    s.dtype = static_cast<uint32_t>(words[0] >> 56);
+    s.count = words[1] & kCountMask;
+    s.reduce_op = static_cast<uint32_t>((words[1] >> 56) & 0x7f);
+    return s;
+  }
+};
+
+PackedSignature Pack(const OpSignature& s, uint64_t path) {
+  PackedSignature p;
+  p.words[0] = (s.sequence & 0xffffffff) | (static_cast<uint64_t>((s.root + 1) & 0xffff) << 32) |
+               (static_cast<uint64_t>(s.kind & 0xff) << 48) |
+               (static_cast<uint64_t>(s.dtype & 0xff) << 56);
+  p.words[1] = (s.count & PackedSignature::kCountMask) |
+               (static_cast<uint64_t>(s.reduce_op & 0x7f) << 56) |
+               (path != 0 ? PackedSignature::kPathBit : 0);
+  return p;
+}
+
 // Work unit of the direct reductions: the accumulator stays in cache while
 // every rank's piece is combined into it.
 constexpr size_t kBlockBytes = 64 << 10;
@@ -76,7 +114,8 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
   segment_->rank(rank_).pid.store(static_cast<int32_t>(::getpid()));
   // Resume where the group is (a communicator may be created after others
   // already used the segment, e.g. by an earlier handle of this rank).
-  round_ = segment_->rank(rank_).released.load(std::memory_order_acquire);
+  round_ = std::max(segment_->rank(rank_).released.load(std::memory_order_acquire),
+                    segment_->rank(rank_).last_round.load(std::memory_order_acquire));
   sequence_ = segment_->rank(rank_).completed.load(std::memory_order_acquire);
 }
 
@@ -91,6 +130,7 @@ OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t co
 }
 
 absl::Status ShmCommunicator::Finish(absl::Status status) {
+  segment_->rank(rank_).last_round.store(round_, std::memory_order_release);
   segment_->rank(rank_).completed.store(sequence_, std::memory_order_release);
   return status;
 }
@@ -271,25 +311,40 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
   }
 }
 
+ShmCommunicator::Via ShmCommunicator::ViaFor(size_t bytes) const {
+  return bytes <= GroupSegment::kLaneBytes && !GoesDirect(bytes) ? Via::kLanes : Via::kSlots;
+}
+
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time deadline, Write write,
-                                    Read read) {
+                                    Read read, Via via) {
   uint64_t k = ++round_;
+  via_ = via;
   RankControl& me = segment_->rank(rank_);
   // A broken group fails every later collective at once, on every member.
   if (segment_->aborted() && !segment_->locally_aborted()) {
     return segment_->AbortStatus(
         absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
   }
-  if (absl::Status s =
-          WaitAll(&RankControl::released, k - 1, deadline, "finish the previous round");
-      !s.ok()) {
-    return s;
+  if (via == Via::kSlots) {
+    // After lane rounds this rank's release is published here (it finished
+    // reading round k-1 when it returned from it).
+    if (me.released.load(std::memory_order_relaxed) < k - 1) {
+      me.released.store(k - 1, std::memory_order_release);
+      segment_->WakeSleepers();
+    }
+    if (absl::Status s =
+            WaitAll(&RankControl::released, k - 1, deadline, "finish the previous round");
+        !s.ok()) {
+      return s;
+    }
   }
-  write(segment_->slot(rank_));
+  write(Buffer(rank_));
+  PackedSignature packed;
   if (signature != nullptr) {
-    me.signature = *signature;
-    me.path = path_tag_;
+    packed = Pack(*signature, path_tag_);
+    me.signature[k & 1][0] = packed.words[0];
+    me.signature[k & 1][1] = packed.words[1];
   }
   me.arrived.store(k, std::memory_order_release);
   segment_->WakeSleepers();
@@ -297,13 +352,14 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
   if (!status.ok()) return status;
   if (signature != nullptr) {
     for (int j = 0; j < size_ && status.ok(); ++j) {
-      const OpSignature& other = segment_->rank(j).signature;
-      if (!SameSignature(other, *signature)) {
-        status = absl::FailedPreconditionError(
-            absl::StrCat("collectives on group '", group_name_, "' do not match: rank ",
-                         global_ranks_[rank_], " called ", DescribeSignature(*signature),
-                         " but rank ", global_ranks_[j], " called ", DescribeSignature(other)));
-      } else if (segment_->rank(j).path != path_tag_) {
+      PackedSignature other{
+          {segment_->rank(j).signature[k & 1][0], segment_->rank(j).signature[k & 1][1]}};
+      if (!packed.SameOp(other)) {
+        status = absl::FailedPreconditionError(absl::StrCat(
+            "collectives on group '", group_name_, "' do not match: rank ", global_ranks_[rank_],
+            " called ", DescribeSignature(*signature), " but rank ", global_ranks_[j], " called ",
+            DescribeSignature(other.Unpack(signature->sequence))));
+      } else if (other.path() != path_tag_) {
         status = absl::FailedPreconditionError(absl::StrCat(
             DescribeSignature(*signature), " on group '", group_name_, "': rank ",
             global_ranks_[rank_], " takes the ", path_tag_ ? "direct" : "slot", " path but rank ",
@@ -312,23 +368,30 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
       }
     }
   }
+  if (read_delay_ != absl::ZeroDuration()) absl::SleepFor(read_delay_);
   if (status.ok()) status = read();
-  me.released.store(k, std::memory_order_release);
-  segment_->WakeSleepers();
+  // A lane round's release is not published: nobody waits for it, and the
+  // store would pull this line from the peers spinning on it for `arrived`
+  // once more per round.
+  if (via == Via::kSlots) {
+    me.released.store(k, std::memory_order_release);
+    segment_->WakeSleepers();
+  }
   return status;
 }
 
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count, size_t chunk,
-                                      absl::Time deadline, Write write, Read read, size_t start) {
+                                      absl::Time deadline, Write write, Read read, size_t start,
+                                      Via via) {
   if (start > 0 && start >= count) return absl::OkStatus();
   size_t off = start;
   bool first = true;
   do {  // at least one round, so zero-length collectives still synchronize
     size_t len = std::min(chunk, count - off);
     absl::Status s = Round(
-        first ? signature : nullptr, deadline, [&](char* slot) { write(slot, off, len); },
-        [&] { return read(off, len); });
+        first ? signature : nullptr, deadline, [&](char* buffer) { write(buffer, off, len); },
+        [&] { return read(off, len); }, via);
     if (!s.ok()) return s;
     first = false;
     off += len;
@@ -485,7 +548,7 @@ absl::Status ShmCommunicator::CheckRoot(int root) const {
 absl::Status ShmCommunicator::Barrier(absl::Time deadline) {
   OpSignature sig = Begin(CollectiveKind::kBarrier, DType::kUInt8, 0, -1, ReduceOp::kSum);
   return Finish(Round(
-      &sig, deadline, [](char*) {}, [] { return absl::OkStatus(); }));
+      &sig, deadline, [](char*) {}, [] { return absl::OkStatus(); }, Via::kLanes));
 }
 
 absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -514,8 +577,8 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   };
   auto reduce_all = [&](size_t off, size_t len) {
     char* acc = bytes + off * es;
-    ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-    for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+    ReduceInit(acc, Buffer(0), len, dtype, op, scale);
+    for (int j = 1; j < size_; ++j) ReduceInto(acc, Buffer(j), len, dtype, op, scale);
     ReduceFinish(acc, len, dtype, op, size_);
     return absl::OkStatus();
   };
@@ -611,7 +674,10 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
       }
     }
   }
-  if (small) return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start));
+  if (small) {
+    Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
+    return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start, via));
+  }
   size_t off = 0;
   while (off < count) {
     size_t len = std::min(chunk, count - off);
@@ -643,7 +709,7 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
     if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
   };
   auto read = [&](size_t off, size_t len) {
-    if (rank_ != root) std::memcpy(bytes + off * es, segment_->slot(root), len * es);
+    if (rank_ != root) std::memcpy(bytes + off * es, Buffer(root), len * es);
     return absl::OkStatus();
   };
   size_t first_len = std::min(chunk, count);
@@ -664,7 +730,8 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
+  Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via));
 }
 
 absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -680,11 +747,12 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
       [&](size_t off, size_t len) {
         if (rank_ != root) return absl::OkStatus();
         char* acc = bytes + off * es;
-        ReduceInit(acc, segment_->slot(0), len, dtype, op, scale);
-        for (int j = 1; j < size_; ++j) ReduceInto(acc, segment_->slot(j), len, dtype, op, scale);
+        ReduceInit(acc, Buffer(0), len, dtype, op, scale);
+        for (int j = 1; j < size_; ++j) ReduceInto(acc, Buffer(j), len, dtype, op, scale);
         ReduceFinish(acc, len, dtype, op, size_);
         return absl::OkStatus();
-      }));
+      },
+      0, ViaFor(count * es)));
 }
 
 absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
@@ -700,7 +768,7 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   };
   auto read = [&](size_t off, size_t len) {
     for (int j = 0; j < size_; ++j) {
-      std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+      std::memcpy(dst + (j * count + off) * es, Buffer(j), len * es);
     }
     return absl::OkStatus();
   };
@@ -730,7 +798,8 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
+  Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via));
 }
 
 absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
@@ -745,10 +814,11 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
       [&](size_t off, size_t len) {
         for (int j = 0; rank_ == root && j < size_; ++j) {
-          std::memcpy(dst + (j * count + off) * es, segment_->slot(j), len * es);
+          std::memcpy(dst + (j * count + off) * es, Buffer(j), len * es);
         }
         return absl::OkStatus();
-      }));
+      },
+      0, ViaFor(count * es)));
 }
 
 absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,

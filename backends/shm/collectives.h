@@ -7,6 +7,14 @@
 // (so its slot may be overwritten), (2) writes its contribution into its
 // own slot and publishes arrived=k, (3) waits until every rank arrived at
 // k, (4) reads what it needs from the slots, (5) publishes released=k.
+// A small round (every rank's contribution fits in a lane, 1 KiB, and is
+// read within the round: barrier, all_reduce, broadcast, reduce,
+// all_gather and gather of small buffers) goes through lane k % 2 instead
+// and skips steps (1) and (5): a rank in round k saw every rank arrive at
+// k-1, so each finished reading round k-2, the last to use that lane (and
+// the signature words of that parity); a slot round after lane rounds
+// publishes the release of round k-1 before it waits for the others'. A
+// small round writes the line its peers spin on once (arrived), not twice.
 // Waiting spins briefly (not at all for a rank last seen on the waiter's
 // CPU: it cannot run while the waiter spins), then yields the CPU for up to
 // 1 ms (others that want it get it; an idle CPU returns at once), then
@@ -106,6 +114,9 @@ class ShmCommunicator : public Communicator {
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
   void set_direct_options(const DirectOptions& options) { direct_ = options; }
+  // Tests: every round sleeps `delay` after all ranks arrived, before it
+  // reads (a rank lagging in the middle of a round).
+  void set_read_delay_for_testing(absl::Duration delay) { read_delay_ = delay; }
   const DirectOptions& direct_options() const { return direct_; }
   // How the last collective moved its data: "slots", "mapped" or "cma".
   const char* last_path() const { return last_path_; }
@@ -143,16 +154,32 @@ class ShmCommunicator : public Communicator {
   // first-round flag holder.
   OpSignature Begin(CollectiveKind kind, DType dtype, uint64_t count, int root, ReduceOp op);
   absl::Status Finish(absl::Status status);
+  // Which buffer a round's contributions go through: the slots, or (when
+  // each rank's fits in GroupSegment::kLaneBytes and the op reads them
+  // within the round) the lanes, which need no wait for the previous
+  // round's readers.
+  enum class Via { kSlots, kLanes };
+  // One round: write(buffer) fills this rank's buffer, read() reads
+  // everyone's through Buffer(j).
   template <typename Write, typename Read>
-  absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read);
+  absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read,
+                     Via via = Via::kSlots);
+  // Rank j's buffer in the round in progress (its slot or lane).
+  char* Buffer(int j) {
+    return via_ == Via::kLanes ? segment_->lane(j, round_) : segment_->slot(j);
+  }
+  // The lanes if a collective whose ranks each write `bytes` per round may
+  // use them (small enough, and not a direct transfer).
+  Via ViaFor(size_t bytes) const;
   // Runs rounds over [0, count) in pieces of at most `chunk` elements;
-  // write(slot, offset, length) and read(offset, length) handle one piece.
+  // write(buffer, offset, length) and read(offset, length) handle one piece.
   // `signature` (the first round's) is null when an earlier round of the
   // collective already carried it.
   // `start`: elements already moved (by the exchange round).
   template <typename Write, typename Read>
   absl::Status Chunked(const OpSignature* signature, size_t count, size_t chunk,
-                       absl::Time deadline, Write write, Read read, size_t start = 0);
+                       absl::Time deadline, Write write, Read read, size_t start = 0,
+                       Via via = Via::kSlots);
 
   // kSlotsFirstDone: the slots, and the exchange round already was the
   // slot path's first round (no rank's buffer is read directly).
@@ -207,6 +234,8 @@ class ShmCommunicator : public Communicator {
   std::string group_name_;
   std::vector<int> global_ranks_;
   uint64_t round_ = 0;
+  Via via_ = Via::kSlots;      // of the round in progress
+  absl::Duration read_delay_;  // set_read_delay_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
   int spin_budget_us_;
@@ -225,7 +254,7 @@ class ShmCommunicator : public Communicator {
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;
-  uint64_t path_tag_ = 0;  // meta word compared in first rounds: 1 = direct
+  uint64_t path_tag_ = 0;  // compared in first rounds: 1 = direct
   const char* last_path_ = "slots";
   PeerMappings peer_maps_;
   std::vector<char> scratch_;

@@ -153,6 +153,75 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "small rounds (lanes, no wait for the previous round's readers) interleaved with slot "
+    "rounds stay right when one rank lags") {
+  // Each rank runs the same sequence of all_reduce, broadcast, all_gather
+  // and barrier with sizes on both sides of the lane (1 KiB): a rank that
+  // finished round k may write round k+1 while a lagging rank still reads
+  // round k. One rank per iteration waits 200 us between seeing every
+  // arrival and reading, so every rank is sometimes the laggard.
+  for (int world = 2; world <= 4; ++world) {
+    INFO("world " << world);
+    Errors errors;
+    RunRanks(world, 4096, [&](ShmCommunicator& c) {
+      const int r = c.rank(), n = c.size();
+      const size_t counts[] = {1, 200, 256, 257, 300, 1000, 3000};
+      for (int it = 0; it < 400; ++it) {
+        size_t count = counts[(it + it / 4) % 7];
+        std::vector<int32_t> v(count);
+        for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(it * 1000 + r * 10 + i);
+        absl::Status s;
+        std::string what;
+        c.set_read_delay_for_testing(it % n == r ? absl::Microseconds(200) : absl::ZeroDuration());
+        switch (it % 4) {
+          case 0: {
+            what = "all_reduce";
+            s = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+            for (size_t i = 0; s.ok() && i < count; ++i) {
+              int32_t want = 0;
+              for (int j = 0; j < n; ++j) want += static_cast<int32_t>(it * 1000 + j * 10 + i);
+              if (v[i] != want) s = absl::InternalError(absl::StrCat("element ", i, ": ", v[i]));
+            }
+            break;
+          }
+          case 1: {
+            what = "broadcast";
+            int root = it % n;
+            s = c.Broadcast(v.data(), count, DType::kInt32, root, Soon());
+            for (size_t i = 0; s.ok() && i < count; ++i) {
+              if (v[i] != static_cast<int32_t>(it * 1000 + root * 10 + i)) {
+                s = absl::InternalError(absl::StrCat("element ", i, ": ", v[i]));
+              }
+            }
+            break;
+          }
+          case 2: {
+            what = "all_gather";
+            std::vector<int32_t> out(count * n, -1);
+            s = c.AllGather(v.data(), out.data(), count, DType::kInt32, Soon());
+            for (size_t i = 0; s.ok() && i < count * n; ++i) {
+              size_t j = i / count, e = i % count;
+              if (out[i] != static_cast<int32_t>(it * 1000 + j * 10 + e)) {
+                s = absl::InternalError(absl::StrCat("element ", i, ": ", out[i]));
+              }
+            }
+            break;
+          }
+          default:
+            what = "barrier";
+            s = c.Barrier(Soon());
+        }
+        if (!s.ok())
+          errors.Add(absl::StrCat("rank ", r, " iteration ", it, " ", what, " of ", count, ": ",
+                                  s.ToString()));
+      }
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
 TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else the slots") {
   for (bool cma : {false, true}) {
     INFO("cma " << cma);

@@ -109,6 +109,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     c->released.store(0);
     c->submitted.store(0);
     c->completed.store(0);
+    c->last_round.store(0);
     c->cpu.store(-1);
     c->gave_up.store(0);
     c->pid.store(0);

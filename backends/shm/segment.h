@@ -40,27 +40,40 @@
 namespace muster {
 
 // What the other members read every round shares one cache line (the
-// round counters, the signature, the path word), and nothing the owner
-// writes at other times does: each round moves this line to a reader once.
+// round counters, the signatures with their path bits), and nothing the
+// owner writes at other times does: each round moves this line to a reader
+// once.
 struct alignas(64) RankControl {
-  std::atomic<uint64_t> arrived;   // last round whose data is in this rank's slot
-  std::atomic<uint64_t> released;  // last round this rank finished reading
-  OpSignature signature;           // of the collective in progress
-  uint32_t path;                   // first rounds: 1 = the direct path (collectives.cc)
-  // The CPU this rank was on when it last waited longer than a moment (-1:
-  // not yet): a waiter does not spin for a rank last seen on its own CPU.
-  std::atomic<int32_t> cpu;
+  std::atomic<uint64_t> arrived;  // last round whose data is in this rank's slot
+  // Last slot round this rank finished reading (lane rounds do not set it:
+  // nobody waits for their readers; the next slot round sets it first).
+  std::atomic<uint64_t> released;
   // The last round this rank gave up on (deadline, abort, a failed read;
   // 0: none). Written only then, so a round that completes moves nothing
   // but the counters (collectives.h: how a round is decided).
   std::atomic<uint64_t> gave_up;
+  // The CPU this rank was on when it last waited longer than a moment (-1:
+  // not yet): a waiter does not spin for a rank last seen on its own CPU.
+  std::atomic<int32_t> cpu;
+  uint32_t unused;
+  // A first round's OpSignature and path (1 = direct) packed in two words
+  // (collectives.cc), one pair per round parity: a round k+1 that need not
+  // wait for the readers of round k does not overwrite what they compare.
+  uint64_t signature[2][2];
   // Read by musterd (progress, musterctl), not by the other members.
   alignas(64) std::atomic<uint64_t> submitted;  // last collective sequence submitted
   std::atomic<uint64_t> completed;              // last collective sequence completed
+  // The last round of the last collective completed (a communicator made
+  // later for this rank resumes there: lane rounds do not set `released`).
+  std::atomic<uint64_t> last_round;
   std::atomic<int32_t> pid;
   alignas(64) uint64_t meta[64];  // small per-round metadata (e.g. split sizes)
+  // The small rounds' buffers, one per round parity (the lanes): a round
+  // whose contributions fit writes lane[k % 2] instead of the slot, so it
+  // need not wait for every reader of round k-1 (they read the other lane).
+  alignas(64) char lane[2][1024];
 };
-static_assert(offsetof(RankControl, gave_up) + sizeof(uint64_t) <= 64,
+static_assert(offsetof(RankControl, signature) + sizeof(RankControl::signature) <= 64,
               "the per-round words share one line");
 
 // One single-producer single-consumer byte ring from one rank to another.
@@ -136,6 +149,9 @@ class GroupSegment {
   SegmentHeader& header() { return *header_; }
   RankControl& rank(int i) { return controls_[i]; }
   char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * header_->slot_bytes; }
+  // Rank i's lane for rounds of parity `parity` (RankControl::lane).
+  char* lane(int i, uint64_t parity) { return controls_[i].lane[parity & 1]; }
+  static constexpr size_t kLaneBytes = sizeof(RankControl::lane[0]);
   // The ring from rank `from` to rank `to`, and its data area.
   MailboxHeader& mailbox(int from, int to);
   char* mailbox_data(int from, int to) {
