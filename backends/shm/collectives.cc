@@ -312,7 +312,8 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
 }
 
 ShmCommunicator::Via ShmCommunicator::ViaFor(size_t bytes) const {
-  return bytes <= GroupSegment::kLaneBytes && !GoesDirect(bytes) ? Via::kLanes : Via::kSlots;
+  if (bytes > GroupSegment::kLaneBytes || GoesDirect(bytes)) return Via::kSlots;
+  return bytes <= GroupSegment::kWordLaneBytes ? Via::kWordLanes : Via::kLanes;
 }
 
 template <typename Write, typename Read>

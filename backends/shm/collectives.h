@@ -9,7 +9,8 @@
 // k, (4) reads what it needs from the slots, (5) publishes released=k.
 // A small round (every rank's contribution fits in a lane, 1 KiB, and is
 // read within the round: barrier, all_reduce, broadcast, reduce,
-// all_gather and gather of small buffers) goes through lane k % 2 instead
+// all_gather and gather of small buffers) goes through lane k % 2 (8 bytes
+// or less: the word lane on the line of `arrived`, read with it) instead
 // and skips steps (1) and (5): a rank in round k saw every rank arrive at
 // k-1, so each finished reading round k-2, the last to use that lane (and
 // the signature words of that parity); a slot round after lane rounds
@@ -157,8 +158,8 @@ class ShmCommunicator : public Communicator {
   // Which buffer a round's contributions go through: the slots, or (when
   // each rank's fits in GroupSegment::kLaneBytes and the op reads them
   // within the round) the lanes, which need no wait for the previous
-  // round's readers.
-  enum class Via { kSlots, kLanes };
+  // round's readers; the word lanes (8 bytes) share the arrival's line.
+  enum class Via { kSlots, kLanes, kWordLanes };
   // One round: write(buffer) fills this rank's buffer, read() reads
   // everyone's through Buffer(j).
   template <typename Write, typename Read>
@@ -166,7 +167,14 @@ class ShmCommunicator : public Communicator {
                      Via via = Via::kSlots);
   // Rank j's buffer in the round in progress (its slot or lane).
   char* Buffer(int j) {
-    return via_ == Via::kLanes ? segment_->lane(j, round_) : segment_->slot(j);
+    switch (via_) {
+      case Via::kWordLanes:
+        return segment_->word_lane(j, round_);
+      case Via::kLanes:
+        return segment_->lane(j, round_);
+      default:
+        return segment_->slot(j);
+    }
   }
   // The lanes if a collective whose ranks each write `bytes` per round may
   // use them (small enough, and not a direct transfer).

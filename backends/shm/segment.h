@@ -40,29 +40,34 @@
 namespace muster {
 
 // What the other members read every round shares one cache line (the
-// round counters, the signatures with their path bits), and nothing the
+// arrival counter, the signatures with their path bits), and nothing the
 // owner writes at other times does: each round moves this line to a reader
 // once.
 struct alignas(64) RankControl {
-  std::atomic<uint64_t> arrived;  // last round whose data is in this rank's slot
-  // Last slot round this rank finished reading (lane rounds do not set it:
-  // nobody waits for their readers; the next slot round sets it first).
-  std::atomic<uint64_t> released;
+  std::atomic<uint64_t> arrived;  // last round whose data is in this rank's slot or lane
   // The last round this rank gave up on (deadline, abort, a failed read;
   // 0: none). Written only then, so a round that completes moves nothing
   // but the counters (collectives.h: how a round is decided).
   std::atomic<uint64_t> gave_up;
-  // The CPU this rank was on when it last waited longer than a moment (-1:
-  // not yet): a waiter does not spin for a rank last seen on its own CPU.
-  std::atomic<int32_t> cpu;
-  uint32_t unused;
   // A first round's OpSignature and path (1 = direct) packed in two words
   // (collectives.cc), one pair per round parity: a round k+1 that need not
   // wait for the readers of round k does not overwrite what they compare.
   uint64_t signature[2][2];
+  // The smallest rounds' lanes (contributions of at most 8 bytes: a scalar
+  // all_reduce), one per parity, on this line: read with `arrived`.
+  alignas(8) char word_lane[2][8];
+  // Last slot round this rank finished reading (lane rounds do not set it:
+  // nobody waits for their readers; the next slot round sets it first). On
+  // a line of its own: storing it does not take the line above from the
+  // peers that spin on `arrived`.
+  alignas(64) std::atomic<uint64_t> released;
+  // The CPU this rank was on when it last waited longer than a moment (-1:
+  // not yet): a waiter does not spin for a rank last seen on its own CPU
+  // (read only by a waiter that polled a while).
+  alignas(64) std::atomic<int32_t> cpu;
   // Read by musterd (progress, musterctl), not by the other members.
-  alignas(64) std::atomic<uint64_t> submitted;  // last collective sequence submitted
-  std::atomic<uint64_t> completed;              // last collective sequence completed
+  std::atomic<uint64_t> submitted;  // last collective sequence submitted
+  std::atomic<uint64_t> completed;  // last collective sequence completed
   // The last round of the last collective completed (a communicator made
   // later for this rank resumes there: lane rounds do not set `released`).
   std::atomic<uint64_t> last_round;
@@ -73,7 +78,7 @@ struct alignas(64) RankControl {
   // need not wait for every reader of round k-1 (they read the other lane).
   alignas(64) char lane[2][1024];
 };
-static_assert(offsetof(RankControl, signature) + sizeof(RankControl::signature) <= 64,
+static_assert(offsetof(RankControl, word_lane) + sizeof(RankControl::word_lane) <= 64,
               "the per-round words share one line");
 
 // One single-producer single-consumer byte ring from one rank to another.
@@ -152,6 +157,9 @@ class GroupSegment {
   // Rank i's lane for rounds of parity `parity` (RankControl::lane).
   char* lane(int i, uint64_t parity) { return controls_[i].lane[parity & 1]; }
   static constexpr size_t kLaneBytes = sizeof(RankControl::lane[0]);
+  // Rank i's word lane for rounds of parity `parity` (RankControl::word_lane).
+  char* word_lane(int i, uint64_t parity) { return controls_[i].word_lane[parity & 1]; }
+  static constexpr size_t kWordLaneBytes = sizeof(RankControl::word_lane[0]);
   // The ring from rank `from` to rank `to`, and its data area.
   MailboxHeader& mailbox(int from, int to);
   char* mailbox_data(int from, int to) {
