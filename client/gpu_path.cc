@@ -50,7 +50,7 @@ std::vector<std::string> DeviceBufferExporter::TakeReleased() {
   return out;
 }
 
-absl::StatusOr<Device> TensorsDevice(const std::vector<const Tensor*>& tensors, const char* what) {
+absl::StatusOr<Device> TensorsDevice(absl::Span<const Tensor* const> tensors, const char* what) {
   int cpu = 0, cuda = 0;
   for (const Tensor* t : tensors) {
     if (t == nullptr) continue;

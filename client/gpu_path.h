@@ -33,6 +33,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "client/cuda_driver.h"
 #include "common/gpu_channel.h"
 #include "muster/world.h"
@@ -66,7 +67,7 @@ class DeviceBufferExporter {
 
 // The device of a call's `tensors` (null entries are skipped; none: CPU).
 // InvalidArgument for mixed devices.
-absl::StatusOr<Device> TensorsDevice(const std::vector<const Tensor*>& tensors, const char* what);
+absl::StatusOr<Device> TensorsDevice(absl::Span<const Tensor* const> tensors, const char* what);
 
 // One GPU collective as the SDK describes it.
 struct GpuCall {

@@ -178,7 +178,7 @@ TraceCall GpuTraceCall(const GpuCall& g) {
 class StreamFence {
  public:
   static absl::StatusOr<std::shared_ptr<StreamFence>> Record(
-      const std::vector<const Tensor*>& tensors) {
+      absl::Span<const Tensor* const> tensors) {
     absl::StatusOr<CudaDriver*> driver = SystemCudaDriver();
     if (!driver.ok()) return driver.status();
     auto fence = std::make_shared<StreamFence>(*driver);
@@ -1268,8 +1268,8 @@ absl::Status ProcessGroup::Impl::DeviceStatus(Device device, const char* what) c
 }
 
 std::shared_ptr<Work> ProcessGroup::Impl::Route(Routed* routed, const char* what,
-                                                const std::vector<const Tensor*>& tensors,
-                                                const std::function<GpuCall()>& make_call) {
+                                                absl::Span<const Tensor* const> tensors,
+                                                absl::FunctionRef<GpuCall()> make_call) {
   absl::StatusOr<Device> on = TensorsDevice(tensors, what);
   if (!on.ok()) return Failed(on.status());
   if (absl::Status s = DeviceStatus(*on, what); !s.ok()) return Failed(s);
@@ -1282,7 +1282,7 @@ std::shared_ptr<Work> ProcessGroup::Impl::Route(Routed* routed, const char* what
 }
 
 absl::StatusOr<std::shared_ptr<StreamFence>> ProcessGroup::Impl::FenceFor(
-    Device device, const std::vector<const Tensor*>& tensors) const {
+    Device device, absl::Span<const Tensor* const> tensors) const {
   if (device != Device::kCuda || daemon_gpu_) return nullptr;
   return StreamFence::Record(tensors);
 }

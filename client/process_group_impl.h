@@ -38,10 +38,12 @@
 #include <thread>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "backends/backend.h"
 #include "backends/communicator.h"
 #include "backends/shm/segment.h"
@@ -202,12 +204,12 @@ class ProcessGroup::Impl {
   // it: SubmitGpu(make_call())); else nullptr with *routed set, and the
   // caller submits to that device's communicator (Submit(*routed, op)).
   std::shared_ptr<Work> Route(Routed* routed, const char* what,
-                              const std::vector<const Tensor*>& tensors,
-                              const std::function<GpuCall()>& make_call);
+                              absl::Span<const Tensor* const> tensors,
+                              absl::FunctionRef<GpuCall()> make_call);
   // For CUDA `tensors` on an in-process "cuda" backend: events recorded
   // now on their streams (null otherwise).
   absl::StatusOr<std::shared_ptr<StreamFence>> FenceFor(
-      Device device, const std::vector<const Tensor*>& tensors) const;
+      Device device, absl::Span<const Tensor* const> tensors) const;
   // OK if the group has a backend for `device`, else why not.
   absl::Status DeviceStatus(Device device, const char* what) const;
   // The group's "cuda" backend is musterd's NCCL (calls go through SubmitGpu).
