@@ -311,31 +311,64 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
   }
 }
 
+namespace {
+
+// Slot parts (Via::kSlotParts): a collective is parted when it fills at
+// least two of the smallest parts, a 64th of a slot (64 KiB of the default
+// 4 MiB slot). A part is an eighth of the collective's bytes, between a
+// 64th and an eighth of a slot, in whole cache lines.
+size_t PartBytes(size_t slot_bytes, size_t bytes) {
+  size_t smallest = slot_bytes / 64 / 64 * 64, largest = slot_bytes / 8 / 64 * 64;
+  size_t eighth = (bytes / 8 + 63) / 64 * 64;
+  return std::clamp(eighth, smallest, largest);
+}
+
+bool Parted(size_t slot_bytes, size_t bytes) {
+  size_t smallest = slot_bytes / 64 / 64 * 64;
+  return smallest > 0 && bytes >= 2 * smallest;
+}
+
+}  // namespace
+
 ShmCommunicator::Via ShmCommunicator::ViaFor(size_t bytes) const {
-  if (bytes > GroupSegment::kLaneBytes || GoesDirect(bytes)) return Via::kSlots;
+  if (bytes > GroupSegment::kLaneBytes || GoesDirect(bytes)) return SlotsVia(bytes);
   return bytes <= GroupSegment::kWordLaneBytes ? Via::kWordLanes : Via::kLanes;
+}
+
+ShmCommunicator::Via ShmCommunicator::SlotsVia(size_t bytes) const {
+  return Parted(segment_->slot_bytes(), bytes) ? Via::kSlotParts : Via::kSlots;
+}
+
+size_t ShmCommunicator::ChunkFor(size_t bytes, size_t es) const {
+  size_t slot = segment_->slot_bytes();
+  return std::max<size_t>(1, (Parted(slot, bytes) ? PartBytes(slot, bytes) : slot) / es);
 }
 
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time deadline, Write write,
-                                    Read read, Via via) {
+                                    Read read, Via via, SlotPart part) {
   uint64_t k = ++round_;
   via_ = via;
+  part_offset_ = part.offset;
+  const bool slots = via == Via::kSlots || via == Via::kSlotParts;
   RankControl& me = segment_->rank(rank_);
   // A broken group fails every later collective at once, on every member.
   if (segment_->aborted() && !segment_->locally_aborted()) {
     return segment_->AbortStatus(
         absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
   }
-  if (via == Via::kSlots) {
+  if (slots) {
     // After lane rounds this rank's release is published here (it finished
     // reading round k-1 when it returned from it).
     if (me.released.load(std::memory_order_relaxed) < k - 1) {
       me.released.store(k - 1, std::memory_order_release);
       segment_->WakeSleepers();
     }
+    // The readers of the round that last used this buffer (the previous
+    // one, or for a slot part the round that used the same part).
+    const uint64_t read_round = k > part.lag ? k - part.lag : 0;
     if (absl::Status s =
-            WaitAll(&RankControl::released, k - 1, deadline, "finish the previous round");
+            WaitAll(&RankControl::released, read_round, deadline, "finish the previous round");
         !s.ok()) {
       return s;
     }
@@ -374,7 +407,7 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
   // A lane round's release is not published: nobody waits for it, and the
   // store would pull this line from the peers spinning on it for `arrived`
   // once more per round.
-  if (via == Via::kSlots) {
+  if (slots) {
     me.released.store(k, std::memory_order_release);
     segment_->WakeSleepers();
   }
@@ -384,15 +417,26 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count, size_t chunk,
                                       absl::Time deadline, Write write, Read read, size_t start,
-                                      Via via) {
+                                      Via via, size_t es) {
   if (start > 0 && start >= count) return absl::OkStatus();
+  // Slot parts: piece p goes through part p mod `parts`, last used (and
+  // read) `parts` rounds before; the first pieces only wait for the
+  // rounds before the collective (the exchange round was piece 0's).
+  const size_t parts =
+      via == Via::kSlotParts ? std::max<size_t>(1, segment_->slot_bytes() / (chunk * es)) : 1;
   size_t off = start;
   bool first = true;
   do {  // at least one round, so zero-length collectives still synchronize
     size_t len = std::min(chunk, count - off);
+    const size_t piece = off / chunk;
+    SlotPart part;
+    if (via == Via::kSlotParts) {
+      part.lag = std::min(piece + 1, parts);
+      part.offset = piece % parts * chunk * es;
+    }
     absl::Status s = Round(
         first ? signature : nullptr, deadline, [&](char* buffer) { write(buffer, off, len); },
-        [&] { return read(off, len); }, via);
+        [&] { return read(off, len); }, via, part);
     if (!s.ok()) return s;
     first = false;
     off += len;
@@ -567,7 +611,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   // chunk instead of one, but each rank moves ~3 chunk sizes instead of n+2.
   bool small = size_ == 1 || count * es <= segment_->slot_bytes() / 2;
   size_t half = segment_->slot_bytes() / 2;
-  size_t chunk = small ? segment_->slot_bytes() / es : half / es;
+  size_t chunk = small ? ChunkFor(count * es, es) : half / es;
   auto segment = [this](size_t len, int r, size_t* seg_off) {
     size_t seg = len / size_;
     *seg_off = seg * r;
@@ -676,8 +720,8 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
     }
   }
   if (small) {
-    Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
-    return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start, via));
+    Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
+    return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start, via, es));
   }
   size_t off = 0;
   while (off < count) {
@@ -705,7 +749,7 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   const OpSignature* first = &sig;
-  size_t chunk = segment_->slot_bytes() / es;
+  size_t chunk = ChunkFor(count * es, es);
   auto write = [&](char* slot, size_t off, size_t len) {
     if (rank_ == root) std::memcpy(slot, bytes + off * es, len * es);
   };
@@ -731,8 +775,8 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via));
+  Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, es));
 }
 
 absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -743,7 +787,7 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   return Finish(Chunked(
-      &sig, count, segment_->slot_bytes() / es, deadline,
+      &sig, count, ChunkFor(count * es, es), deadline,
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, bytes + off * es, len * es); },
       [&](size_t off, size_t len) {
         if (rank_ != root) return absl::OkStatus();
@@ -753,7 +797,7 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
         ReduceFinish(acc, len, dtype, op, size_);
         return absl::OkStatus();
       },
-      0, ViaFor(count * es)));
+      0, ViaFor(count * es), es));
 }
 
 absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
@@ -763,7 +807,7 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const OpSignature* first = &sig;
-  size_t chunk = segment_->slot_bytes() / es;
+  size_t chunk = ChunkFor(count * es, es);
   auto write = [&](char* slot, size_t off, size_t len) {
     std::memcpy(slot, src + off * es, len * es);
   };
@@ -799,8 +843,8 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  Via via = first != nullptr ? ViaFor(count * es) : Via::kSlots;
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via));
+  Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, es));
 }
 
 absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
@@ -811,7 +855,7 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   return Finish(Chunked(
-      &sig, count, segment_->slot_bytes() / es, deadline,
+      &sig, count, ChunkFor(count * es, es), deadline,
       [&](char* slot, size_t off, size_t len) { std::memcpy(slot, src + off * es, len * es); },
       [&](size_t off, size_t len) {
         for (int j = 0; rank_ == root && j < size_; ++j) {
@@ -819,7 +863,7 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
         }
         return absl::OkStatus();
       },
-      0, ViaFor(count * es)));
+      0, ViaFor(count * es), es));
 }
 
 absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,

@@ -159,35 +159,55 @@ class ShmCommunicator : public Communicator {
   // each rank's fits in GroupSegment::kLaneBytes and the op reads them
   // within the round) the lanes, which need no wait for the previous
   // round's readers; the word lanes (8 bytes) share the arrival's line.
-  enum class Via { kSlots, kLanes, kWordLanes };
+  // kSlotParts: a large collective's pieces go through the slots split in
+  // equal parts used in turn, so a rank writes piece p+1 while its peers
+  // still read piece p (a round waits only for the readers of the round
+  // that last used its part: the copies in and out overlap, and each piece
+  // is read while it is still in cache).
+  enum class Via { kSlots, kLanes, kWordLanes, kSlotParts };
+  // Where a kSlotParts round writes: `offset` into each slot, and how many
+  // rounds back (`lag`) the part was last read.
+  struct SlotPart {
+    uint64_t lag = 1;
+    size_t offset = 0;
+  };
   // One round: write(buffer) fills this rank's buffer, read() reads
   // everyone's through Buffer(j).
   template <typename Write, typename Read>
   absl::Status Round(const OpSignature* signature, absl::Time deadline, Write write, Read read,
-                     Via via = Via::kSlots);
-  // Rank j's buffer in the round in progress (its slot or lane).
+                     Via via = Via::kSlots, SlotPart part = {});
+  // Rank j's buffer in the round in progress (its slot, slot part or lane).
   char* Buffer(int j) {
     switch (via_) {
       case Via::kWordLanes:
         return segment_->word_lane(j, round_);
       case Via::kLanes:
         return segment_->lane(j, round_);
+      case Via::kSlotParts:
+        return segment_->slot(j) + part_offset_;
       default:
         return segment_->slot(j);
     }
   }
-  // The lanes if a collective whose ranks each write `bytes` per round may
-  // use them (small enough, and not a direct transfer).
+  // How a collective whose ranks each write `bytes` in all goes through
+  // the segment: the lanes (small enough, and not a direct transfer), slot
+  // parts (at least kMinPartedBytes) or whole slots.
   Via ViaFor(size_t bytes) const;
+  // The same once the exchange round ran: slot parts or whole slots.
+  Via SlotsVia(size_t bytes) const;
+  // Elements of `es` bytes per round for `bytes` in all (each rank's):
+  // a slot part's worth through kSlotParts, else a whole slot's.
+  size_t ChunkFor(size_t bytes, size_t es) const;
   // Runs rounds over [0, count) in pieces of at most `chunk` elements;
   // write(buffer, offset, length) and read(offset, length) handle one piece.
   // `signature` (the first round's) is null when an earlier round of the
   // collective already carried it.
-  // `start`: elements already moved (by the exchange round).
+  // `start`: elements already moved (by the exchange round, which used the
+  // first part).
   template <typename Write, typename Read>
   absl::Status Chunked(const OpSignature* signature, size_t count, size_t chunk,
                        absl::Time deadline, Write write, Read read, size_t start = 0,
-                       Via via = Via::kSlots);
+                       Via via = Via::kSlots, size_t es = 1);
 
   // kSlotsFirstDone: the slots, and the exchange round already was the
   // slot path's first round (no rank's buffer is read directly).
@@ -243,6 +263,7 @@ class ShmCommunicator : public Communicator {
   std::vector<int> global_ranks_;
   uint64_t round_ = 0;
   Via via_ = Via::kSlots;      // of the round in progress
+  size_t part_offset_ = 0;     // of a kSlotParts round in progress
   absl::Duration read_delay_;  // set_read_delay_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;

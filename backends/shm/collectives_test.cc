@@ -100,55 +100,60 @@ class Buffer {
 
 TEST_CASE(
     "every reducing op x dtype x reduce op, broadcast and all_gather at world 1-4 match the "
-    "reference over the slots, shared buffers and cross-memory attach") {
+    "reference over the slots (parts and whole), shared buffers and cross-memory attach") {
   using conformance::Case;
   using conformance::Kind;
-  for (Path path : {Path::kSlots, Path::kMapped, Path::kCma, Path::kExchange}) {
-    for (int world = 1; world <= 4; ++world) {
-      INFO(PathName(path) << " world " << world);
-      Errors errors;
-      RunRanks(world, 4096, [&](ShmCommunicator& c) {
-        c.set_direct_options(Force(path));
-        int r = c.rank(), n = c.size();
-        // Direct paths need a peer to read; at world 1 everything is local.
-        std::string want_path = n == 1 ? "slots" : PathName(path);
-        int salt = 0;
-        for (size_t count : {size_t{1}, size_t{37}, size_t{1500}}) {
-          for (int d = 0; d < kNumDTypes; ++d) {
-            DType dtype = static_cast<DType>(d);
-            std::vector<Case> cases = {{Kind::kBroadcast, dtype, ReduceOp::kSum, count, n - 1},
-                                       {Kind::kAllGather, dtype, ReduceOp::kSum, count}};
-            for (int o = 0; o < kNumReduceOps; ++o) {
-              for (Kind kind : {Kind::kAllReduce, Kind::kReduce, Kind::kReduceScatter}) {
-                cases.push_back({kind, dtype, static_cast<ReduceOp>(o), count, n - 1});
+  // 4 KiB slots: collectives of 128 bytes and more go through slot parts
+  // (several pieces, a part each); 1 MiB slots: every size here fits one
+  // whole slot.
+  for (uint64_t slot_bytes : {uint64_t{4096}, uint64_t{1} << 20}) {
+    for (Path path : {Path::kSlots, Path::kMapped, Path::kCma, Path::kExchange}) {
+      for (int world = 1; world <= 4; ++world) {
+        INFO(PathName(path) << " world " << world << " slot " << slot_bytes);
+        Errors errors;
+        RunRanks(world, slot_bytes, [&](ShmCommunicator& c) {
+          c.set_direct_options(Force(path));
+          int r = c.rank(), n = c.size();
+          // Direct paths need a peer to read; at world 1 everything is local.
+          std::string want_path = n == 1 ? "slots" : PathName(path);
+          int salt = 0;
+          for (size_t count : {size_t{1}, size_t{37}, size_t{1500}}) {
+            for (int d = 0; d < kNumDTypes; ++d) {
+              DType dtype = static_cast<DType>(d);
+              std::vector<Case> cases = {{Kind::kBroadcast, dtype, ReduceOp::kSum, count, n - 1},
+                                         {Kind::kAllGather, dtype, ReduceOp::kSum, count}};
+              for (int o = 0; o < kNumReduceOps; ++o) {
+                for (Kind kind : {Kind::kAllReduce, Kind::kReduce, Kind::kReduceScatter}) {
+                  cases.push_back({kind, dtype, static_cast<ReduceOp>(o), count, n - 1});
+                }
+              }
+              // Buffers in shared allocations (kMapped) or the heap, starting
+              // one element in when count is 37 (not 64-byte aligned).
+              size_t skew = count == 37 ? DTypeSize(dtype) : 0;
+              std::vector<std::unique_ptr<Buffer>> buffers;
+              auto allocate = [&](size_t bytes) {
+                buffers.push_back(std::make_unique<Buffer>(path == Path::kMapped, bytes, skew));
+                return buffers.back()->data();
+              };
+              for (Case& k : cases) {
+                if (!k.Valid()) continue;
+                k.salt = ++salt;
+                std::string out;
+                absl::Status s = conformance::RunCase(c, k, Soon(), &out, allocate);
+                buffers.clear();
+                std::string tag = absl::StrCat("rank ", r, " ", k.Describe(), ": ", s.ToString(),
+                                               " path ", c.last_path());
+                auto want = conformance::Expected(k, n, r);
+                if (!s.ok() || (want.has_value() && out != *want)) errors.Add(tag);
+                // reduce always goes through the slots.
+                if (k.kind != Kind::kReduce && c.last_path() != want_path) errors.Add(tag);
               }
             }
-            // Buffers in shared allocations (kMapped) or the heap, starting
-            // one element in when count is 37 (not 64-byte aligned).
-            size_t skew = count == 37 ? DTypeSize(dtype) : 0;
-            std::vector<std::unique_ptr<Buffer>> buffers;
-            auto allocate = [&](size_t bytes) {
-              buffers.push_back(std::make_unique<Buffer>(path == Path::kMapped, bytes, skew));
-              return buffers.back()->data();
-            };
-            for (Case& k : cases) {
-              if (!k.Valid()) continue;
-              k.salt = ++salt;
-              std::string out;
-              absl::Status s = conformance::RunCase(c, k, Soon(), &out, allocate);
-              buffers.clear();
-              std::string tag = absl::StrCat("rank ", r, " ", k.Describe(), ": ", s.ToString(),
-                                             " path ", c.last_path());
-              auto want = conformance::Expected(k, n, r);
-              if (!s.ok() || (want.has_value() && out != *want)) errors.Add(tag);
-              // reduce always goes through the slots.
-              if (k.kind != Kind::kReduce && c.last_path() != want_path) errors.Add(tag);
-            }
           }
-        }
-      });
-      INFO(errors.first);
-      CHECK(errors.count == 0);
+        });
+        INFO(errors.first);
+        CHECK(errors.count == 0);
+      }
     }
   }
 }
