@@ -417,13 +417,13 @@ absl::Status ShmCommunicator::Round(const OpSignature* signature, absl::Time dea
 template <typename Write, typename Read>
 absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count, size_t chunk,
                                       absl::Time deadline, Write write, Read read, size_t start,
-                                      Via via, size_t es) {
+                                      Via via, size_t part_bytes) {
   if (start > 0 && start >= count) return absl::OkStatus();
   // Slot parts: piece p goes through part p mod `parts`, last used (and
   // read) `parts` rounds before; the first pieces only wait for the
   // rounds before the collective (the exchange round was piece 0's).
   const size_t parts =
-      via == Via::kSlotParts ? std::max<size_t>(1, segment_->slot_bytes() / (chunk * es)) : 1;
+      via == Via::kSlotParts ? std::max<size_t>(1, segment_->slot_bytes() / part_bytes) : 1;
   size_t off = start;
   bool first = true;
   do {  // at least one round, so zero-length collectives still synchronize
@@ -432,7 +432,7 @@ absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count
     SlotPart part;
     if (via == Via::kSlotParts) {
       part.lag = std::min(piece + 1, parts);
-      part.offset = piece % parts * chunk * es;
+      part.offset = piece % parts * part_bytes;
     }
     absl::Status s = Round(
         first ? signature : nullptr, deadline, [&](char* buffer) { write(buffer, off, len); },
@@ -603,15 +603,17 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   const OpSignature* first = &sig;
-  // The slot paths. Small: one round; every rank reduces the whole chunk
+  // The slot paths. Small: a round per piece; every rank reduces the piece
   // from all slots. Large: reduce-scatter then all-gather per chunk. Each
   // slot is split in an input half and an output half; rank r reduces
   // segment r of the chunk from every input half into its output half (1/n
   // of the work), then everyone copies all segments out. Two rounds per
   // chunk instead of one, but each rank moves ~3 chunk sizes instead of n+2.
+  // Pieces are ChunkFor's (an eighth of the buffer, 64-512 KiB at the
+  // default slot: each piece is read while it is still in cache).
   bool small = size_ == 1 || count * es <= segment_->slot_bytes() / 2;
   size_t half = segment_->slot_bytes() / 2;
-  size_t chunk = small ? ChunkFor(count * es, es) : half / es;
+  size_t chunk = ChunkFor(count * es, es);
   auto segment = [this](size_t len, int r, size_t* seg_off) {
     size_t seg = len / size_;
     *seg_off = seg * r;
@@ -630,10 +632,10 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   auto reduce_segment = [&](size_t, size_t len) {
     size_t seg_off;
     size_t seg_len = segment(len, rank_, &seg_off);
-    char* acc = segment_->slot(rank_) + half + seg_off * es;
-    ReduceInit(acc, segment_->slot(0) + seg_off * es, seg_len, dtype, op, scale);
+    char* acc = Buffer(rank_) + half + seg_off * es;
+    ReduceInit(acc, Buffer(0) + seg_off * es, seg_len, dtype, op, scale);
     for (int j = 1; j < size_; ++j) {
-      ReduceInto(acc, segment_->slot(j) + seg_off * es, seg_len, dtype, op, scale);
+      ReduceInto(acc, Buffer(j) + seg_off * es, seg_len, dtype, op, scale);
     }
     ReduceFinish(acc, seg_len, dtype, op, size_);
     return absl::OkStatus();
@@ -642,8 +644,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
     for (int j = 0; j < size_; ++j) {
       size_t seg_off;
       size_t seg_len = segment(len, j, &seg_off);
-      std::memcpy(bytes + (off + seg_off) * es, segment_->slot(j) + half + seg_off * es,
-                  seg_len * es);
+      std::memcpy(bytes + (off + seg_off) * es, Buffer(j) + half + seg_off * es, seg_len * es);
     }
     return absl::OkStatus();
   };
@@ -721,20 +722,28 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   }
   if (small) {
     Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
-    return Finish(Chunked(first, count, chunk, deadline, copy_in, reduce_all, start, via, es));
+    return Finish(
+        Chunked(first, count, chunk, deadline, copy_in, reduce_all, start, via, chunk * es));
   }
+  // A piece's first round needs no wait for the previous piece's gather:
+  // that round reads only the output halves, which this round writes after
+  // every rank arrived (so finished it); the input halves were last read a
+  // round before. The first piece waits for the rounds before the
+  // collective as usual.
   size_t off = 0;
   while (off < count) {
     size_t len = std::min(chunk, count - off);
+    SlotPart part{off == 0 ? 1u : 2u, 0};
     absl::Status s;
     if (off > 0 || start == 0) {  // else the exchange round was this round
       s = Round(
           first, deadline, [&](char* slot) { copy_in(slot, off, len); },
-          [&] { return reduce_segment(off, len); });
+          [&] { return reduce_segment(off, len); }, Via::kSlotParts, part);
       if (!s.ok()) return Finish(s);
     }
     s = Round(
-        nullptr, deadline, [](char*) {}, [&] { return gather_segments(off, len); });
+        nullptr, deadline, [](char*) {}, [&] { return gather_segments(off, len); }, Via::kSlotParts,
+        part);
     if (!s.ok()) return Finish(s);
     first = nullptr;
     off += len;
@@ -776,7 +785,7 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
     }
   }
   Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, es));
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, chunk * es));
 }
 
 absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, ReduceOp op,
@@ -797,7 +806,7 @@ absl::Status ShmCommunicator::Reduce(void* data, size_t count, DType dtype, Redu
         ReduceFinish(acc, len, dtype, op, size_);
         return absl::OkStatus();
       },
-      0, ViaFor(count * es), es));
+      0, ViaFor(count * es), ChunkFor(count * es, es) * es));
 }
 
 absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count, DType dtype,
@@ -844,7 +853,7 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
     }
   }
   Via via = first != nullptr ? ViaFor(count * es) : SlotsVia(count * es);
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, es));
+  return Finish(Chunked(first, count, chunk, deadline, write, read, start, via, chunk * es));
 }
 
 absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DType dtype, int root,
@@ -863,7 +872,7 @@ absl::Status ShmCommunicator::Gather(const void* in, void* out, size_t count, DT
         }
         return absl::OkStatus();
       },
-      0, ViaFor(count * es), es));
+      0, ViaFor(count * es), ChunkFor(count * es, es) * es));
 }
 
 absl::Status ShmCommunicator::Scatter(const void* in, void* out, size_t count, DType dtype,
@@ -892,7 +901,10 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   if (absl::Status s = CheckReduce(dtype, op); !s.ok()) return s;
   OpSignature sig = Begin(CollectiveKind::kReduceScatter, dtype, count, -1, op);
   size_t es = DTypeSize(dtype);
-  size_t chunk = std::max<size_t>(1, segment_->slot_bytes() / es / size_);
+  // Each round moves `chunk` elements for every rank: a slot part (or the
+  // whole slot) holds size_ blocks.
+  const Via via = SlotsVia(count * es * size_);
+  size_t chunk = std::max<size_t>(1, ChunkFor(count * es * size_, es) / size_);
   const char* src = static_cast<const char*>(in);
   char* dst = static_cast<char*>(out);
   const OpSignature* first = &sig;
@@ -904,9 +916,9 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   auto read = [&](size_t off, size_t len) {
     char* acc = dst + off * es;
     size_t region = rank_ * chunk * es;
-    ReduceInit(acc, segment_->slot(0) + region, len, dtype, op, scale);
+    ReduceInit(acc, Buffer(0) + region, len, dtype, op, scale);
     for (int j = 1; j < size_; ++j) {
-      ReduceInto(acc, segment_->slot(j) + region, len, dtype, op, scale);
+      ReduceInto(acc, Buffer(j) + region, len, dtype, op, scale);
     }
     ReduceFinish(acc, len, dtype, op, size_);
     return absl::OkStatus();
@@ -954,7 +966,8 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
       if (!s.ok() || !fallback) return Finish(s);
     }
   }
-  return Finish(Chunked(first, count, chunk, deadline, write, read, start));
+  return Finish(
+      Chunked(first, count, chunk, deadline, write, read, start, via, chunk * es * size_));
 }
 
 absl::Status ShmCommunicator::AllToAll(const void* in, const std::vector<size_t>& send_counts,

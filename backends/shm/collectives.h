@@ -203,11 +203,11 @@ class ShmCommunicator : public Communicator {
   // `signature` (the first round's) is null when an earlier round of the
   // collective already carried it.
   // `start`: elements already moved (by the exchange round, which used the
-  // first part).
+  // first part). kSlotParts: `part_bytes` of each slot per round.
   template <typename Write, typename Read>
   absl::Status Chunked(const OpSignature* signature, size_t count, size_t chunk,
                        absl::Time deadline, Write write, Read read, size_t start = 0,
-                       Via via = Via::kSlots, size_t es = 1);
+                       Via via = Via::kSlots, size_t part_bytes = 0);
 
   // kSlotsFirstDone: the slots, and the exchange round already was the
   // slot path's first round (no rank's buffer is read directly).

@@ -159,27 +159,28 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "small rounds (lanes, no wait for the previous round's readers) interleaved with slot "
-    "rounds stay right when one rank lags") {
-  // Each rank runs the same sequence of all_reduce, broadcast, all_gather
-  // and barrier with sizes on both sides of the lane (1 KiB): a rank that
-  // finished round k may write round k+1 while a lagging rank still reads
-  // round k. One rank per iteration waits 200 us between seeing every
-  // arrival and reading, so every rank is sometimes the laggard.
+    "small rounds (lanes) and parted rounds (slot parts), neither waiting for the previous "
+    "round's readers, interleaved with slot rounds stay right when one rank lags") {
+  // Each rank runs the same sequence of all_reduce, broadcast, all_gather,
+  // reduce_scatter, reduce and barrier with sizes on both sides of the lane
+  // (1 KiB) and of the parts (128 bytes of the 4 KiB slots here): a rank
+  // that finished round k may write round k+1 while a lagging rank still
+  // reads round k. One rank per iteration waits 200 us between seeing
+  // every arrival and reading, so every rank is sometimes the laggard.
   for (int world = 2; world <= 4; ++world) {
     INFO("world " << world);
     Errors errors;
     RunRanks(world, 4096, [&](ShmCommunicator& c) {
       const int r = c.rank(), n = c.size();
       const size_t counts[] = {1, 200, 256, 257, 300, 1000, 3000};
-      for (int it = 0; it < 400; ++it) {
-        size_t count = counts[(it + it / 4) % 7];
+      for (int it = 0; it < 600; ++it) {
+        size_t count = counts[(it + it / 6) % 7];
         std::vector<int32_t> v(count);
         for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(it * 1000 + r * 10 + i);
         absl::Status s;
         std::string what;
         c.set_read_delay_for_testing(it % n == r ? absl::Microseconds(200) : absl::ZeroDuration());
-        switch (it % 4) {
+        switch (it % 6) {
           case 0: {
             what = "all_reduce";
             s = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
@@ -210,6 +211,36 @@ TEST_CASE(
               if (out[i] != static_cast<int32_t>(it * 1000 + j * 10 + e)) {
                 s = absl::InternalError(absl::StrCat("element ", i, ": ", out[i]));
               }
+            }
+            break;
+          }
+          case 3: {
+            what = "reduce_scatter";
+            std::vector<int32_t> in(count * n), out(count, -1);
+            for (size_t i = 0; i < count * n; ++i) {
+              in[i] = static_cast<int32_t>(it * 1000 + r * 10 + i);
+            }
+            s = c.ReduceScatter(in.data(), out.data(), count, DType::kInt32, ReduceOp::kSum, 1,
+                                Soon());
+            for (size_t i = 0; s.ok() && i < count; ++i) {
+              int32_t want = 0;
+              for (int j = 0; j < n; ++j) {
+                want += static_cast<int32_t>(it * 1000 + j * 10 + r * count + i);
+              }
+              if (out[i] != want) {
+                s = absl::InternalError(absl::StrCat("element ", i, ": ", out[i]));
+              }
+            }
+            break;
+          }
+          case 4: {
+            what = "reduce";
+            int root = (it / 5) % n;
+            s = c.Reduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, root, Soon());
+            for (size_t i = 0; s.ok() && r == root && i < count; ++i) {
+              int32_t want = 0;
+              for (int j = 0; j < n; ++j) want += static_cast<int32_t>(it * 1000 + j * 10 + i);
+              if (v[i] != want) s = absl::InternalError(absl::StrCat("element ", i, ": ", v[i]));
             }
             break;
           }
