@@ -191,13 +191,17 @@ class ShmCommunicator : public Communicator {
   }
   // How a collective whose ranks each write `bytes` in all goes through
   // the segment: the lanes (small enough, and not a direct transfer), slot
-  // parts (at least kMinPartedBytes) or whole slots.
+  // parts (at least two of the smallest, a 64th of a slot: 128 KiB at the
+  // default 4 MiB) or whole slots.
   Via ViaFor(size_t bytes) const;
   // The same once the exchange round ran: slot parts or whole slots.
   Via SlotsVia(size_t bytes) const;
-  // Elements of `es` bytes per round for `bytes` in all (each rank's):
-  // a slot part's worth through kSlotParts, else a whole slot's.
-  size_t ChunkFor(size_t bytes, size_t es) const;
+  // Elements of `es` bytes per round for `bytes` in all (each rank's): a
+  // slot part's worth (an eighth of `bytes`, at least the smallest part, a
+  // `divisor`th of a slot, and at most an eighth of a slot) when parted,
+  // else a whole slot's.
+  size_t ChunkFor(size_t bytes, size_t es, int divisor = 64) const;
+  size_t SmallestPart(int divisor) const;
   // Runs rounds over [0, count) in pieces of at most `chunk` elements;
   // write(buffer, offset, length) and read(offset, length) handle one piece.
   // `signature` (the first round's) is null when an earlier round of the
