@@ -159,11 +159,11 @@ class ShmCommunicator : public Communicator {
   // each rank's fits in GroupSegment::kLaneBytes and the op reads them
   // within the round) the lanes, which need no wait for the previous
   // round's readers; the word lanes (8 bytes) share the arrival's line.
-  // kSlotParts: a large collective's pieces go through the slots split in
-  // equal parts used in turn, so a rank writes piece p+1 while its peers
-  // still read piece p (a round waits only for the readers of the round
-  // that last used its part: the copies in and out overlap, and each piece
-  // is read while it is still in cache).
+  // kSlotParts: a large broadcast's, reduce's or gather's pieces go
+  // through the slots split in equal parts used in turn, so a rank writes
+  // piece p+1 while its peers still read piece p (a round waits only for
+  // the readers of the round that last used its part: the copies in and
+  // out overlap, and each piece is read while it is still in cache).
   enum class Via { kSlots, kLanes, kWordLanes, kSlotParts };
   // Where a kSlotParts round writes: `offset` into each slot, and how many
   // rounds back (`lag`) the part was last read.
@@ -196,6 +196,9 @@ class ShmCommunicator : public Communicator {
   Via ViaFor(size_t bytes) const;
   // The same once the exchange round ran: slot parts or whole slots.
   Via SlotsVia(size_t bytes) const;
+  // `via`, with whole slots for slot parts (collectives where every rank
+  // writes and reads as much: pieces would overlap nothing).
+  static Via WholeSlots(Via via);
   // Elements of `es` bytes per round for `bytes` in all (each rank's): a
   // slot part's worth (an eighth of `bytes`, at least the smallest part, a
   // `divisor`th of a slot, and at most an eighth of a slot) when parted,

@@ -103,9 +103,10 @@ TEST_CASE(
     "reference over the slots (parts and whole), shared buffers and cross-memory attach") {
   using conformance::Case;
   using conformance::Kind;
-  // 4 KiB slots: collectives of 128 bytes and more go through slot parts
-  // (several pieces, a part each); 1 MiB slots: every size here fits one
-  // whole slot.
+  // 4 KiB slots: broadcast and reduce of 128 bytes and more go through
+  // slot parts (several pieces, a part each), all_reduce of more than 256
+  // bytes through reduce-scatter + all-gather pieces; 1 MiB slots: every
+  // size here fits one whole slot (and one all_reduce round).
   for (uint64_t slot_bytes : {uint64_t{4096}, uint64_t{1} << 20}) {
     for (Path path : {Path::kSlots, Path::kMapped, Path::kCma, Path::kExchange}) {
       for (int world = 1; world <= 4; ++world) {
