@@ -45,6 +45,10 @@ struct CollectivesBenchOptions {
   // Check every rank's result with deterministic inputs, once before and once
   // after the timed loop.
   bool verify = false;
+  // Rewrite one byte per cache line of every rank's input before each
+  // timed iteration (outside the timer), as a training step rewrites its
+  // gradients.
+  bool touch = false;
   bool json = false;
   // Buffers from muster::AllocShared (zero-copy collectives) instead of the
   // heap; JSON lines then say "system":"muster-shared".

@@ -33,6 +33,11 @@ void AddCollectiveFlags(FlagSet& flags, CollectiveFlags* f) {
                 "collectives: fill deterministic inputs and check the result on every rank,\n"
                 "once before and once after each timed loop (verified: true/false; else null;\n"
                 "--device cuda always verifies).");
+  flags.AddBool("touch", &f->touch,
+                "collectives: before each timed iteration (outside the timer) every rank\n"
+                "rewrites one byte of each cache line of its input, as a training step\n"
+                "rewrites its gradients (without it the inputs of all_gather and broadcast\n"
+                "stay the same, and in the caches, from one iteration to the next; CPU only).");
   flags.AddBool("shared", &f->shared,
                 "collectives: buffers from muster::AllocShared (peers read them in place)\n"
                 "instead of the heap (CPU buffers only).");

@@ -24,14 +24,15 @@ struct CollectiveFlags {
   std::string dtype = "float32";
   int64_t root = 0;
   bool verify = false;
+  bool touch = false;
   bool shared = false;
   bool trace_compare = false;
   std::string pin = "none";
   std::string device = "cpu";
 };
 
-// Registers --op --bytes --iters --warmup --dtype --root --verify --shared
-// --pin --device, bound to `f`.
+// Registers --op --bytes --iters --warmup --dtype --root --verify --touch
+// --shared --pin --device, bound to `f`.
 void AddCollectiveFlags(FlagSet& flags, CollectiveFlags* f);
 
 // "4,4K,256K,4M,64M": K/M/G (or KiB/MiB/GiB, KB/MB/GB) are powers of 1024;

@@ -4,6 +4,7 @@
  *
  *   mpirun -np 2 bench_mpi_collectives --op all_reduce,barrier \
  *       --bytes 4,4096 --iters 1000,1000 [--warmup N] [--verify] [--dtype float32]
+ *       [--touch]
  *
  * For every op and size: `warmup` untimed and `iters` timed iterations, back
  * to back (no barrier in between). Per iteration the slowest rank's time
@@ -13,6 +14,10 @@
  * broadcast, the gathered output of all_gather and the input of
  * reduce_scatter, rounded down to whole elements (at least one per rank).
  * all_reduce is in place (MPI_IN_PLACE), like muster's and torch's.
+ * --touch: before each timed iteration (outside the timer) the rank writes
+ * one byte of every cache line of its input, as a training step rewrites
+ * its gradients; without it the inputs of all_gather and broadcast stay
+ * the same from one iteration to the next (and stay in the caches).
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -130,6 +135,12 @@ static int case_init(Case* c, int op, long long req, const DType* dt, int n, int
   }
 }
 
+/* --touch: one byte per cache line of the rank's input rewritten. */
+static void case_touch(Case* c) {
+  size_t in_bytes = c->op == ALL_GATHER ? c->count * c->dt.size : c->total_bytes;
+  for (size_t b = 0; c->in != NULL && b < in_bytes; b += 64) c->in[b] ^= 1;
+}
+
 static void case_free(Case* c) {
   free(c->in);
   free(c->out);
@@ -217,11 +228,11 @@ static void usage(void) {
   fprintf(stderr,
           "usage: bench_mpi_collectives [--op all_reduce,broadcast,all_gather,reduce_scatter,"
           "barrier] [--bytes 4,4K,...] [--iters K[,K...]] [--warmup N] [--dtype float32|float64|"
-          "int32|int64] [--verify]\n");
+          "int32|int64] [--verify] [--touch]\n");
 }
 
 int main(int argc, char** argv) {
-  int ops[16], nops = 0, verify = 0, i;
+  int ops[16], nops = 0, verify = 0, touch = 0, i;
   long long bytes[MAX_LIST], iters[MAX_LIST];
   int nbytes = 0, niters = 0;
   long long warmup_flag = -1;
@@ -237,6 +248,7 @@ int main(int argc, char** argv) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
     if (strcmp(a, "--verify") == 0) { verify = 1; continue; }
+    if (strcmp(a, "--touch") == 0) { touch = 1; continue; }
     if (v == NULL) { usage(); MPI_Abort(MPI_COMM_WORLD, 2); }
     ++i;
     if (strcmp(a, "--op") == 0) op_text = v;
@@ -293,6 +305,7 @@ int main(int argc, char** argv) {
       struct rusage ru0, ru1;
       getrusage(RUSAGE_SELF, &ru0);
       for (long long k = 0; k < it; ++k) {
+        if (touch) case_touch(&c);
         double t0 = now_us();
         case_run(&c);
         times[k] = now_us() - t0;

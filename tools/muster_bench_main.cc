@@ -143,7 +143,8 @@ int main(int argc, char** argv) {
       "process per GPU; muster-bench execs muster-bench-gpu (next to it in bazel-bin, or\n"
       "$MUSTER_BENCH_GPU) with the same flags: see muster-bench-gpu --help.\n"
       "\n"
-      "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --shared\n"
+      "Flags of collectives: --op --bytes --iters --warmup --dtype --root --verify --touch "
+      "--shared\n"
       "--pin --json --quick --device. The others are store's.");
   flags.AddString("ops", &ops,
                   "Latency workload: comma-separated ops, each timed from one client.\n"
@@ -240,6 +241,7 @@ int main(int argc, char** argv) {
     c.dtype = coll.dtype;
     c.root = static_cast<int>(coll.root);
     c.verify = coll.verify;
+    c.touch = coll.touch;
     c.json = json;
     c.pin = coll.pin;
     c.shared = coll.shared;
