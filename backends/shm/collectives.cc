@@ -609,7 +609,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   size_t es = DTypeSize(dtype);
   char* bytes = static_cast<char*>(data);
   const OpSignature* first = &sig;
-  // The slot paths. Small: a round per piece; every rank reduces the piece
+  // The slot paths. Small: one round per slot of data; every rank reduces it
   // from all slots. Large: reduce-scatter then all-gather per chunk. Each
   // slot is split in an input half and an output half; rank r reduces
   // segment r of the chunk from every input half into its output half (1/n
