@@ -229,7 +229,7 @@ class Case {
   // One byte of every cache line of this rank's input rewritten (--touch).
   void TouchInputs() {
     if (in_ == nullptr) return;
-    auto* bytes = static_cast<char*>(in_->data());
+    char* bytes = in_->data();
     for (size_t b = 0; b < in_->bytes(); b += 64) bytes[b] ^= 1;
   }
 

@@ -503,8 +503,9 @@ int Main(int argc, char** argv) {
                  coll.op.c_str());
     return 2;
   }
-  if (coll.shared) {
-    std::fprintf(stderr, "muster-bench-gpu: --shared is for CPU buffers, not --device cuda\n");
+  if (coll.shared || coll.touch) {
+    std::fprintf(stderr, "muster-bench-gpu: --%s is for CPU buffers, not --device cuda\n",
+                 coll.shared ? "shared" : "touch");
     return 2;
   }
   Options o;

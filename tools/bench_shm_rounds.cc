@@ -12,6 +12,7 @@
 //                         [--iters 20000] [--passes 3] [--bind cores|none]
 //                         [--json]
 #include <sched.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -185,10 +186,22 @@ int main(int argc, char** argv) {
     children.push_back(pid);
   }
   int failed = children.size() == static_cast<size_t>(o.world) ? 0 : 1;
-  for (pid_t pid : children) {
+  // A rank that fails (or a fork that did not happen) leaves the others
+  // waiting in a round until their deadline: stop the ones still running.
+  auto stop_running = [&children] {
+    for (pid_t pid : children) ::kill(pid, SIGKILL);
+  };
+  if (failed) stop_running();
+  while (!children.empty()) {
     int status = 0;
-    ::waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+    pid_t pid = ::wait(&status);
+    if (pid < 0) break;
+    children.erase(std::remove(children.begin(), children.end(), pid), children.end());
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      if (!failed) std::fprintf(stderr, "bench-shm-rounds: a rank failed; stopping the others\n");
+      failed = 1;
+      stop_running();
+    }
   }
   muster::GroupSegment::Unlink(name);
   return failed;

@@ -3,7 +3,8 @@
 # briefly against a musterd the benchmark starts itself; the run must exit 0
 # and print every row, as a table and as JSON lines. Then
 # `muster-run --nproc-per-node 2 -- muster-bench collectives --quick --verify`:
-# every op at every quick size must run and check correct on both ranks.
+# every op at every quick size must run and check correct on both ranks;
+# --touch with --verify; bench-shm-rounds at world 2 and 3.
 set -uo pipefail
 bench="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/muster-bench"
 [[ -x "$bench" ]] || bench="tools/muster-bench"
@@ -79,6 +80,38 @@ check "collectives json all_reduce" "$cjson" \
   '^\[rank 0\] \{"system":"muster","op":"all_reduce","bytes":4096,"world":2,"dtype":"float32","iters":5,.*"p50_us":[0-9.e+-]+,.*"busbw_gbps":[0-9.e+-]+,"verified":true'
 check "collectives json barrier" "$cjson" \
   '^\[rank 0\] \{"system":"muster","op":"barrier","bytes":0,"world":2,.*"busbw_gbps":null,"verified":true'
+
+# --touch (inputs rewritten before each timed iteration) keeps results right.
+tout="$(MUSTER_SOCKET="$nodaemon" timeout 60 "$run" --nproc-per-node 2 -- \
+          "$bench" collectives --json --verify --touch --op broadcast,all_gather --bytes 300K \
+          --iters 5 2>"$errfile")"
+rc=$?
+echo "$tout"
+[[ $rc -eq 0 ]] || { echo "FAIL: collectives --touch run exited $rc"; cat "$errfile"; fail=1; }
+check "collectives --touch broadcast" "$tout" '"op":"broadcast",.*"verified":true'
+check "collectives --touch all_gather" "$tout" '"op":"all_gather",.*"verified":true'
+"$bench" collectives --touch --trace-compare >/dev/null 2>"$errfile"
+rc=$?
+[[ $rc -eq 2 ]] || { echo "FAIL: --touch --trace-compare exited $rc, not 2"; fail=1; }
+check "--touch --trace-compare refused" "$(cat "$errfile")" "do not go together"
+
+# The shm layer alone: both ops at world 2 and 3, and bad usage refused.
+rounds="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/bench-shm-rounds"
+[[ -x "$rounds" ]] || rounds="tools/bench-shm-rounds"
+for w in 2 3; do
+  rout="$(timeout 60 "$rounds" --world "$w" --iters 200 --passes 2 --json 2>"$errfile")"
+  rc=$?
+  echo "$rout"
+  [[ $rc -eq 0 ]] || { echo "FAIL: bench-shm-rounds --world $w exited $rc"; cat "$errfile"; fail=1; }
+  for op in barrier all_reduce; do
+    check "shm rounds $op world $w" "$rout" \
+      "^\\{\"system\":\"muster-shm\",\"op\":\"$op\",\"world\":$w,.*\"pass\":2,\"iters\":200,\"p50_us\":[0-9.]+"
+  done
+done
+"$rounds" --op gather >/dev/null 2>"$errfile"
+rc=$?
+[[ $rc -eq 2 ]] || { echo "FAIL: bench-shm-rounds --op gather exited $rc, not 2"; fail=1; }
+check "shm rounds bad op" "$(cat "$errfile")" "unknown --op 'gather'"
 
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "PASS"

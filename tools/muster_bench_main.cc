@@ -237,6 +237,12 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "muster-bench: --warmup must be >= 0 (or -1: automatic)\n");
       return 2;
     }
+    if (coll.touch && coll.trace_compare) {
+      std::fprintf(stderr,
+                   "muster-bench: --touch and --trace-compare do not go together (the "
+                   "recorder comparison keeps its inputs)\n");
+      return 2;
+    }
     c.warmup = coll.warmup;
     c.dtype = coll.dtype;
     c.root = static_cast<int>(coll.root);

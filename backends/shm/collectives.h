@@ -204,6 +204,7 @@ class ShmCommunicator : public Communicator {
   // `divisor`th of a slot, and at most an eighth of a slot) when parted,
   // else a whole slot's.
   size_t ChunkFor(size_t bytes, size_t es, int divisor = 64) const;
+  // A `divisor`th of a slot, in whole cache lines.
   size_t SmallestPart(int divisor) const;
   // Runs rounds over [0, count) in pieces of at most `chunk` elements;
   // write(buffer, offset, length) and read(offset, length) handle one piece.
