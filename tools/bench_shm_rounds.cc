@@ -146,7 +146,7 @@ int main(int argc, char** argv) {
   flags.AddString("op", &ops, "Comma-separated ops: barrier, all_reduce (float32 sum).");
   flags.AddInt("bytes", &o.bytes,
                "all_reduce buffer size in bytes (rounded down to floats, >= 4).");
-  flags.AddInt("iters", &o.iters, "Timed calls per op and pass (after iters/10 untimed).");
+  flags.AddInt("iters", &o.iters, "Timed calls per op and pass (after iters/10 untimed), <= 10^7.");
   flags.AddInt("passes", &o.passes, "Passes per op (each reported).");
   flags.AddString("bind", &o.bind, "cores: rank r on the r-th allowed CPU (modulo); none.");
   flags.AddBool("json", &o.json, "One JSON object per line instead of a table.");
@@ -159,10 +159,11 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (o.world < 1 || o.world > 64 || o.iters < 1 || o.passes < 1 || o.bytes < 4 ||
-      o.bytes > (64 << 20) || (o.bind != "cores" && o.bind != "none") || o.ops.empty()) {
+  if (o.world < 1 || o.world > 64 || o.iters < 1 || o.iters > 10000000 || o.passes < 1 ||
+      o.bytes < 4 || o.bytes > (64 << 20) || (o.bind != "cores" && o.bind != "none") ||
+      o.ops.empty()) {
     std::fprintf(stderr,
-                 "bench-shm-rounds: need 1 <= --world <= 64, --iters >= 1, --passes >= 1, "
+                 "bench-shm-rounds: need 1 <= --world <= 64, 1 <= --iters <= 10^7, --passes >= 1, "
                  "4 <= --bytes <= 64 MiB, --bind cores|none and at least one --op\n");
     return 2;
   }
