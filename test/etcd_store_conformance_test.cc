@@ -127,6 +127,38 @@ TEST_CASE("concurrent Adds of one key share read-modify-write rounds", "[etcd]")
   CHECK(store->add_rounds() < uint64_t{kThreads * kAdds});
 }
 
+TEST_CASE("concurrent reads that may join a read in flight all get their answer", "[etcd]") {
+  // ValuesSince lets a caller join a read already sent (since = the past):
+  // the reader hands results out while others keep joining, so a caller
+  // that joined a batch already answered would wait forever. The threads
+  // are detached and counted, so such a lost caller fails the test instead
+  // of hanging it.
+  auto store = NewEtcdStore(FreshPrefix());
+  REQUIRE(store->Set("joined", "value").ok());
+  constexpr int kThreads = 64, kReads = 100;
+  struct Tally {
+    std::atomic<int> finished{0};
+    std::atomic<int> wrong{0};
+  };
+  auto tally = std::make_shared<Tally>();
+  for (int t = 0; t < kThreads; ++t) {
+    std::thread([store, tally, t] {
+      for (int i = 0; i < kReads; ++i) {
+        absl::Time since = (i + t) % 2 ? absl::InfinitePast() : absl::Now();
+        auto v = store->ValuesSince({"joined"}, since);
+        if (!v.ok() || v->size() != 1 || (*v)[0] != "value") ++tally->wrong;
+      }
+      ++tally->finished;
+    }).detach();
+  }
+  absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (tally->finished.load() < kThreads && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(tally->finished.load() == kThreads);
+  CHECK(tally->wrong.load() == 0);
+}
+
 TEST_CASE("concurrent waits on one key share a watch and each times out on its own", "[etcd]") {
   auto store = NewEtcdStore(FreshPrefix());
   constexpr int kWaiters = 16;

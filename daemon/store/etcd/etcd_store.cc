@@ -189,35 +189,39 @@ class EtcdStore::Impl {
                       absl::Time since = absl::InfiniteFuture()) {
     auto self = std::make_shared<PendingRead>();
     std::pair<std::vector<std::string>, bool> id(keys, count_only);
-    absl::MutexLock lock(&read_mu_);
+    read_mu_.Lock();
     ReadQueue& q = reads_[id];
-    if (q.running && q.sent_at >= since) {
+    if (q.running && q.joinable && q.sent_at >= since) {
       q.sent.push_back(self);
     } else {
       q.queued.push_back(self);
     }
     if (q.running) {
-      read_mu_.Unlock();  // as in Add: a notification per waiter
+      read_mu_.Unlock();  // as in Add: a notification per waiter, no re-lock
       self->notified.WaitForNotification();
-      read_mu_.Lock();
       return self->result;
     }
     q.running = true;
     while (!reads_[id].queued.empty()) {
       reads_[id].sent.swap(reads_[id].queued);
       reads_[id].sent_at = absl::Now();
+      reads_[id].joinable = true;
       read_mu_.Unlock();
       ReadResult r = ReadKeysOnce(keys, deadline, count_only);
       read_mu_.Lock();
       std::vector<std::shared_ptr<PendingRead>> batch;
       batch.swap(reads_[id].sent);
+      // No caller may join this batch once its results go out unlocked.
+      reads_[id].joinable = false;
+      read_mu_.Unlock();
       for (const auto& p : batch) {
         p->result = r;
-        p->done = true;
-        p->notified.Notify();
+        if (p != self) p->notified.Notify();
       }
+      read_mu_.Lock();
     }
     reads_.erase(id);
+    read_mu_.Unlock();
     return self->result;
   }
 
@@ -247,34 +251,56 @@ class EtcdStore::Impl {
       }
       if (owner) {
         absl::Status s = once();
-        absl::MutexLock lock(&flight_mu_);
-        flight->status = s;
-        flight->done = true;
-        flights.erase(keys);
+        std::vector<std::shared_ptr<Wake>> waiters;
+        {
+          absl::MutexLock lock(&flight_mu_);
+          flight->status = s;
+          flight->done = true;
+          waiters.swap(flight->waiters);
+          flights.erase(keys);
+        }
+        for (const auto& w : waiters) w->Set();
         return s;
       }
-      absl::MutexLock lock(&flight_mu_);
-      while (!flight->done) {
-        if (cancel != nullptr && cancel->cancelled()) {
+      // Each waiter sleeps on its own Wake (set by the owner when the flight
+      // ends, or by this caller's cancel): hundreds of waiters on one
+      // Mutex condition would be re-evaluated on every unlock and handed the
+      // lock one after another when the key appears.
+      auto wake = std::make_shared<Wake>();
+      // A waiter that stops waiting before its flight ends leaves it.
+      auto leave = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(flight_mu_) {
+        auto& w = flight->waiters;
+        w.erase(std::remove(w.begin(), w.end(), wake), w.end());
+      };
+      bool joined = false;
+      {
+        absl::MutexLock lock(&flight_mu_);
+        joined = !flight->done;
+        if (joined) flight->waiters.push_back(wake);
+      }
+      if (joined) {
+        if (cancel != nullptr && !cancel->SetOnCancel([wake] { wake->Set(); })) {
+          absl::MutexLock lock(&flight_mu_);
+          leave();
           return absl::CancelledError("wait cancelled");
         }
-        if (absl::Now() >= deadline) break;
-        // Slices only to notice this caller's cancel; the keys come from the
-        // owner's watch.
-        flight_mu_.AwaitWithDeadline(absl::Condition(&flight->done),
-                                     std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+        wake->WaitUntil(deadline);  // the flight's end, this caller's cancel or deadline
+        if (cancel != nullptr) cancel->ClearOnCancel();
       }
+      absl::MutexLock lock(&flight_mu_);
+      if (!flight->done) leave();
       if (flight->done && flight->status.ok()) return absl::OkStatus();
-      if (absl::Now() >= deadline) {
+      if (cancel != nullptr && cancel->cancelled()) return absl::CancelledError("wait cancelled");
+      if (!flight->done) {  // this caller's deadline
         flight_mu_.Unlock();
         absl::Status s = once();  // reads once, then times out
         flight_mu_.Lock();
         return s;
       }
-      if (flight->done && !absl::IsDeadlineExceeded(flight->status) &&
-          !absl::IsCancelled(flight->status)) {
+      if (!absl::IsDeadlineExceeded(flight->status) && !absl::IsCancelled(flight->status)) {
         return flight->status;
       }
+      // The owner gave up (its deadline or cancel): wait in a new flight.
     }
   }
 
@@ -562,15 +588,17 @@ class EtcdStore::Impl {
     auto self = std::make_shared<PendingAdd>();
     self->delta = delta;
     std::string k(key);
-    absl::MutexLock lock(&add_mu_);
+    add_mu_.Lock();
     AddQueue& q = adds_[k];
     q.queued.push_back(self);
     if (q.running) {
-      // Each waiter sleeps on its own notification: with hundreds of them a
-      // shared Mutex::Await would have every unlock re-evaluate them all.
+      // Each waiter sleeps on its own notification (with hundreds of them a
+      // shared Mutex::Await would have every unlock re-evaluate them all)
+      // and reads its result without the lock: the notification orders it,
+      // and hundreds of woken waiters re-taking add_mu_ would form a convoy
+      // that delays the replies and the next round.
       add_mu_.Unlock();
       self->notified.WaitForNotification();
-      add_mu_.Lock();
       return self->result;
     }
     q.running = true;
@@ -612,7 +640,8 @@ class EtcdStore::Impl {
       }
       batches_.fetch_add(1);
       uint64_t running = static_cast<uint64_t>(after) - sum;
-      add_mu_.Lock();
+      // Results handed out without the lock; this thread keeps running
+      // rounds until the queue is empty, so `self` is told last.
       for (const auto& p : batch) {
         if (s.ok()) {
           running += static_cast<uint64_t>(p->delta);
@@ -620,11 +649,12 @@ class EtcdStore::Impl {
         } else {
           p->result = s;
         }
-        p->done = true;
-        p->notified.Notify();
+        if (p != self) p->notified.Notify();
       }
+      add_mu_.Lock();
     }
     adds_.erase(k);
+    add_mu_.Unlock();
     return self->result;
   }
 
@@ -886,7 +916,6 @@ class EtcdStore::Impl {
   void DropToken() { token_.Drop(); }
 
   struct PendingRead {
-    bool done = false;
     absl::Notification notified;
     ReadResult result;
   };
@@ -896,15 +925,30 @@ class EtcdStore::Impl {
     // The batch in flight, and when it was sent.
     std::vector<std::shared_ptr<PendingRead>> sent;
     absl::Time sent_at;
+    bool joinable = false;  // `sent` takes late joiners (until its results go out)
+  };
+  // A flag one thread sleeps on and others set (idempotent).
+  struct Wake {
+    absl::Mutex mu;
+    bool set ABSL_GUARDED_BY(mu) = false;
+    void Set() {
+      absl::MutexLock lock(&mu);
+      set = true;
+    }
+    // False at the deadline.
+    bool WaitUntil(absl::Time deadline) {
+      absl::MutexLock lock(&mu);
+      return mu.AwaitWithDeadline(absl::Condition(&set), deadline);
+    }
   };
   struct Flight {
-    bool done = false;
+    bool done = false;  // guarded by flight_mu_, like the rest
     absl::Status status;
+    std::vector<std::shared_ptr<Wake>> waiters;  // woken when done
   };
 
   struct PendingAdd {
     int64_t delta = 0;
-    bool done = false;
     absl::Notification notified;
     absl::StatusOr<int64_t> result;
   };
