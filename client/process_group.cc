@@ -1290,11 +1290,12 @@ absl::StatusOr<std::shared_ptr<StreamFence>> ProcessGroup::Impl::FenceFor(
 std::shared_ptr<Work> ProcessGroup::Impl::Submit(const Routed& routed, const TraceCall& call,
                                                  Op op) {
   if (routed.fence == nullptr) return Submit(routed.device, call, std::move(op));
-  return Submit(routed.device, call,
-                [fence = routed.fence, op = std::move(op)](Communicator& c, absl::Time deadline) {
-                  if (absl::Status s = fence->Wait(deadline); !s.ok()) return s;
-                  return op(c, deadline);
-                });
+  return Submit(
+      routed.device, call,
+      [fence = routed.fence, op = std::move(op)](Communicator& c, absl::Time deadline) mutable {
+        if (absl::Status s = fence->Wait(deadline); !s.ok()) return s;
+        return op(c, deadline);
+      });
 }
 
 std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int peer, uint64_t tag) {

@@ -49,6 +49,7 @@
 #include "backends/shm/segment.h"
 #include "backends/shm/trace.h"
 #include "client/gpu_path.h"
+#include "common/small_function.h"
 #include "muster/world.h"
 #include "proto/groups.pb.h"
 
@@ -142,7 +143,8 @@ class Work::Impl {
 
 class ProcessGroup::Impl {
  public:
-  using Op = std::function<absl::Status(Communicator&, absl::Time deadline)>;
+  // A collective to run (move-only; its lambda is kept inline, no malloc).
+  using Op = SmallFunction<absl::Status(Communicator&, absl::Time deadline)>;
 
   // Registers the SDK's built-in backends (once), like a third party's:
   // before a backend config is parsed.
