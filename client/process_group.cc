@@ -1208,13 +1208,23 @@ void ProcessGroup::Impl::Expedite() {
 void ProcessGroup::Impl::RunExecutor() {
   // Runs collectives nobody waits for (asynchronous use), in order. It does
   // not wake on every Submit: a caller that waits runs its own collective
-  // (RunUntil), so the executor polls every millisecond and takes only
-  // collectives that have been queued that long; after 100 ms without work
-  // it sleeps until Submit kicks it. Waking it on every Submit cost a
-  // context switch per collective on a 2-core machine.
+  // (RunUntil), so the executor polls and takes only collectives that have
+  // been queued for kPoll; after 100 ms without work it sleeps until Submit
+  // kicks it. Waking it on every Submit cost a context switch per
+  // collective on a 2-core machine. It polls every kPoll only while it has
+  // run a collective in the last kBusyWindow (asynchronous use, such as
+  // DDP's buckets every step); while every caller runs its own (a
+  // synchronous loop: the queue is never empty for 100 ms, so it never
+  // sleeps) it polls every kSlowPoll: each poll preempts the rank on its
+  // core, and at 1 ms those preemptions set the p99 of a 4-byte all_reduce
+  // (docs/benchmarks.md). The first asynchronous collective after such a
+  // stretch waits up to kSlowPoll for the executor (or its caller's Wait).
   constexpr absl::Duration kPoll = absl::Milliseconds(1);
+  constexpr absl::Duration kSlowPoll = absl::Milliseconds(20);
+  constexpr absl::Duration kBusyWindow = absl::Seconds(2);
   absl::MutexLock lock(&exec_mu_);
   absl::Time idle_since = absl::Now();
+  absl::Time ran_at = absl::InfinitePast();  // the last collective this thread ran
   while (true) {
     if (stopping_) {
       while (running_) exec_cv_.Wait(&exec_mu_);
@@ -1231,7 +1241,8 @@ void ProcessGroup::Impl::RunExecutor() {
     auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
       return stopping_ || (expedite_ && !queue_.empty() && !running_);
     };
-    const absl::Time poll_until = absl::Now() + kPoll;
+    const absl::Time now = absl::Now();
+    const absl::Time poll_until = now + (now - ran_at < kBusyWindow ? kPoll : kSlowPoll);
     while (!woken() && !exec_cv_.WaitWithDeadline(&exec_mu_, poll_until)) {
     }
     if (stopping_) continue;
@@ -1240,7 +1251,9 @@ void ProcessGroup::Impl::RunExecutor() {
       continue;
     }
     idle_since = absl::Now();
-    if (!running_ && (expedite_ || absl::Now() - queue_.front().submitted >= kPoll)) RunHead();
+    if (!running_ && (expedite_ || absl::Now() - queue_.front().submitted >= kPoll) && RunHead()) {
+      ran_at = absl::Now();
+    }
   }
 }
 
