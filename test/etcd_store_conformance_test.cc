@@ -185,6 +185,30 @@ TEST_CASE("concurrent waits on one key share a watch and each times out on its o
         absl::StatusCode::kDeadlineExceeded);
 }
 
+TEST_CASE("a waiter that joined another's watch is cancelled at once while the owner waits on",
+          "[etcd]") {
+  auto store = NewEtcdStore(FreshPrefix());
+  absl::Status first_result, second_result;
+  absl::Duration second_took;
+  std::thread first(
+      [&] { first_result = store->WaitCancellable({"joined-wait"}, absl::Seconds(30), nullptr); });
+  absl::SleepFor(absl::Milliseconds(500));  // the first owns the watch
+  WaitCancel cancel;
+  std::thread second([&] {
+    absl::Time start = absl::Now();
+    second_result = store->WaitCancellable({"joined-wait"}, absl::Seconds(30), &cancel);
+    second_took = absl::Now() - start;
+  });
+  absl::SleepFor(absl::Milliseconds(500));
+  cancel.Cancel();
+  second.join();
+  CHECK(second_result.code() == absl::StatusCode::kCancelled);
+  CHECK(second_took < absl::Seconds(5));  // woken by its cancel, not its 30 s deadline
+  REQUIRE(store->Set("joined-wait", "v").ok());
+  first.join();
+  CHECK(first_result.ok());
+}
+
 TEST_CASE("an unreachable etcd fails calls UNAVAILABLE naming the endpoint", "[etcd]") {
   EtcdStoreOptions options;
   options.endpoints = {"http://127.0.0.1:1"};
