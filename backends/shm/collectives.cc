@@ -88,11 +88,32 @@ size_t Part(size_t count, int n, int r, size_t* off) {
 DirectOptions DirectOptions::FromEnv() {
   DirectOptions o;
   o.mapped_min_bytes = EnvBytes("MUSTER_SHM_MAPPED_MIN_BYTES", o.mapped_min_bytes);
-  o.cma_min_bytes = EnvBytes("MUSTER_SHM_CMA_MIN_BYTES", o.cma_min_bytes);
   if (const char* v = std::getenv("MUSTER_SHM_CMA_MIN_BYTES"); v != nullptr && *v != 0) {
+    o.SetCmaMinBytes(EnvBytes("MUSTER_SHM_CMA_MIN_BYTES", SIZE_MAX));
     o.cma_oversubscribed = true;
   }
   return o;
+}
+
+void DirectOptions::SetCmaMinBytes(size_t min_bytes) {
+  for (ByteRange* r : {&cma_all_reduce, &cma_broadcast, &cma_all_gather, &cma_reduce_scatter}) {
+    *r = ByteRange{min_bytes, SIZE_MAX};
+  }
+}
+
+ByteRange DirectOptions::CmaRange(CollectiveKind kind) const {
+  switch (kind) {
+    case CollectiveKind::kAllReduce:
+      return cma_all_reduce;
+    case CollectiveKind::kBroadcast:
+      return cma_broadcast;
+    case CollectiveKind::kAllGather:
+      return cma_all_gather;
+    case CollectiveKind::kReduceScatter:
+      return cma_reduce_scatter;
+    default:
+      return ByteRange{};
+  }
 }
 
 ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
@@ -451,8 +472,12 @@ absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count
 }
 
 bool ShmCommunicator::GoesDirect(size_t bytes) const {
-  return size_ > 1 && bytes > 0 &&
-         bytes >= std::min(direct_.mapped_min_bytes, direct_.cma_min_bytes);
+  return size_ > 1 && bytes > 0 && (bytes >= direct_.mapped_min_bytes || OffersCma(bytes));
+}
+
+bool ShmCommunicator::OffersCma(size_t bytes) const {
+  return !cma_refused_ && (!oversubscribed_ || direct_.cma_oversubscribed) &&
+         direct_.CmaRange(static_cast<CollectiveKind>(current_.kind)).Contains(bytes);
 }
 
 template <typename WriteFirst, typename ReadFirst>
@@ -469,8 +494,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         SharedRef ref;
         bool shared = FindSharedAllocation(source, bytes, &ref);
         bool needed = root < 0 || root == rank_;
-        bool cma =
-            bytes >= direct_.cma_min_bytes && (!oversubscribed_ || direct_.cma_oversubscribed);
+        bool cma = OffersCma(bytes);
         // Ranks whose buffer will not be read directly write the slot
         // path's first round now: when no rank is shared, that round is
         // done (no extra round for ordinary buffers).
@@ -522,7 +546,9 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
           } else {
             char probe;
             iovec local{&probe, 1}, remote{reinterpret_cast<void*>(p.addr), 1};
-            if (::process_vm_readv(p.pid, &local, 1, &remote, 1, 0) != 1) reached_ = false;
+            if (fail_cma_probe_ || ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0) != 1) {
+              reached_ = false;
+            }
           }
         }
         return absl::OkStatus();
@@ -541,6 +567,9 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
         for (int j = 0; j < size_; ++j) {
           if (segment_->rank(j).meta[kReachedWord] == 0) *fallback = true;
         }
+        // Every rank sees the same words, so all stop offering CMA together
+        // (ranks that disagree on GoesDirect would fail as mismatched).
+        if (*fallback && mode_ == Direct::kCma) cma_refused_ = true;
         if (*fallback) return absl::OkStatus();
         last_path_ = mode_ == Direct::kMapped ? "mapped" : "cma";
         absl::Status st = work();

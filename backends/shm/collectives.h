@@ -81,22 +81,42 @@
 
 namespace muster {
 
+// The buffer sizes [min_bytes, max_bytes] for which a collective takes a path.
+struct ByteRange {
+  size_t min_bytes = SIZE_MAX;
+  size_t max_bytes = SIZE_MAX;
+  bool Contains(size_t bytes) const { return bytes >= min_bytes && bytes <= max_bytes; }
+};
+
 // When collectives go direct (see above); the same on every rank.
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.
   size_t mapped_min_bytes = 64 << 10;
-  // Ordinary buffers: peers read them with process_vm_readv. SIZE_MAX:
-  // never, the default: on the 2-vCPU VM of docs/benchmarks.md the slots
-  // (one copy in, one out) were as fast or faster at every size from
-  // 1 to 64 MiB except 4 MiB at world 2.
-  size_t cma_min_bytes = SIZE_MAX;
+  // Ordinary buffers: peers read them with process_vm_readv when the
+  // collective's buffer is in its range (all_reduce and broadcast: the
+  // buffer; all_gather: each rank's input; reduce_scatter: the whole
+  // input). Elsewhere, and for the other collectives, the slots. The
+  // defaults are where CMA won on the 2-vCPU VM of docs/benchmarks.md
+  // ("Cross-memory attach vs the slots"), world 2: all_gather and
+  // reduce_scatter at every size from those minimums up (up to 2x),
+  // all_reduce from 2 MiB (1.2-1.6x at 2-16 MiB, even below), broadcast
+  // from 32 KiB to under 1 MiB (from 1 MiB the slots, whose copy in and
+  // copy out overlap, were as fast or faster: 1.4x at 64 MiB).
+  ByteRange cma_all_reduce{2 << 20, SIZE_MAX};
+  ByteRange cma_broadcast{32 << 10, (1 << 20) - 1};
+  ByteRange cma_all_gather{16 << 10, SIZE_MAX};
+  ByteRange cma_reduce_scatter{64 << 10, SIZE_MAX};
   // Also when the group has more ranks than the node has CPUs (measured
-  // on 2 vCPUs: CMA loses clearly at world 4, page pinning and more system
-  // calls for the same bytes with every CPU already busy).
+  // on 2 vCPUs: CMA loses at world 4, page pinning and more system calls
+  // for the same bytes with every CPU already busy).
   bool cma_oversubscribed = false;
+  // CMA for every collective above from `min_bytes` up (SIZE_MAX: never).
+  void SetCmaMinBytes(size_t min_bytes);
+  // The CMA range of `kind` (empty for collectives without a CMA path).
+  ByteRange CmaRange(CollectiveKind kind) const;
   // The defaults, overridden by MUSTER_SHM_MAPPED_MIN_BYTES and
-  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"); setting the latter
-  // also sets cma_oversubscribed.
+  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"; the latter replaces
+  // every CMA range by [count, any] and also sets cma_oversubscribed).
   static DirectOptions FromEnv();
 };
 
@@ -119,6 +139,11 @@ class ShmCommunicator : public Communicator {
   // reads (a rank lagging in the middle of a round).
   void set_read_delay_for_testing(absl::Duration delay) { read_delay_ = delay; }
   const DirectOptions& direct_options() const { return direct_; }
+  // Tests: this rank's probes of peers' buffers fail (as process_vm_readv
+  // does where the kernel forbids it).
+  void fail_cma_probe_for_testing() { fail_cma_probe_ = true; }
+  // Whether a failed probe made the group stop offering CMA.
+  bool cma_refused() const { return cma_refused_; }
   // How the last collective moved its data: "slots", "mapped" or "cma".
   const char* last_path() const { return last_path_; }
 
@@ -220,8 +245,11 @@ class ShmCommunicator : public Communicator {
   // kSlotsFirstDone: the slots, and the exchange round already was the
   // slot path's first round (no rank's buffer is read directly).
   enum class Direct { kSlots, kSlotsFirstDone, kMapped, kCma };
-  // Whether a collective of `bytes` per rank exchanges its sources first.
+  // Whether the current collective, of `bytes` (as DirectOptions counts
+  // them), exchanges its sources first.
   bool GoesDirect(size_t bytes) const;
+  // Whether this rank offers CMA for the current collective of `bytes`.
+  bool OffersCma(size_t bytes) const;
   // The first round of a direct collective: publishes this rank's source
   // buffer, agrees on the path; `root` >= 0: only the root's buffer is
   // read. Maps or probes the peers' sources (reached_ says whether it
@@ -291,7 +319,13 @@ class ShmCommunicator : public Communicator {
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;
-  uint64_t path_tag_ = 0;  // compared in first rounds: 1 = direct
+  // A rank's probe of a peer's buffer with process_vm_readv failed (Yama's
+  // ptrace_scope, for one): no rank of the group offers CMA any more (all
+  // learn it in the same round), so later collectives take the slots
+  // without a failed exchange first.
+  bool cma_refused_ = false;
+  bool fail_cma_probe_ = false;  // tests
+  uint64_t path_tag_ = 0;        // compared in first rounds: 1 = direct
   const char* last_path_ = "slots";
   PeerMappings peer_maps_;
   std::vector<char> scratch_;

@@ -68,7 +68,7 @@ const char* PathName(Path p) {
 DirectOptions Force(Path p) {
   DirectOptions o;
   o.mapped_min_bytes = p == Path::kMapped || p == Path::kExchange ? 1 : SIZE_MAX;
-  o.cma_min_bytes = p == Path::kCma ? 1 : SIZE_MAX;
+  o.SetCmaMinBytes(p == Path::kCma ? 1 : SIZE_MAX);
   o.cma_oversubscribed = true;  // world 3 and 4 on small machines too
   return o;
 }
@@ -266,7 +266,7 @@ TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else t
     RunRanks(3, 4096, [&](ShmCommunicator& c) {
       DirectOptions o;
       o.mapped_min_bytes = 1;
-      o.cma_min_bytes = cma ? 1 : SIZE_MAX;
+      o.SetCmaMinBytes(cma ? 1 : SIZE_MAX);
       o.cma_oversubscribed = true;
       c.set_direct_options(o);
       int r = c.rank();
@@ -307,6 +307,113 @@ TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else t
     INFO(errors.first);
     CHECK(errors.count == 0);
   }
+}
+
+TEST_CASE(
+    "the default CMA ranges pick CMA or the slots per collective and size, ordinary buffers") {
+  // Sizes on both sides of each default boundary (DirectOptions). The
+  // results are checked too: a boundary case must be right on either path.
+  struct Probe {
+    CollectiveKind kind;
+    size_t bytes;  // as DirectOptions counts them for the kind
+    const char* path;
+  };
+  const std::vector<Probe> probes = {
+      {CollectiveKind::kAllReduce, 1 << 20, "slots"},
+      {CollectiveKind::kAllReduce, 2 << 20, "cma"},
+      {CollectiveKind::kBroadcast, 16 << 10, "slots"},
+      {CollectiveKind::kBroadcast, 32 << 10, "cma"},
+      {CollectiveKind::kBroadcast, 1 << 20, "slots"},
+      {CollectiveKind::kAllGather, 8 << 10, "slots"},
+      {CollectiveKind::kAllGather, 16 << 10, "cma"},
+      {CollectiveKind::kReduceScatter, 32 << 10, "slots"},
+      {CollectiveKind::kReduceScatter, 64 << 10, "cma"},
+  };
+  Errors errors;
+  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+    DirectOptions o;                // the defaults
+    o.cma_oversubscribed = true;    // world 2 on a 1-CPU machine too
+    o.mapped_min_bytes = SIZE_MAX;  // only CMA goes direct
+    c.set_direct_options(o);
+    const int r = c.rank();
+    for (const Probe& p : probes) {
+      std::string tag = absl::StrCat("rank ", r, " ", CollectiveName(p.kind), " ", p.bytes, " B");
+      size_t n = p.bytes / sizeof(float);
+      std::vector<float> in(n, 0), out;
+      absl::Status s;
+      bool right = true;
+      switch (p.kind) {
+        case CollectiveKind::kAllReduce:
+          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
+          s = c.AllReduce(in.data(), n, DType::kFloat32, ReduceOp::kSum, 1, Soon());
+          for (size_t i = 0; i < n && right; ++i) right = in[i] == 2.0f * (i % 1000) + 1;
+          break;
+        case CollectiveKind::kBroadcast:
+          for (size_t i = 0; i < n; ++i) in[i] = r == 1 ? static_cast<float>(i % 1000) : -1;
+          s = c.Broadcast(in.data(), n, DType::kFloat32, 1, Soon());
+          for (size_t i = 0; i < n && right; ++i) right = in[i] == static_cast<float>(i % 1000);
+          break;
+        case CollectiveKind::kAllGather:
+          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(r * 1000 + i % 1000);
+          out.assign(2 * n, -1);
+          s = c.AllGather(in.data(), out.data(), n, DType::kFloat32, Soon());
+          for (size_t i = 0; i < 2 * n && right; ++i) {
+            right = out[i] == static_cast<float>(i / n * 1000 + i % n % 1000);
+          }
+          break;
+        case CollectiveKind::kReduceScatter:
+          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
+          out.assign(n / 2, -1);
+          s = c.ReduceScatter(in.data(), out.data(), n / 2, DType::kFloat32, ReduceOp::kSum, 1,
+                              Soon());
+          for (size_t i = 0; i < n / 2 && right; ++i) {
+            right = out[i] == 2.0f * ((r * n / 2 + i) % 1000) + 1;
+          }
+          break;
+        default:
+          break;
+      }
+      if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+      if (!right) errors.Add(absl::StrCat(tag, ": wrong result"));
+      if (std::string(c.last_path()) != p.path) {
+        errors.Add(absl::StrCat(tag, ": path ", c.last_path(), ", want ", p.path));
+      }
+    }
+  });
+  INFO(errors.first);
+  CHECK(errors.count == 0);
+}
+
+TEST_CASE("a failed CMA probe on one rank moves the whole group to the slots, for good") {
+  Errors errors;
+  std::vector<char> refused(3, 0);
+  RunRanks(3, 4096, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    const int r = c.rank();
+    if (r == 1) c.fail_cma_probe_for_testing();
+    const size_t count = 5000;  // several slot rounds
+    for (int pass = 0; pass < 3; ++pass) {
+      std::vector<int64_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int64_t>(i * 10 + r + pass);
+      // After the first pass no rank may go direct: one that still did
+      // would fail every collective as taking another path than rank 1.
+      absl::Status s = c.AllReduce(v.data(), count, DType::kInt64, ReduceOp::kSum, 1, Soon());
+      std::string tag = absl::StrCat("rank ", r, " pass ", pass);
+      if (!s.ok() || std::string(c.last_path()) != "slots") {
+        errors.Add(absl::StrCat(tag, ": ", s.ToString(), " path ", c.last_path()));
+      }
+      for (size_t i = 0; i < count; ++i) {
+        if (v[i] != static_cast<int64_t>(i * 30 + 3 + 3 * pass)) {
+          errors.Add(absl::StrCat(tag, ": element ", i, " = ", v[i]));
+          break;
+        }
+      }
+    }
+    refused[r] = c.cma_refused();
+  });
+  INFO(errors.first);
+  CHECK(errors.count == 0);
+  CHECK(refused == std::vector<char>{1, 1, 1});
 }
 
 TEST_CASE("in-place reduce_scatter (output = own block of the input) is right on every path") {
