@@ -114,8 +114,6 @@ TraceCall Traced(TraceOp op, DType dtype, uint64_t count, int root = -1) {
   return c;
 }
 
-int64_t UnixNanos(absl::Time t) { return absl::ToUnixNanos(t); }
-
 TraceCall GpuTraceCall(const GpuCall& g) {
   TraceOp op = TraceOp::kUnknown;
   switch (g.op) {
@@ -1118,13 +1116,18 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   absl::Status gone = SessionStatus();
   absl::MutexLock lock(&exec_mu_);
   w.set_sequence(++submitted_);
-  const int64_t now_ns = TraceClockNanos();  // the recorder's clock (trace.h)
-  const absl::Time now = absl::FromUnixNanos(now_ns);
   // A call that will start at once (nothing queued or running before it:
   // the caller's own Wait, or the executor within its poll period) is
   // recorded when it starts, in one write; one queued behind others is
   // recorded now, as submitted, and so are those ahead of it.
   const bool defer = trace_ != nullptr && queue_.empty() && !running_ && !stopping_ && gone.ok();
+  // The exact clock only where its precision is used: a record begun now,
+  // or the executor's 1 ms grace while it runs collectives (asynchronous
+  // use). A synchronous loop (every caller runs its own; the executor
+  // idle) reads the kernel's tick instead: each exact read cost ~60 ns of
+  // a 1.2 us world-2 all_reduce (docs/benchmarks.md).
+  const bool coarse = !executor_busy_ && (trace_ == nullptr || defer);
+  const int64_t now_ns = coarse ? TraceCoarseClockNanos() : TraceClockNanos();
   if (trace_ != nullptr && !defer) BeginDeferred();
   const uint64_t trace_id =
       trace_ != nullptr && !defer ? trace_->Begin(submitted_, call, now_ns) : 0;
@@ -1139,7 +1142,8 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
     return work;
   }
   w.set_group(this);
-  queue_.push_back(Queued{device, std::move(op), work, now, trace_id, defer, submitted_, call});
+  queue_.push_back(
+      Queued{device, std::move(op), work, now_ns, coarse, trace_id, defer, submitted_, call});
   if (executor_sleeping_) {
     kick_ = true;
     exec_cv_.Signal();
@@ -1163,19 +1167,22 @@ bool ProcessGroup::Impl::RunHead() {
   }
   if (status.ok()) status = SessionStatus();
   if (status.ok()) {
-    const int64_t start_ns = TraceClockNanos();
-    const absl::Time start = absl::FromUnixNanos(start_ns);
+    // The deadline needs no exact start: without a recorder it counts from
+    // a tick later (never earlier than timeout_ after the start).
+    const int64_t start_ns = trace_ != nullptr
+                                 ? TraceClockNanos()
+                                 : TraceCoarseClockNanos() + TraceCoarseResolutionNanos();
     if (trace_ != nullptr) {
       if (item.deferred) {
         item.trace_id =
-            trace_->BeginStarted(item.seq, item.call, UnixNanos(item.submitted), start_ns);
+            trace_->BeginStarted(item.seq, item.call, SubmittedNanos(item, start_ns), start_ns);
       } else {
         trace_->Started(item.trace_id, start_ns);
       }
     }
-    status = item.op(*comm, start + timeout_);
+    status = item.op(*comm, absl::FromUnixNanos(start_ns) + timeout_);
   } else if (trace_ != nullptr && item.deferred) {
-    item.trace_id = trace_->Begin(item.seq, item.call, UnixNanos(item.submitted));
+    item.trace_id = trace_->Begin(item.seq, item.call, item.submitted_ns);
   }
   if (!status.ok()) status = Explain(std::move(status));
   if (trace_ != nullptr) {
@@ -1194,8 +1201,19 @@ void ProcessGroup::Impl::BeginDeferred() {
   for (Queued& q : queue_) {
     if (!q.deferred) continue;
     q.deferred = false;
-    q.trace_id = trace_->Begin(q.seq, q.call, UnixNanos(q.submitted));
+    q.trace_id = trace_->Begin(q.seq, q.call, q.submitted_ns);
   }
+}
+
+bool ProcessGroup::Impl::QueuedFor(const Queued& q, absl::Duration age) {
+  if (!q.coarse) return TraceClockNanos() - q.submitted_ns >= absl::ToInt64Nanoseconds(age);
+  return TraceCoarseClockNanos() - q.submitted_ns >=
+         absl::ToInt64Nanoseconds(age) + TraceCoarseResolutionNanos();
+}
+
+int64_t ProcessGroup::Impl::SubmittedNanos(const Queued& q, int64_t start_ns) {
+  if (q.coarse && start_ns - q.submitted_ns < TraceCoarseResolutionNanos()) return start_ns;
+  return std::min(q.submitted_ns, start_ns);
 }
 
 void ProcessGroup::Impl::Expedite() {
@@ -1242,7 +1260,8 @@ void ProcessGroup::Impl::RunExecutor() {
       return stopping_ || (expedite_ && !queue_.empty() && !running_);
     };
     const absl::Time now = absl::Now();
-    const absl::Time poll_until = now + (now - ran_at < kBusyWindow ? kPoll : kSlowPoll);
+    executor_busy_ = now - ran_at < kBusyWindow;
+    const absl::Time poll_until = now + (executor_busy_ ? kPoll : kSlowPoll);
     while (!woken() && !exec_cv_.WaitWithDeadline(&exec_mu_, poll_until)) {
     }
     if (stopping_) continue;
@@ -1251,7 +1270,7 @@ void ProcessGroup::Impl::RunExecutor() {
       continue;
     }
     idle_since = absl::Now();
-    if (!running_ && (expedite_ || absl::Now() - queue_.front().submitted >= kPoll) && RunHead()) {
+    if (!running_ && (expedite_ || QueuedFor(queue_.front(), kPoll)) && RunHead()) {
       ran_at = absl::Now();
     }
   }

@@ -49,6 +49,7 @@
 #include "backends/shm/segment.h"
 #include "backends/shm/trace.h"
 #include "client/gpu_path.h"
+#include "common/block_cache.h"
 #include "common/small_function.h"
 #include "muster/world.h"
 #include "proto/groups.pb.h"
@@ -81,8 +82,15 @@ class Work::Impl {
     Allocator() = default;
     template <typename U>
     Allocator(const Allocator<U>&) {}  // NOLINT: rebinding converts implicitly
-    T* allocate(size_t n) { return std::allocator<T>().allocate(n); }
-    void deallocate(T* p, size_t n) { std::allocator<T>().deallocate(p, n); }
+    // One block at a time (the shared_ptr's), from the thread's cache.
+    T* allocate(size_t n) {
+      if (n != 1) return std::allocator<T>().allocate(n);
+      return static_cast<T*>(BlockCache<sizeof(T), alignof(T)>::Allocate());
+    }
+    void deallocate(T* p, size_t n) {
+      if (n != 1) return std::allocator<T>().deallocate(p, n);
+      BlockCache<sizeof(T), alignof(T)>::Free(p);
+    }
     template <typename U>
     void construct(U* p) {
       ::new (static_cast<void*>(p)) U();
@@ -100,6 +108,15 @@ class Work::Impl {
       return false;
     }
   };
+  // Each collective makes one and drops it: from the thread's cache.
+  static void* operator new(size_t bytes) {
+    return bytes == sizeof(Impl) ? BlockCache<sizeof(Impl), alignof(Impl)>::Allocate()
+                                 : ::operator new(bytes);
+  }
+  static void operator delete(void* p, size_t bytes) {
+    if (bytes == sizeof(Impl)) return BlockCache<sizeof(Impl), alignof(Impl)>::Free(p);
+    ::operator delete(p);
+  }
   // A Work that already failed with `status`.
   static std::shared_ptr<Work> Failed(absl::Status status);
   static Impl& Of(Work& work) { return *work.impl_; }
@@ -281,7 +298,11 @@ class ProcessGroup::Impl {
     Device device;
     Op op;
     std::shared_ptr<Work> work;
-    absl::Time submitted;
+    // When it was submitted (TraceClockNanos), or to the kernel's tick
+    // (TraceCoarseClockNanos, `coarse`) where nothing needs it closer: a
+    // call recorded when it starts while the executor is idle.
+    int64_t submitted_ns;
+    bool coarse;
     uint64_t trace_id;  // its flight-recorder record (0: none, or not begun yet)
     // A call submitted to an idle group is recorded when it starts, in one
     // write (TraceWriter::BeginStarted): `deferred` until then, with what
@@ -291,6 +312,13 @@ class ProcessGroup::Impl {
     uint64_t seq = 0;
     TraceCall call;
   };
+  // Whether `q` has been queued for at least `age` (the executor's grace:
+  // a coarse stamp counts from a tick later).
+  static bool QueuedFor(const Queued& q, absl::Duration age);
+  // The submit time for `q`'s record, started at `start_ns`: a coarse
+  // stamp within a tick of the start reads as the start (which of the two
+  // is closer cannot be told).
+  static int64_t SubmittedNanos(const Queued& q, int64_t start_ns);
   // Begins the records of the deferred calls in the queue.
   void BeginDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
@@ -305,6 +333,9 @@ class ProcessGroup::Impl {
   // delay until it is empty.
   bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
+  // The executor ran a collective lately (asynchronous use): it judges
+  // queued calls' ages within its 1 ms poll, so Submit stamps them exactly.
+  bool executor_busy_ ABSL_GUARDED_BY(exec_mu_) = false;
   std::thread executor_;
   // This process's own mapping of the group's segment, for the recorder
   // (the backend's communicator has its own).

@@ -61,6 +61,16 @@ TraceWriter::TraceWriter(GroupSegment* segment, int rank, uint64_t capacity) {
   header_->capacity.store(static_cast<uint32_t>(capacity_), std::memory_order_release);
 }
 
+int64_t TraceCoarseResolutionNanos() {
+  static const int64_t resolution = [] {
+    timespec ts{0, 0};
+    clock_getres(CLOCK_REALTIME_COARSE, &ts);
+    int64_t ns = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+    return ns > 0 ? ns : int64_t{10000000};  // unknown: assume HZ=100
+  }();
+  return resolution;
+}
+
 TraceRecord* TraceWriter::Lock(uint64_t id) {
   TraceRecord* r = &records_[(id - 1) % capacity_];
   uint32_t v = r->version.load(std::memory_order_relaxed);
@@ -135,7 +145,9 @@ void TraceWriter::Started(uint64_t id, int64_t now_ns) {
   if (r == nullptr) return;
   if (r->id.load(std::memory_order_relaxed) == id) {
     r->state.store(static_cast<uint8_t>(TraceState::kStarted), std::memory_order_relaxed);
-    r->started_ns.store(now_ns, std::memory_order_relaxed);
+    // (Its submit time may come from another thread's clock: not before it.)
+    r->started_ns.store(std::max(now_ns, r->submitted_ns.load(std::memory_order_relaxed)),
+                        std::memory_order_relaxed);
   }
   Unlock(r);
 }
@@ -149,6 +161,7 @@ void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
     r->state.store(static_cast<uint8_t>(code == 0 ? TraceState::kCompleted : TraceState::kFailed),
                    kRelaxed);
     r->error.store(code, kRelaxed);
+    now_ns = std::max({now_ns, r->submitted_ns.load(kRelaxed), r->started_ns.load(kRelaxed)});
     if (r->started_ns.load(kRelaxed) == 0) r->started_ns.store(now_ns, kRelaxed);
     r->completed_ns.store(now_ns, kRelaxed);
   }

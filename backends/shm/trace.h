@@ -29,22 +29,32 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/fast_clock.h"
+
 namespace muster {
 
 class GroupSegment;
 
-// The recorder's clock: Unix time in nanoseconds from the kernel
-// (clock_gettime(CLOCK_REALTIME), a vDSO call, no system call). Every time
-// in a record comes from it, so a record's times are ordered. Not
-// absl::Now(): read between two collectives, absl's calibrated cycle clock
-// cost ~70 ns more per read than this (muster-bench collectives
-// --trace-compare; docs/benchmarks.md), although both take ~12-30 ns in a
-// loop of their own.
-inline int64_t TraceClockNanos() {
+// The recorder's clock: Unix time in nanoseconds (FastRealtimeNanos: the
+// time-stamp counter where the kernel keeps time with it, else
+// clock_gettime(CLOCK_REALTIME); common/fast_clock.h). Every time in a
+// record comes from it, so a record's times are ordered. Not absl::Now():
+// read between two collectives, absl's calibrated cycle clock cost ~70 ns
+// more per read than clock_gettime (muster-bench collectives
+// --trace-compare; docs/benchmarks.md), and clock_gettime ~30 ns more than
+// FastRealtimeNanos.
+inline int64_t TraceClockNanos() { return FastRealtimeNanos(); }
+
+// The same clock to the kernel's tick (CLOCK_REALTIME_COARSE: no
+// time-stamp counter read, ~10 ns against the exact clock's ~60 ns within
+// a collective on the VM of docs/benchmarks.md), never ahead of the exact
+// clock and at most TraceCoarseResolutionNanos() behind it.
+inline int64_t TraceCoarseClockNanos() {
   timespec ts;
-  clock_gettime(CLOCK_REALTIME, &ts);
+  clock_gettime(CLOCK_REALTIME_COARSE, &ts);
   return static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
 }
+int64_t TraceCoarseResolutionNanos();  // the tick, e.g. 4 ms at HZ=250
 
 // What a record describes: the SDK's calls (not the communicator's steps:
 // an all_gather_object is one record).
