@@ -255,10 +255,10 @@ std::shared_ptr<Work> Work::Impl::Failed(absl::Status status) {
   return work;
 }
 
-bool Work::Impl::IsCompleted() const { return done_.load(std::memory_order_acquire); }
+bool Work::Impl::IsCompleted() const { return state_.load(std::memory_order_acquire) == kDone; }
 
 absl::Status Work::Impl::Wait(absl::Duration timeout) {
-  if (done_.load(std::memory_order_acquire)) return status_;
+  if (IsCompleted()) return status_;
   absl::Time deadline =
       timeout == absl::InfiniteDuration() ? absl::InfiniteFuture() : absl::Now() + timeout;
   // A completed Work never touches its group again: it may outlive it (the
@@ -268,8 +268,9 @@ absl::Status Work::Impl::Wait(absl::Duration timeout) {
   ProcessGroup::Impl* group =
       timeout == absl::InfiniteDuration() ? group_.load(std::memory_order_acquire) : nullptr;
   if (group != nullptr) group->RunUntil(this, deadline);
-  if (done_.load(std::memory_order_acquire)) return status_;
+  if (IsCompleted()) return status_;
   absl::MutexLock lock(&mu_);
+  Watch();
   if (!mu_.AwaitWithDeadline(absl::Condition(this, &Impl::IsCompleted), deadline)) {
     return absl::DeadlineExceededError(absl::StrCat(
         "collective #", sequence_, " not completed after ", absl::FormatDuration(timeout)));
@@ -291,17 +292,27 @@ absl::Status Work::Impl::status() const {
 
 int Work::Impl::source_rank() const { return IsCompleted() ? source_ : -1; }
 
+void Work::Impl::Watch() {
+  uint8_t expected = kUnwatched;
+  state_.compare_exchange_strong(expected, kWatched, std::memory_order_acq_rel);
+}
+
 void Work::Impl::Complete(absl::Status status, int source) {
+  if (claimed_.exchange(true, std::memory_order_acq_rel)) return;  // recorded exactly once
+  status_ = std::move(status);
+  source_ = source;
+  // Nobody waits on mu_ and no callback is registered: done without the
+  // lock (a synchronous collective's Work). Else whoever watches saw
+  // kWatched first, under mu_: finish under it, so its waiters wake.
+  uint8_t expected = kUnwatched;
+  if (state_.compare_exchange_strong(expected, kDone, std::memory_order_acq_rel)) return;
   std::vector<std::function<void(const absl::Status&)>> callbacks;
   {
     absl::MutexLock lock(&mu_);
-    if (IsCompleted()) return;  // recorded exactly once
-    status_ = std::move(status);
-    source_ = source;
-    done_.store(true, std::memory_order_release);
+    state_.store(kDone, std::memory_order_release);
     callbacks.swap(on_complete_);
   }
-  // status_ no longer changes once done_ is set: read it without the lock.
+  // status_ no longer changes once the state is kDone: read it without the lock.
   for (auto& callback : callbacks) callback(status_);
 }
 
@@ -309,7 +320,8 @@ void Work::Impl::OnComplete(std::function<void(const absl::Status&)> callback) {
   ProcessGroup::Impl* group = nullptr;
   {
     absl::MutexLock lock(&mu_);
-    if (!IsCompleted()) {
+    Watch();
+    if (state_.load(std::memory_order_acquire) != kDone) {
       on_complete_.push_back(std::move(callback));
       group = group_.load(std::memory_order_acquire);
       callback = nullptr;
@@ -1152,9 +1164,10 @@ std::shared_ptr<Work> ProcessGroup::Impl::Submit(Device device, const TraceCall&
   return work;
 }
 
-bool ProcessGroup::Impl::RunHead() {
-  if (running_ || queue_.empty()) return false;
-  running_ = true;
+bool ProcessGroup::Impl::HeadRunnable() const { return !running_ && !queue_.empty(); }
+
+void ProcessGroup::Impl::RunHead() {
+  running_.store(true, std::memory_order_relaxed);  // under exec_mu_
   Queued item = std::move(queue_.front());
   queue_.pop_front();
   exec_mu_.Unlock();
@@ -1189,12 +1202,18 @@ bool ProcessGroup::Impl::RunHead() {
     trace_->Finished(item.trace_id, static_cast<int>(status.code()), TraceClockNanos());
   }
   Work::Impl::Of(*item.work).Complete(std::move(status));
-  exec_mu_.Lock();
-  running_ = false;
-  // Only those who wait for this: the polling executor is not woken per
+  // Without exec_mu_ (a synchronous collective takes it once less): whoever
+  // waits for running_ to clear counted itself in progress_waiters_ (or set
+  // expedite_) before it looked at running_, all sequentially consistent,
+  // so either it sees running_ clear or this sees it waiting and wakes it
+  // under the lock. Only those: the polling executor is not woken per
   // collective (that cost a context switch each on the other core).
-  if (progress_waiters_ > 0 || (expedite_ && !queue_.empty())) exec_cv_.SignalAll();
-  return true;
+  running_.store(false, std::memory_order_seq_cst);
+  if (progress_waiters_.load(std::memory_order_seq_cst) > 0 ||
+      expedite_.load(std::memory_order_seq_cst)) {
+    absl::MutexLock lock(&exec_mu_);
+    exec_cv_.SignalAll();
+  }
 }
 
 void ProcessGroup::Impl::BeginDeferred() {
@@ -1245,7 +1264,9 @@ void ProcessGroup::Impl::RunExecutor() {
   absl::Time ran_at = absl::InfinitePast();  // the last collective this thread ran
   while (true) {
     if (stopping_) {
+      ++progress_waiters_;
       while (running_) exec_cv_.Wait(&exec_mu_);
+      --progress_waiters_;
       return;
     }
     if (queue_.empty() && absl::Now() - idle_since > absl::Milliseconds(100)) {
@@ -1270,16 +1291,23 @@ void ProcessGroup::Impl::RunExecutor() {
       continue;
     }
     idle_since = absl::Now();
-    if (!running_ && (expedite_ || QueuedFor(queue_.front(), kPoll)) && RunHead()) {
+    if (HeadRunnable() && (expedite_ || QueuedFor(queue_.front(), kPoll))) {
+      RunHead();
       ran_at = absl::Now();
+      exec_mu_.Lock();
     }
   }
 }
 
 void ProcessGroup::Impl::RunUntil(const Work::Impl* work, absl::Time deadline) {
-  absl::MutexLock lock(&exec_mu_);
+  exec_mu_.Lock();
   while (!work->IsCompleted()) {
-    if (RunHead()) continue;
+    if (HeadRunnable()) {
+      RunHead();
+      if (work->IsCompleted()) return;  // the usual case: it ran our own
+      exec_mu_.Lock();
+      continue;
+    }
     // Someone else runs a collective (maybe ours): wait for it to finish.
     auto progress = [this, work]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_) {
       return !running_ || work->IsCompleted();
@@ -1288,9 +1316,10 @@ void ProcessGroup::Impl::RunUntil(const Work::Impl* work, absl::Time deadline) {
     bool timed_out = false;
     while (!progress() && !timed_out) timed_out = exec_cv_.WaitWithDeadline(&exec_mu_, deadline);
     --progress_waiters_;
-    if (!progress()) return;                                          // the deadline passed
-    if (queue_.empty() && !running_ && !work->IsCompleted()) return;  // not ours to run
+    if (!progress()) break;                                          // the deadline passed
+    if (queue_.empty() && !running_ && !work->IsCompleted()) break;  // not ours to run
   }
+  exec_mu_.Unlock();
 }
 
 absl::Status ProcessGroup::Impl::DeviceStatus(Device device, const char* what) const {

@@ -147,13 +147,21 @@ class Work::Impl {
  private:
   uint64_t sequence_ = 0;
   std::function<absl::Status(absl::Time deadline)> synchronize_;
+  // Marks the Work watched (a waiter on mu_, or a callback), unless it is
+  // done: Complete then finishes under mu_. Called with mu_ held.
+  void Watch() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   mutable absl::Mutex mu_;
   std::atomic<ProcessGroup::Impl*> group_{nullptr};
-  // Set once, under mu_, after status_ and source_ (release); read without
-  // the lock (acquire): a completed Work's status costs no lock.
-  std::atomic<bool> done_{false};
-  absl::Status status_;  // written once, before done_
-  int source_ = -1;      // written once, before done_
+  // kUnwatched -> kDone: Complete, without the lock (nothing to wake);
+  // kUnwatched -> kWatched: Watch, under mu_; kWatched -> kDone: Complete,
+  // under mu_. kDone is stored after status_ and source_ (release) and read
+  // without the lock (acquire): a completed Work's status costs no lock.
+  static constexpr uint8_t kUnwatched = 0, kWatched = 1, kDone = 2;
+  std::atomic<uint8_t> state_{kUnwatched};
+  std::atomic<bool> claimed_{false};  // the first Complete call records the result
+  absl::Status status_;               // written once, before kDone
+  int source_ = -1;                   // written once, before kDone
   std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
 };
@@ -261,9 +269,11 @@ class ProcessGroup::Impl {
     return device == Device::kCpu ? cpu_backend_.get() : cuda_backend_.get();
   }
   void RunExecutor();
-  // Pops and runs the head of the queue if no one else runs one. Called
-  // with exec_mu_ held; releases it while running.
-  bool RunHead() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+  // Whether the head of the queue may run now (nothing else runs).
+  bool HeadRunnable() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
+  // Pops and runs the head of the queue (HeadRunnable() held). Called with
+  // exec_mu_ held; returns with it released.
+  void RunHead() ABSL_UNLOCK_FUNCTION(exec_mu_);
 
   const std::shared_ptr<WorldSession> session_;
   const InitOptions world_;  // the World's options (job, rank, store, timeout)
@@ -293,7 +303,9 @@ class ProcessGroup::Impl {
   // expedited executor), and by what wakes the executor (kick_, expedite_,
   // stopping_).
   absl::CondVar exec_cv_;
-  int progress_waiters_ ABSL_GUARDED_BY(exec_mu_) = 0;  // in RunUntil, waiting for running_
+  // Those waiting for running_ to clear (RunUntil; the stopping executor).
+  // Changed under exec_mu_; RunHead reads it without (see there).
+  std::atomic<int> progress_waiters_{0};
   struct Queued {
     Device device;
     Op op;
@@ -323,7 +335,9 @@ class ProcessGroup::Impl {
   void BeginDeferred() ABSL_EXCLUSIVE_LOCKS_REQUIRED(exec_mu_);
   std::deque<Queued> queue_ ABSL_GUARDED_BY(exec_mu_);
   bool stopping_ ABSL_GUARDED_BY(exec_mu_) = false;
-  bool running_ ABSL_GUARDED_BY(exec_mu_) = false;  // someone runs a collective
+  // Someone runs a collective: set under exec_mu_, cleared without it
+  // (RunHead).
+  std::atomic<bool> running_{false};
   // The executor polls lazily (a waiting caller runs its own collective);
   // after a while without work it sleeps until Submit kicks it.
   bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
@@ -331,7 +345,8 @@ class ProcessGroup::Impl {
   // Someone waits for a queued collective through its callback
   // (Work::OnComplete), not in Wait(): run the queue without the polling
   // delay until it is empty.
-  bool expedite_ ABSL_GUARDED_BY(exec_mu_) = false;
+  // Set and cleared under exec_mu_; RunHead reads it without.
+  std::atomic<bool> expedite_{false};
   uint64_t submitted_ ABSL_GUARDED_BY(exec_mu_) = 0;
   // The executor ran a collective lately (asynchronous use): it judges
   // queued calls' ages within its 1 ms poll, so Submit stamps them exactly.
