@@ -1107,6 +1107,9 @@ ProcessGroup::Impl::~Impl() {
     exec_cv_.SignalAll();
   }
   if (executor_.joinable()) executor_.join();
+  // The executor saw running_ clear; a caller that ran its own collective
+  // may still be reading progress_waiters_ or signalling: wait for that.
+  while (in_tail_.load(std::memory_order_acquire)) std::this_thread::yield();
   // Pending point to point fails CANCELLED (through Works that use this
   // group's session and ranks: before those go).
   cpu_backend_.reset();
@@ -1168,6 +1171,7 @@ bool ProcessGroup::Impl::HeadRunnable() const { return !running_ && !queue_.empt
 
 void ProcessGroup::Impl::RunHead() {
   running_.store(true, std::memory_order_relaxed);  // under exec_mu_
+  in_tail_.store(true, std::memory_order_relaxed);
   Queued item = std::move(queue_.front());
   queue_.pop_front();
   exec_mu_.Unlock();
@@ -1214,6 +1218,8 @@ void ProcessGroup::Impl::RunHead() {
     absl::MutexLock lock(&exec_mu_);
     exec_cv_.SignalAll();
   }
+  // The last touch of this group by the runner (see ~Impl).
+  in_tail_.store(false, std::memory_order_release);
 }
 
 void ProcessGroup::Impl::BeginDeferred() {

@@ -338,6 +338,10 @@ class ProcessGroup::Impl {
   // Someone runs a collective: set under exec_mu_, cleared without it
   // (RunHead).
   std::atomic<bool> running_{false};
+  // From running_'s set until RunHead's last touch of the group, after it
+  // cleared running_ (the destructor waits for it: a caller may run its
+  // own collective while the group goes).
+  std::atomic<bool> in_tail_{false};
   // The executor polls lazily (a waiting caller runs its own collective);
   // after a while without work it sleeps until Submit kicks it.
   bool executor_sleeping_ ABSL_GUARDED_BY(exec_mu_) = false;
