@@ -1,7 +1,7 @@
 /* The copy floor of a collective on this machine: how fast one pass of
  * copies can move a collective's bytes between processes, with no protocol
  * around it. docs/benchmarks.md compares muster's and Open MPI's large
- * collectives with it ("Why targets were missed"): a collective over
+ * collectives with it ("Issue 19, 2026-12-03"): a collective over
  * ordinary (heap) buffers cannot move its bytes faster than one copy each.
  *
  *   cc -O2 -o bench_copy_floor tools/bench_copy_floor.c
