@@ -127,6 +127,7 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
   // Spinning only pays while every rank can have its own core.
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 50 : 2;
+  inside_spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 5000 : 2;
   oversubscribed_ = static_cast<unsigned>(size_) > cores;
   if (global_ranks_.size() != static_cast<size_t>(size_)) {
     global_ranks_.resize(size_);
@@ -144,6 +145,7 @@ OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t co
                                    ReduceOp op) {
   OpSignature s = MakeSignature(++sequence_, kind, dtype, count, root, op);
   current_ = s;
+  first_round_ = round_ + 1;
   path_tag_ = 0;
   last_path_ = "slots";
   segment_->rank(rank_).submitted.store(s.sequence, std::memory_order_release);
@@ -290,9 +292,15 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     absl::Time now = absl::Now();
     if (spin_until == absl::InfinitePast()) {
       // Spinning helps only while the ranks waited for can run: one last
-      // seen on this CPU cannot while this rank spins on it.
-      spin_until =
-          SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(spin_budget_us_);
+      // seen on this CPU cannot while this rank spins on it. Past the
+      // collective's first arrival every late rank is inside it, copying or
+      // reducing its share, and arrives within that work: spin longer there
+      // rather than yield, for a yield on a CPU shared with a busy process
+      // hands it a whole time slice (4 ms), which the peers then wait out
+      // (docs/benchmarks.md, "the mid-size cliff under the hog").
+      const bool late_are_inside = arrivals ? target > first_round_ : target >= first_round_;
+      const int budget_us = late_are_inside ? inside_spin_budget_us_ : spin_budget_us_;
+      spin_until = SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(budget_us);
     }
     if (now >= deadline) {
       if (!GiveUp(field, target, round)) continue;  // it completed

@@ -303,7 +303,12 @@ class ShmCommunicator : public Communicator {
   absl::Duration read_delay_;  // set_read_delay_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
+  // How long WaitAll spins before it yields: for the collective's first
+  // arrival (the others may be anywhere), and for every later wait, when
+  // the late ranks are inside the collective (first_round_ is its first).
   int spin_budget_us_;
+  int inside_spin_budget_us_;
+  uint64_t first_round_ = 1;
   // Publishes this rank's CPU; true if a rank whose `field` is below
   // `target` was last seen waiting on this same CPU.
   bool SharesCpuWithLate(std::atomic<uint64_t> RankControl::*field, uint64_t target);
