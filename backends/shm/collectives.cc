@@ -23,7 +23,8 @@ inline void CpuRelax() { _mm_pause(); }
 
 // Meta words of the direct paths (RankControl::meta).
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
-constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8;
+constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8,
+                   kCmaVerified = 16;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
 // An OpSignature and a path bit in the two words RankControl keeps per
@@ -134,6 +135,7 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
     for (int i = 0; i < size_; ++i) global_ranks_[i] = i;
   }
   segment_->rank(rank_).pid.store(static_cast<int32_t>(::getpid()));
+  cma_verified_pid_.assign(size_, 0);
   // Resume where the group is (a communicator may be created after others
   // already used the segment, e.g. by an earlier handle of this rank).
   round_ = std::max(segment_->rank(rank_).released.load(std::memory_order_acquire),
@@ -488,10 +490,34 @@ bool ShmCommunicator::OffersCma(size_t bytes) const {
          direct_.CmaRange(static_cast<CollectiveKind>(current_.kind)).Contains(bytes);
 }
 
-template <typename WriteFirst, typename ReadFirst>
+bool ShmCommunicator::CmaVerified(int root) const {
+  if (!cma_agreed_once_) return false;
+  for (int j = 0; j < size_; ++j) {
+    if (j == rank_ || (root >= 0 && j != root)) continue;
+    int32_t verified = cma_verified_pid_[j];
+    if (verified == 0 || verified != segment_->rank(j).pid.load(std::memory_order_relaxed)) {
+      return false;
+    }
+  }
+  return true;
+}
+
+template <typename Fn>
+absl::Status ShmCommunicator::RunDirectWork(Fn work) {
+  last_path_ = mode_ == Direct::kMapped ? "mapped" : "cma";
+  absl::Status st = work();
+  if (!st.ok()) {
+    // The others go on to the next round: make them fail too.
+    FailNextRound();
+    segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
+  }
+  return st;
+}
+
+template <typename WriteFirst, typename ReadFirst, typename Work>
 absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
     const OpSignature& signature, const void* source, size_t bytes, int root, absl::Time deadline,
-    WriteFirst write_first, ReadFirst read_first) {
+    WriteFirst write_first, ReadFirst read_first, Work direct_work) {
   path_tag_ = 1;
   peer_maps_.Sweep();
   Direct mode = Direct::kSlots;
@@ -509,7 +535,8 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         bool write = !cma && !(shared && needed);
         if (write) write_first(slot);
         meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
-                       (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0);
+                       (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0) |
+                       (cma && CmaVerified(root) ? kCmaVerified : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
         meta[kInode] = shared ? ref.inode : 0;
@@ -518,13 +545,14 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
       },
       [&] {
         // Every rank computes the same answer from the same words.
-        bool mapped = true, cma = true, wrote = true;
+        bool mapped = true, cma = true, wrote = true, verified = true;
         for (int j = 0; j < size_; ++j) {
           uint64_t flags = segment_->rank(j).meta[kFlags];
           bool needed = root < 0 || j == root;
           mapped &= (flags & kAcceptMapped) != 0 && (!needed || (flags & kShared) != 0);
           cma &= (flags & kAcceptCma) != 0;
           wrote &= (flags & kWroteFirst) != 0;
+          verified &= (flags & kCmaVerified) != 0;
         }
         mode = mapped  ? Direct::kMapped
                : cma   ? Direct::kCma
@@ -551,13 +579,20 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
             } else {
               reached_ = false;
             }
-          } else {
+          } else if (!(mode == Direct::kCma && verified)) {
             char probe;
             iovec local{&probe, 1}, remote{reinterpret_cast<void*>(p.addr), 1};
             if (fail_cma_probe_ || ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0) != 1) {
               reached_ = false;
             }
           }
+        }
+        // Every rank reached the peers it reads in an earlier collective
+        // (their pids unchanged): no probe, no agreement round; the work
+        // runs now, before this round's release.
+        if (mode == Direct::kCma && verified) {
+          mode_ = mode = Direct::kCmaDone;
+          return RunDirectWork(direct_work);
         }
         return absl::OkStatus();
       });
@@ -576,17 +611,17 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
           if (segment_->rank(j).meta[kReachedWord] == 0) *fallback = true;
         }
         // Every rank sees the same words, so all stop offering CMA together
-        // (ranks that disagree on GoesDirect would fail as mismatched).
+        // (ranks that disagree on GoesDirect would fail as mismatched), or
+        // all remember that each reached the peers it probed.
         if (*fallback && mode_ == Direct::kCma) cma_refused_ = true;
         if (*fallback) return absl::OkStatus();
-        last_path_ = mode_ == Direct::kMapped ? "mapped" : "cma";
-        absl::Status st = work();
-        if (!st.ok()) {
-          // The others go on to the next round: make them fail too.
-          FailNextRound();
-          segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
+        if (mode_ == Direct::kCma) {
+          cma_agreed_once_ = true;
+          for (int j = 0; j < size_; ++j) {
+            if (sources_[j].pid != 0) cma_verified_pid_[j] = sources_[j].pid;
+          }
         }
-        return st;
+        return RunDirectWork(work);
       });
   return s;
 }
@@ -697,49 +732,52 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   size_t first_len = std::min(chunk, count);
   size_t start = 0;  // elements whose first round the exchange round was
   if (GoesDirect(count * es)) {
+    // Direct: rank r reduces part r of every rank's buffer into its own
+    // buffer, in rank order, block by block through a cached accumulator.
+    // Ranks 0 and 1 accumulate in their own buffer: for ops whose combine
+    // is exactly commutative, c1 op c0 == c0 op c1, so rank 1 may start
+    // from its own contribution (one pass less over its part).
+    bool commutative = op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kPremulSum ||
+                       op == ReduceOp::kProduct || op == ReduceOp::kBand || op == ReduceOp::kBor ||
+                       op == ReduceOp::kBxor;
+    bool in_own = rank_ == 0 || (rank_ == 1 && commutative);
+    size_t part_off;
+    size_t part_len = Part(count, size_, rank_, &part_off);
+    auto reduce_own_part = [&]() -> absl::Status {
+      size_t block = std::max<size_t>(1, kBlockBytes / es);
+      scratch_.resize(2 * block * es);
+      char* tmp = scratch_.data() + block * es;
+      for (size_t done = 0; done < part_len; done += block) {
+        size_t len = std::min(block, part_len - done);
+        size_t off = (part_off + done) * es;
+        char* own = bytes + off;
+        char* acc = in_own ? own : scratch_.data();
+        int start = in_own ? rank_ : 0;  // the contribution acc starts from
+        auto c0 = Source(start, bytes, off, len * es, acc);
+        if (!c0.ok()) return c0.status();
+        ReduceInit(acc, *c0, len, dtype, op, scale);
+        for (int j = 0; j < size_; ++j) {
+          if (j == start) continue;
+          auto cj = Source(j, bytes, off, len * es, tmp);
+          if (!cj.ok()) return cj.status();
+          ReduceInto(acc, *cj, len, dtype, op, scale);
+        }
+        ReduceFinish(acc, len, dtype, op, size_);
+        if (acc != own) std::memcpy(own, acc, len * es);
+      }
+      return absl::OkStatus();
+    };
     auto mode = ExchangeSources(
         sig, data, count * es, -1, deadline, [&](char* slot) { copy_in(slot, 0, first_len); },
-        [&] { return small ? reduce_all(0, first_len) : reduce_segment(0, first_len); });
+        [&] { return small ? reduce_all(0, first_len) : reduce_segment(0, first_len); },
+        reduce_own_part);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
     if (*mode == Direct::kSlotsFirstDone) start = first_len;
-    if (*mode == Direct::kMapped || *mode == Direct::kCma) {
-      // Rank r reduces part r of every rank's buffer into its own buffer,
-      // in rank order, block by block through a cached accumulator. Ranks
-      // 0 and 1 accumulate in their own buffer: for ops whose combine is
-      // exactly commutative, c1 op c0 == c0 op c1, so rank 1 may start
-      // from its own contribution (one pass less over its part).
-      bool commutative = op == ReduceOp::kSum || op == ReduceOp::kAvg ||
-                         op == ReduceOp::kPremulSum || op == ReduceOp::kProduct ||
-                         op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
-      bool in_own = rank_ == 0 || (rank_ == 1 && commutative);
+    if (*mode == Direct::kMapped || *mode == Direct::kCma || *mode == Direct::kCmaDone) {
       bool fallback = false;
-      size_t part_off;
-      size_t part_len = Part(count, size_, rank_, &part_off);
-      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
-        size_t block = std::max<size_t>(1, kBlockBytes / es);
-        scratch_.resize(2 * block * es);
-        char* tmp = scratch_.data() + block * es;
-        for (size_t done = 0; done < part_len; done += block) {
-          size_t len = std::min(block, part_len - done);
-          size_t off = (part_off + done) * es;
-          char* own = bytes + off;
-          char* acc = in_own ? own : scratch_.data();
-          int start = in_own ? rank_ : 0;  // the contribution acc starts from
-          auto c0 = Source(start, bytes, off, len * es, acc);
-          if (!c0.ok()) return c0.status();
-          ReduceInit(acc, *c0, len, dtype, op, scale);
-          for (int j = 0; j < size_; ++j) {
-            if (j == start) continue;
-            auto cj = Source(j, bytes, off, len * es, tmp);
-            if (!cj.ok()) return cj.status();
-            ReduceInto(acc, *cj, len, dtype, op, scale);
-          }
-          ReduceFinish(acc, len, dtype, op, size_);
-          if (acc != own) std::memcpy(own, acc, len * es);
-        }
-        return absl::OkStatus();
-      });
+      absl::Status s;
+      if (*mode != Direct::kCmaDone) s = DirectRound(deadline, &fallback, reduce_own_part);
       if (!s.ok()) return Finish(s);
       if (!fallback) {
         // Everyone copies the other ranks' reduced parts from their buffers.
@@ -814,17 +852,19 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t first_len = std::min(chunk, count);
   size_t start = 0;
   if (GoesDirect(count * es)) {
+    auto read_root = [&] {
+      return rank_ == root ? absl::OkStatus() : ReadSource(root, 0, count * es, bytes);
+    };
     auto mode = ExchangeSources(
         sig, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },
-        [&] { return read(0, first_len); });
+        [&] { return read(0, first_len); }, read_root);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
     if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kCmaDone) return Finish(WaitReaders(deadline));
     if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       bool fallback = false;
-      absl::Status s = DirectRound(deadline, &fallback, [&] {
-        return rank_ == root ? absl::OkStatus() : ReadSource(root, 0, count * es, bytes);
-      });
+      absl::Status s = DirectRound(deadline, &fallback, read_root);
       if (s.ok() && !fallback) s = WaitReaders(deadline);
       if (!s.ok() || !fallback) return Finish(s);
     }
@@ -876,25 +916,27 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   size_t first_len = std::min(chunk, count);
   size_t start = 0;
   if (GoesDirect(count * es)) {
+    auto gather_sources = [&]() -> absl::Status {
+      for (int j = 0; j < size_; ++j) {
+        char* to = dst + j * count * es;
+        if (j != rank_) {
+          RETURN_IF_ERROR(ReadSource(j, 0, count * es, to));
+        } else if (to != src) {
+          std::memmove(to, src, count * es);
+        }
+      }
+      return absl::OkStatus();
+    };
     auto mode = ExchangeSources(
         sig, in, count * es, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
-        [&] { return read(0, first_len); });
+        [&] { return read(0, first_len); }, gather_sources);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
     if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kCmaDone) return Finish(WaitReaders(deadline));
     if (*mode == Direct::kMapped || *mode == Direct::kCma) {
       bool fallback = false;
-      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
-        for (int j = 0; j < size_; ++j) {
-          char* to = dst + j * count * es;
-          if (j != rank_) {
-            RETURN_IF_ERROR(ReadSource(j, 0, count * es, to));
-          } else if (to != src) {
-            std::memmove(to, src, count * es);
-          }
-        }
-        return absl::OkStatus();
-      });
+      absl::Status s = DirectRound(deadline, &fallback, gather_sources);
       if (s.ok() && !fallback) s = WaitReaders(deadline);
       if (!s.ok() || !fallback) return Finish(s);
     }
@@ -972,42 +1014,44 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
   size_t first_len = std::min(chunk, count);
   size_t start = 0;
   if (GoesDirect(count * es * size_)) {
+    // Direct: block r of every rank's input, reduced in rank order into
+    // `out`. An output inside this rank's own input (in place: out = block
+    // r of in) is only written after a block's contributions were all
+    // read, so the accumulator is then scratch memory.
+    auto lo = reinterpret_cast<uintptr_t>(src), hi = lo + count * es * size_;
+    auto out_lo = reinterpret_cast<uintptr_t>(dst), out_hi = out_lo + count * es;
+    bool aliased = out_lo < hi && lo < out_hi;
+    auto reduce_own_block = [&]() -> absl::Status {
+      size_t block = std::max<size_t>(1, kBlockBytes / es);
+      scratch_.resize((aliased ? 2 : 1) * block * es);
+      char* tmp = scratch_.data();
+      for (size_t done = 0; done < count; done += block) {
+        size_t len = std::min(block, count - done);
+        size_t off = (rank_ * count + done) * es;
+        char* acc = aliased ? scratch_.data() + block * es : dst + done * es;
+        auto c0 = Source(0, src, off, len * es, acc);
+        if (!c0.ok()) return c0.status();
+        ReduceInit(acc, *c0, len, dtype, op, scale);
+        for (int j = 1; j < size_; ++j) {
+          auto cj = Source(j, src, off, len * es, tmp);
+          if (!cj.ok()) return cj.status();
+          ReduceInto(acc, *cj, len, dtype, op, scale);
+        }
+        ReduceFinish(acc, len, dtype, op, size_);
+        if (aliased) std::memcpy(dst + done * es, acc, len * es);
+      }
+      return absl::OkStatus();
+    };
     auto mode = ExchangeSources(
         sig, in, count * es * size_, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
-        [&] { return read(0, first_len); });
+        [&] { return read(0, first_len); }, reduce_own_block);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
     if (*mode == Direct::kSlotsFirstDone) start = first_len;
+    if (*mode == Direct::kCmaDone) return Finish(WaitReaders(deadline));
     if (*mode == Direct::kMapped || *mode == Direct::kCma) {
-      // Block r of every rank's input, reduced in rank order into `out`.
-      // An output inside this rank's own input (in place: out = block r of
-      // in) is only written after a block's contributions were all read,
-      // so the accumulator is then scratch memory.
-      auto lo = reinterpret_cast<uintptr_t>(src), hi = lo + count * es * size_;
-      auto out_lo = reinterpret_cast<uintptr_t>(dst), out_hi = out_lo + count * es;
-      bool aliased = out_lo < hi && lo < out_hi;
       bool fallback = false;
-      absl::Status s = DirectRound(deadline, &fallback, [&]() -> absl::Status {
-        size_t block = std::max<size_t>(1, kBlockBytes / es);
-        scratch_.resize((aliased ? 2 : 1) * block * es);
-        char* tmp = scratch_.data();
-        for (size_t done = 0; done < count; done += block) {
-          size_t len = std::min(block, count - done);
-          size_t off = (rank_ * count + done) * es;
-          char* acc = aliased ? scratch_.data() + block * es : dst + done * es;
-          auto c0 = Source(0, src, off, len * es, acc);
-          if (!c0.ok()) return c0.status();
-          ReduceInit(acc, *c0, len, dtype, op, scale);
-          for (int j = 1; j < size_; ++j) {
-            auto cj = Source(j, src, off, len * es, tmp);
-            if (!cj.ok()) return cj.status();
-            ReduceInto(acc, *cj, len, dtype, op, scale);
-          }
-          ReduceFinish(acc, len, dtype, op, size_);
-          if (aliased) std::memcpy(dst + done * es, acc, len * es);
-        }
-        return absl::OkStatus();
-      });
+      absl::Status s = DirectRound(deadline, &fallback, reduce_own_block);
       if (s.ok() && !fallback) s = WaitReaders(deadline);
       if (!s.ok() || !fallback) return Finish(s);
     }

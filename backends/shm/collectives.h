@@ -146,6 +146,8 @@ class ShmCommunicator : public Communicator {
   bool cma_refused() const { return cma_refused_; }
   // How the last collective moved its data: "slots", "mapped" or "cma".
   const char* last_path() const { return last_path_; }
+  // Tests: the group's rounds this rank has run (synchronizations).
+  uint64_t rounds_for_testing() const { return round_; }
 
   absl::Status Barrier(absl::Time deadline) override;
   // In place: `data` holds the input and receives the result.
@@ -243,8 +245,10 @@ class ShmCommunicator : public Communicator {
                        Via via = Via::kSlots, size_t part_bytes = 0);
 
   // kSlotsFirstDone: the slots, and the exchange round already was the
-  // slot path's first round (no rank's buffer is read directly).
-  enum class Direct { kSlots, kSlotsFirstDone, kMapped, kCma };
+  // slot path's first round (no rank's buffer is read directly). kCmaDone:
+  // CMA, and the exchange round already ran the direct work (every rank
+  // had reached the peers it reads in an earlier collective).
+  enum class Direct { kSlots, kSlotsFirstDone, kMapped, kCma, kCmaDone };
   // Whether the current collective, of `bytes` (as DirectOptions counts
   // them), exchanges its sources first.
   bool GoesDirect(size_t bytes) const;
@@ -256,14 +260,25 @@ class ShmCommunicator : public Communicator {
   // worked) for the next round. Ranks whose buffer is not read directly
   // also run write_first(slot) (the slot path's first write); if every
   // rank did, the round ends with read_first() and returns kSlotsFirstDone.
-  template <typename WriteFirst, typename ReadFirst>
+  // If every rank offers CMA and CmaVerified, the round ends with
+  // direct_work() instead (no probe) and returns kCmaDone.
+  template <typename WriteFirst, typename ReadFirst, typename Work>
   absl::StatusOr<Direct> ExchangeSources(const OpSignature& signature, const void* source,
                                          size_t bytes, int root, absl::Time deadline,
-                                         WriteFirst write_first, ReadFirst read_first);
+                                         WriteFirst write_first, ReadFirst read_first,
+                                         Work direct_work);
+  // Whether this rank's probes reached, in an earlier collective that went
+  // CMA on every rank, each peer it reads from `root` (-1: every peer), and
+  // those peers' processes are the same.
+  bool CmaVerified(int root) const;
   // A round whose read runs `work` only if every rank reached its peers'
   // sources; sets *fallback (and skips `work`) otherwise.
   template <typename Fn>
   absl::Status DirectRound(absl::Time deadline, bool* fallback, Fn work);
+  // Runs a direct collective's work; if it fails, fails the next round on
+  // every member and aborts the segment.
+  template <typename Fn>
+  absl::Status RunDirectWork(Fn work);
   // Copies `len` bytes at `offset` of rank j's source to `dst`.
   absl::Status ReadSource(int j, size_t offset, size_t len, char* dst);
   // Rank j's source at `offset`: its mapping, or `tmp` filled by CMA.
@@ -329,6 +344,11 @@ class ShmCommunicator : public Communicator {
   // learn it in the same round), so later collectives take the slots
   // without a failed exchange first.
   bool cma_refused_ = false;
+  // A CMA collective of this communicator went direct on every rank, and
+  // the pid each of this rank's probes reached, per rank (0: none):
+  // CmaVerified.
+  bool cma_agreed_once_ = false;
+  std::vector<int32_t> cma_verified_pid_;
   bool fail_cma_probe_ = false;  // tests
   uint64_t path_tag_ = 0;        // compared in first rounds: 1 = direct
   const char* last_path_ = "slots";

@@ -417,6 +417,72 @@ TEST_CASE("a failed CMA probe on one rank moves the whole group to the slots, fo
   CHECK(refused == std::vector<char>{1, 1, 1});
 }
 
+TEST_CASE("once every rank reached the peers it reads, CMA collectives skip the probe round") {
+  // The first CMA collective probes the peers' buffers and agrees on the
+  // outcome in a round of its own; later ones, where each rank already
+  // reached (in an earlier collective) every peer it reads, do the work in
+  // the exchange round. broadcast from rank 0 first: a non-root rank then
+  // reached only the root, so the first all_gather still probes.
+  struct Step {
+    const char* op;
+    std::vector<uint64_t> rounds;  // per call, the first two calls
+  };
+  const std::vector<Step> steps = {{"broadcast", {2, 1}},
+                                   {"all_gather", {2, 1}},
+                                   {"reduce_scatter", {1, 1}},
+                                   {"all_reduce", {2, 2}},  // + its gather round
+                                   {"broadcast", {1, 1}}};
+  for (int world = 2; world <= 4; ++world) {
+    INFO("world " << world);
+    Errors errors;
+    RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+      c.set_direct_options(Force(Path::kCma));
+      const int r = c.rank(), n = c.size();
+      const size_t count = 1000;
+      for (const Step& step : steps) {
+        for (size_t call = 0; call < step.rounds.size(); ++call) {
+          std::string tag = absl::StrCat("rank ", r, " ", step.op, " call ", call);
+          std::vector<int32_t> in(count * n), out(count * n, -1);
+          for (size_t i = 0; i < in.size(); ++i) in[i] = static_cast<int32_t>(i + 7 * r);
+          uint64_t before = c.rounds_for_testing();
+          absl::Status s;
+          bool right = true;
+          std::string op = step.op;
+          if (op == "broadcast") {
+            s = c.Broadcast(in.data(), count, DType::kInt32, 0, Soon());
+            for (size_t i = 0; i < count; ++i) right &= in[i] == static_cast<int32_t>(i);
+          } else if (op == "all_gather") {
+            s = c.AllGather(in.data(), out.data(), count, DType::kInt32, Soon());
+            for (size_t i = 0; i < out.size(); ++i) {
+              right &= out[i] == static_cast<int32_t>(i % count + 7 * (i / count));
+            }
+          } else if (op == "reduce_scatter") {
+            s = c.ReduceScatter(in.data(), out.data(), count, DType::kInt32, ReduceOp::kSum, 1,
+                                Soon());
+            for (size_t i = 0; i < count; ++i) {
+              right &= out[i] == static_cast<int32_t>(n * (r * count + i) + 7 * n * (n - 1) / 2);
+            }
+          } else {
+            s = c.AllReduce(in.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+            for (size_t i = 0; i < count; ++i) {
+              right &= in[i] == static_cast<int32_t>(n * i + 7 * n * (n - 1) / 2);
+            }
+          }
+          uint64_t rounds = c.rounds_for_testing() - before;
+          if (!s.ok() || !right || std::string(c.last_path()) != "cma" ||
+              rounds != step.rounds[call]) {
+            errors.Add(absl::StrCat(tag, ": ", s.ToString(), right ? "" : " wrong result", " path ",
+                                    c.last_path(), " rounds ", rounds, " (want ", step.rounds[call],
+                                    ")"));
+          }
+        }
+      }
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
 TEST_CASE("in-place reduce_scatter (output = own block of the input) is right on every path") {
   for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
     for (int world = 2; world <= 4; ++world) {
