@@ -25,25 +25,33 @@
  * cache line of its input before each iteration, outside the timer.
  * --chunk B: copy in calls of B bytes (K/M suffixes; default: one call per
  * peer part), as a pipelined implementation does.
+ * --iters: one count for every size, or one per size; at most 4096.
  * Prints one JSON line per size: p50_us (median of the slowest rank's
- * times), copied bytes per rank and their GB/s (1e9 B/s) at the p50.
+ * times), copied bytes per rank and their GB/s (1e9 B/s) at the p50. Each
+ * rank checks bytes of what it received; a wrong byte or a failed copy
+ * fails the run (exit 1; the other ranks are killed), bad usage exits 2.
  */
 #define _GNU_SOURCE
 #include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_c_util.h"
+
 #define MAX_LIST 32
 #define MAX_WORLD 16
+#define MAX_ITERS 4096
 
 enum { GATHER, BROADCAST, PRIVATE };
 
@@ -54,37 +62,8 @@ struct Shared {
   _Atomic uint64_t generation;
   pid_t pid[MAX_WORLD];
   char* input[MAX_WORLD];
-  double times[MAX_WORLD][4096];
+  double times[MAX_WORLD][MAX_ITERS];
 };
-
-static int parse_list(const char* text, long long* out) {
-  int n = 0;
-  const char* p = text;
-  while (*p != 0 && n < MAX_LIST) {
-    char* end = NULL;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v <= 0) return -1;
-    if (*end == 'K' || *end == 'k') v <<= 10, ++end;
-    else if (*end == 'M' || *end == 'm') v <<= 20, ++end;
-    else if (*end == 'G' || *end == 'g') v <<= 30, ++end;
-    out[n++] = v;
-    if (*end == ',') ++end;
-    else if (*end != 0) return -1;
-    p = end;
-  }
-  return n;
-}
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
 
 /* A sense-counting barrier: spins, then yields (ranks may share a CPU). */
 static void barrier(struct Shared* s, int world) {
@@ -131,7 +110,7 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
       for (size_t i = 0; i < part; i += 64) mine[i] = (char)(it + i);
     }
     barrier(s, world);
-    double t0 = now_us();
+    double t0 = bench_now_us();
     int rc = 0;
     if (pattern == GATHER) {
       for (int k = 1; k < world && rc == 0; ++k) {
@@ -145,7 +124,7 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
     }
     barrier(s, world);
     if (rc != 0) return rc;
-    if (it >= warmup) s->times[rank][it - warmup] = now_us() - t0;
+    if (it >= warmup) s->times[rank][it - warmup] = bench_now_us() - t0;
   }
   return 0;
 }
@@ -153,11 +132,13 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
 int main(int argc, char** argv) {
   int world = 2, pattern = GATHER, method = 0, touch = 0;
   long long sizes[MAX_LIST], iters_list[MAX_LIST];
-  int nsizes = parse_list("16M,64M", sizes), niters = parse_list("20", iters_list);
+  int nsizes = bench_parse_list("16M,64M", sizes, MAX_LIST),
+      niters = bench_parse_list("20", iters_list, MAX_LIST);
   for (int i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : "";
-    if (strcmp(a, "--world") == 0) world = atoi(v), ++i;
+    if (strcmp(a, "--world") == 0)
+      world = atoi(v), ++i;
     else if (strcmp(a, "--pattern") == 0) {
       pattern = strcmp(v, "gather") == 0      ? GATHER
                 : strcmp(v, "broadcast") == 0 ? BROADCAST
@@ -167,16 +148,21 @@ int main(int argc, char** argv) {
     } else if (strcmp(a, "--method") == 0) {
       method = strcmp(v, "cma") == 0 ? 0 : strcmp(v, "shared") == 0 ? 1 : -1;
       ++i;
-    } else if (strcmp(a, "--bytes") == 0) nsizes = parse_list(v, sizes), ++i;
-    else if (strcmp(a, "--iters") == 0) niters = parse_list(v, iters_list), ++i;
-    else if (strcmp(a, "--touch") == 0) touch = 1;
+    } else if (strcmp(a, "--bytes") == 0)
+      nsizes = bench_parse_list(v, sizes, MAX_LIST), ++i;
+    else if (strcmp(a, "--iters") == 0)
+      niters = bench_parse_list(v, iters_list, MAX_LIST), ++i;
+    else if (strcmp(a, "--touch") == 0)
+      touch = 1;
     else if (strcmp(a, "--chunk") == 0) {
       long long c[1];
-      if (parse_list(v, c) != 1) c[0] = -1;
-      g_chunk = c[0] > 0 ? (size_t)c[0] : 0;
+      if (bench_parse_list(v, c, 1) != 1) {
+        fprintf(stderr, "bench_copy_floor: --chunk wants one size like 64K, not '%s'\n", v);
+        return 2;
+      }
+      g_chunk = (size_t)c[0];
       ++i;
-    }
-    else {
+    } else {
       fprintf(stderr,
               "usage: %s [--world N] [--pattern gather|broadcast|private] [--method cma|shared]\n"
               "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES]\n",
@@ -184,10 +170,21 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  if (world < 2 || world > MAX_WORLD || pattern < 0 || method < 0 || nsizes <= 0 || niters <= 0) {
-    fprintf(stderr, "bench_copy_floor: bad --world (2..%d), --pattern, --method, --bytes or --iters\n",
-            MAX_WORLD);
+  if (world < 2 || world > MAX_WORLD || pattern < 0 || method < 0 || nsizes <= 0 || niters <= 0 ||
+      (niters != 1 && niters != nsizes)) {
+    fprintf(
+        stderr,
+        "bench_copy_floor: bad --world (2..%d), --pattern, --method, --bytes (up to %d sizes) or "
+        "--iters (one count, or one per size)\n",
+        MAX_WORLD, MAX_LIST);
     return 2;
+  }
+  for (int k = 0; k < niters; ++k) {
+    if (iters_list[k] > MAX_ITERS) {
+      fprintf(stderr, "bench_copy_floor: --iters %lld is over the %d timed iterations kept\n",
+              iters_list[k], MAX_ITERS);
+      return 2;
+    }
   }
   cpu_set_t allowed;
   sched_getaffinity(0, sizeof allowed, &allowed);
@@ -197,10 +194,10 @@ int main(int argc, char** argv) {
   }
   for (int si = 0; si < nsizes; ++si) {
     long long bytes = sizes[si];
-    int iters = (int)iters_list[si < niters ? si : niters - 1];
-    if (iters > 4096) iters = 4096;
+    int iters = (int)iters_list[niters == 1 ? 0 : si];
     int warmup = iters / 10 > 2 ? iters / 10 : 2;
-    struct Shared* s = mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    struct Shared* s =
+        mmap(NULL, sizeof *s, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
     /* Inputs: one shared mapping for --method shared, else heap (private
      * after the fork: each rank's own pages at the same address). */
     char* shared_inputs = NULL;
@@ -224,6 +221,9 @@ int main(int argc, char** argv) {
         children[r] = pid;
         continue;
       }
+      /* Yama's ptrace_scope 1 lets only ancestors read a process: the
+       * ranks are siblings, so each allows any reader of its buffer. */
+      prctl(PR_SET_PTRACER, PR_SET_PTRACER_ANY, 0, 0, 0);
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(cpus[r % ncpus], &one);
@@ -235,42 +235,59 @@ int main(int argc, char** argv) {
       memset(output, 0, (size_t)bytes);
       s->pid[r] = getpid();
       s->input[r] = input;
-      barrier(s, world);  /* every address published */
+      barrier(s, world); /* every address published */
       int rc = run_rank(s, r, world, pattern, method, touch, bytes, iters, warmup, output);
-      /* Check one byte of every peer part that was copied. */
-      if (rc == 0 && pattern == GATHER) {
-        size_t part = (size_t)(bytes / world);
-        for (int p = 0; p < world; ++p) {
-          if (p != r && !touch && output[part * p] != (char)(p + 1)) rc = 1;
+      /* Check what was copied: the first and last byte of every part
+       * received (bytes --touch never rewrites: it writes offsets that are
+       * multiples of 64). */
+      size_t part = pattern == GATHER ? (size_t)(bytes / world) : (size_t)bytes;
+      int nparts = pattern == GATHER ? world : 1;
+      for (int p = 0; p < nparts && rc == 0 && part >= 2; ++p) {
+        if (pattern == GATHER && p == r) continue; /* its own part: not copied */
+        if (pattern == BROADCAST && r == 0) break; /* the root copies nothing */
+        int from = pattern == GATHER ? p : pattern == BROADCAST ? 0 : r;
+        const char* got = output + (pattern == GATHER ? part * p : 0);
+        size_t last = part - 1;
+        if (got[1] != (char)(from + 1) || (last % 64 != 0 && got[last] != (char)(from + 1))) {
+          fprintf(stderr, "bench_copy_floor: rank %d: the bytes from rank %d are wrong\n", r, from);
+          rc = 1;
         }
       }
       _exit(rc == 0 ? 0 : 1);
     }
+    /* A rank that fails leaves the others in the barrier: end them. */
     int failed = 0;
-    for (int r = 0; r < world; ++r) {
+    for (int left = world; left > 0; --left) {
       int status = 0;
-      waitpid(children[r], &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) failed = 1;
+      if (waitpid(-1, &status, 0) < 0) break;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        if (!failed) {
+          for (int r = 0; r < world; ++r) kill(children[r], SIGKILL);
+        }
+        failed = 1;
+      }
     }
     if (failed) {
       fprintf(stderr, "bench_copy_floor: a rank failed (%lld bytes)\n", bytes);
       return 1;
     }
-    double slowest[4096];
+    double slowest[MAX_ITERS];
     for (int it = 0; it < iters; ++it) {
       slowest[it] = 0;
       for (int r = 0; r < world; ++r) {
         if (s->times[r][it] > slowest[it]) slowest[it] = s->times[r][it];
       }
     }
-    qsort(slowest, (size_t)iters, sizeof slowest[0], cmp_double);
+    qsort(slowest, (size_t)iters, sizeof slowest[0], bench_cmp_double);
     double p50 = slowest[iters / 2];
     long long copied = pattern == GATHER ? bytes / world * (world - 1) : bytes;
     static const char* kPatterns[] = {"gather", "broadcast", "private"};
-    printf("{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
-           "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_rank\":%.4g}\n",
-           world, kPatterns[pattern], method == 1 ? "shared" : "cma", touch ? "true" : "false",
-           bytes, g_chunk, iters, p50, copied, copied / p50 / 1e3);
+    printf(
+        "{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
+        "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_"
+        "rank\":%.4g}\n",
+        world, kPatterns[pattern], method == 1 ? "shared" : "cma", touch ? "true" : "false", bytes,
+        g_chunk, iters, p50, copied, copied / p50 / 1e3);
     fflush(stdout);
     munmap(s, sizeof *s);
     if (shared_inputs != NULL) munmap(shared_inputs, (size_t)bytes * world);

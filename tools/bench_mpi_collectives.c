@@ -27,40 +27,13 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "bench_c_util.h"
+
 enum { ALL_REDUCE, BROADCAST, ALL_GATHER, REDUCE_SCATTER, BARRIER };
 static const char* kOpNames[] = {"all_reduce", "broadcast", "all_gather", "reduce_scatter",
                                  "barrier"};
 
 #define MAX_LIST 64
-
-static int parse_list(const char* text, long long* out) {
-  int n = 0;
-  const char* p = text;
-  while (*p != 0 && n < MAX_LIST) {
-    char* end = NULL;
-    long long v = strtoll(p, &end, 10);
-    if (end == p || v <= 0) return -1;
-    if (*end == 'K' || *end == 'k') v <<= 10, ++end;
-    else if (*end == 'M' || *end == 'm') v <<= 20, ++end;
-    else if (*end == 'G' || *end == 'g') v <<= 30, ++end;
-    out[n++] = v;
-    if (*end == ',') ++end;
-    else if (*end != 0) return -1;
-    p = end;
-  }
-  return n;
-}
-
-static double now_us(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec * 1e6 + ts.tv_nsec * 1e-3;
-}
-
-static int cmp_double(const void* a, const void* b) {
-  double x = *(const double*)a, y = *(const double*)b;
-  return x < y ? -1 : x > y;
-}
 
 static double percentile(const double* sorted, long long n, double q) {
   if (n <= 0) return 0;
@@ -70,7 +43,9 @@ static double percentile(const double* sorted, long long n, double q) {
 }
 
 /* Deterministic inputs, as in muster-bench: small positive integers. */
-static long long input_value(int rank, size_t i) { return (long long)((i + 3 * (size_t)rank) % 7) + 1; }
+static long long input_value(int rank, size_t i) {
+  return (long long)((i + 3 * (size_t)rank) % 7) + 1;
+}
 
 typedef struct {
   MPI_Datatype type;
@@ -79,10 +54,14 @@ typedef struct {
 } DType;
 
 static void store(const DType* t, void* p, size_t i, long long v) {
-  if (t->type == MPI_FLOAT) ((float*)p)[i] = (float)v;
-  else if (t->type == MPI_DOUBLE) ((double*)p)[i] = (double)v;
-  else if (t->type == MPI_INT32_T) ((int32_t*)p)[i] = (int32_t)v;
-  else ((int64_t*)p)[i] = (int64_t)v;
+  if (t->type == MPI_FLOAT)
+    ((float*)p)[i] = (float)v;
+  else if (t->type == MPI_DOUBLE)
+    ((double*)p)[i] = (double)v;
+  else if (t->type == MPI_INT32_T)
+    ((int32_t*)p)[i] = (int32_t)v;
+  else
+    ((int64_t*)p)[i] = (int64_t)v;
 }
 
 static double load(const DType* t, const void* p, size_t i) {
@@ -216,11 +195,15 @@ static long long case_check(Case* c) {
 
 static double bus_factor(int op, int n) {
   switch (op) {
-    case ALL_REDUCE: return 2.0 * (n - 1) / n;
+    case ALL_REDUCE:
+      return 2.0 * (n - 1) / n;
     case ALL_GATHER:
-    case REDUCE_SCATTER: return (double)(n - 1) / n;
-    case BROADCAST: return 1.0;
-    default: return 0;
+    case REDUCE_SCATTER:
+      return (double)(n - 1) / n;
+    case BROADCAST:
+      return 1.0;
+    default:
+      return 0;
   }
 }
 
@@ -242,26 +225,49 @@ int main(int argc, char** argv) {
   int rank, n;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &n);
-  nbytes = parse_list("4,4K,256K,4M", bytes);
-  niters = parse_list("100", iters);
+  nbytes = bench_parse_list("4,4K,256K,4M", bytes, MAX_LIST);
+  niters = bench_parse_list("100", iters, MAX_LIST);
   for (i = 1; i < argc; ++i) {
     const char* a = argv[i];
     const char* v = i + 1 < argc ? argv[i + 1] : NULL;
-    if (strcmp(a, "--verify") == 0) { verify = 1; continue; }
-    if (strcmp(a, "--touch") == 0) { touch = 1; continue; }
-    if (v == NULL) { usage(); MPI_Abort(MPI_COMM_WORLD, 2); }
+    if (strcmp(a, "--verify") == 0) {
+      verify = 1;
+      continue;
+    }
+    if (strcmp(a, "--touch") == 0) {
+      touch = 1;
+      continue;
+    }
+    if (v == NULL) {
+      usage();
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
     ++i;
-    if (strcmp(a, "--op") == 0) op_text = v;
-    else if (strcmp(a, "--bytes") == 0) nbytes = parse_list(v, bytes);
-    else if (strcmp(a, "--iters") == 0) niters = parse_list(v, iters);
-    else if (strcmp(a, "--warmup") == 0) warmup_flag = atoll(v);
+    if (strcmp(a, "--op") == 0)
+      op_text = v;
+    else if (strcmp(a, "--bytes") == 0)
+      nbytes = bench_parse_list(v, bytes, MAX_LIST);
+    else if (strcmp(a, "--iters") == 0)
+      niters = bench_parse_list(v, iters, MAX_LIST);
+    else if (strcmp(a, "--warmup") == 0)
+      warmup_flag = atoll(v);
     else if (strcmp(a, "--dtype") == 0) {
-      if (strcmp(v, "float32") == 0) dt = (DType){MPI_FLOAT, 4, "float32"};
-      else if (strcmp(v, "float64") == 0) dt = (DType){MPI_DOUBLE, 8, "float64"};
-      else if (strcmp(v, "int32") == 0) dt = (DType){MPI_INT32_T, 4, "int32"};
-      else if (strcmp(v, "int64") == 0) dt = (DType){MPI_INT64_T, 8, "int64"};
-      else { usage(); MPI_Abort(MPI_COMM_WORLD, 2); }
-    } else { usage(); MPI_Abort(MPI_COMM_WORLD, 2); }
+      if (strcmp(v, "float32") == 0)
+        dt = (DType){MPI_FLOAT, 4, "float32"};
+      else if (strcmp(v, "float64") == 0)
+        dt = (DType){MPI_DOUBLE, 8, "float64"};
+      else if (strcmp(v, "int32") == 0)
+        dt = (DType){MPI_INT32_T, 4, "int32"};
+      else if (strcmp(v, "int64") == 0)
+        dt = (DType){MPI_INT64_T, 8, "int64"};
+      else {
+        usage();
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
+    } else {
+      usage();
+      MPI_Abort(MPI_COMM_WORLD, 2);
+    }
   }
   if (nbytes <= 0 || niters <= 0 || (niters != 1 && niters != nbytes)) {
     usage();
@@ -272,8 +278,12 @@ int main(int argc, char** argv) {
     snprintf(buf, sizeof(buf), "%s", op_text);
     for (char* tok = strtok(buf, ","); tok != NULL; tok = strtok(NULL, ",")) {
       int k, found = -1;
-      for (k = 0; k < 5; ++k) if (strcmp(tok, kOpNames[k]) == 0) found = k;
-      if (found < 0 || nops >= 16) { usage(); MPI_Abort(MPI_COMM_WORLD, 2); }
+      for (k = 0; k < 5; ++k)
+        if (strcmp(tok, kOpNames[k]) == 0) found = k;
+      if (found < 0 || nops >= 16) {
+        usage();
+        MPI_Abort(MPI_COMM_WORLD, 2);
+      }
       ops[nops++] = found;
     }
   }
@@ -285,7 +295,8 @@ int main(int argc, char** argv) {
       long long it = niters == 1 ? iters[0] : iters[si];
       if (op == BARRIER) {
         int k;
-        for (k = 0; k < niters; ++k) if (iters[k] > it) it = iters[k];
+        for (k = 0; k < niters; ++k)
+          if (iters[k] > it) it = iters[k];
       }
       long long warmup = warmup_flag >= 0 ? warmup_flag : (it / 10 > 2 ? it / 10 : 2);
       Case c;
@@ -306,9 +317,9 @@ int main(int argc, char** argv) {
       getrusage(RUSAGE_SELF, &ru0);
       for (long long k = 0; k < it; ++k) {
         if (touch) case_touch(&c);
-        double t0 = now_us();
+        double t0 = bench_now_us();
         case_run(&c);
-        times[k] = now_us() - t0;
+        times[k] = bench_now_us() - t0;
       }
       getrusage(RUSAGE_SELF, &ru1);
       MPI_Allreduce(MPI_IN_PLACE, times, (int)it, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
@@ -325,7 +336,7 @@ int main(int argc, char** argv) {
         double mean = 0;
         for (long long k = 0; k < it; ++k) mean += times[k];
         mean /= it;
-        qsort(times, it, sizeof(double), cmp_double);
+        qsort(times, it, sizeof(double), bench_cmp_double);
         double p50 = percentile(times, it, 0.5), p99 = percentile(times, it, 0.99);
         char alg[64] = "null", bus[64] = "null";
         if (op != BARRIER && p50 > 0) {
@@ -333,13 +344,14 @@ int main(int argc, char** argv) {
           snprintf(alg, sizeof(alg), "%.6g", algbw);
           snprintf(bus, sizeof(bus), "%.6g", algbw * bus_factor(op, n));
         }
-        printf("{\"system\":\"mpi\",\"op\":\"%s\",\"bytes\":%zu,\"world\":%d,\"dtype\":\"%s\","
-               "\"iters\":%lld,\"warmup\":%lld,\"p50_us\":%.6g,\"p99_us\":%.6g,\"min_us\":%.6g,"
-               "\"mean_us\":%.6g,\"algbw_gbps\":%s,\"busbw_gbps\":%s,\"verified\":%s,"
-               "\"vol_csw_per_iter\":%.4g,\"invol_csw_per_iter\":%.4g}\n",
-               kOpNames[op], c.total_bytes, n, dt.name, it, warmup, p50, p99, times[0], mean, alg,
-               bus, verify ? (wrong == 0 ? "true" : "false") : "null", (double)csw[0] / it,
-               (double)csw[1] / it);
+        printf(
+            "{\"system\":\"mpi\",\"op\":\"%s\",\"bytes\":%zu,\"world\":%d,\"dtype\":\"%s\","
+            "\"iters\":%lld,\"warmup\":%lld,\"p50_us\":%.6g,\"p99_us\":%.6g,\"min_us\":%.6g,"
+            "\"mean_us\":%.6g,\"algbw_gbps\":%s,\"busbw_gbps\":%s,\"verified\":%s,"
+            "\"vol_csw_per_iter\":%.4g,\"invol_csw_per_iter\":%.4g}\n",
+            kOpNames[op], c.total_bytes, n, dt.name, it, warmup, p50, p99, times[0], mean, alg, bus,
+            verify ? (wrong == 0 ? "true" : "false") : "null", (double)csw[0] / it,
+            (double)csw[1] / it);
         fflush(stdout);
       }
       free(times);

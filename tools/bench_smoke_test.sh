@@ -113,5 +113,33 @@ rc=$?
 [[ $rc -eq 2 ]] || { echo "FAIL: bench-shm-rounds --op gather exited $rc, not 2"; fail=1; }
 check "shm rounds bad op" "$(cat "$errfile")" "unknown --op 'gather'"
 
+# The copy floor: every pattern and method at world 2 and 3 (each run
+# checks the bytes it copied and exits non-zero if they are wrong), and bad
+# usage refused with the reason.
+floor="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/bench-copy-floor"
+[[ -x "$floor" ]] || floor="tools/bench-copy-floor"
+for w in 2 3; do
+  for p in gather broadcast private; do
+    for m in cma shared; do
+      fout="$(timeout 60 "$floor" --world "$w" --pattern "$p" --method "$m" --bytes 64K,1M \
+        --iters 20 --chunk 16K 2>"$errfile")"
+      rc=$?
+      [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor $w $p $m exited $rc"; cat "$errfile"; fail=1; }
+      for b in 65536 1048576; do
+        check "copy floor $w $p $m $b" "$fout" \
+          "^\\{\"world\":$w,\"pattern\":\"$p\",\"method\":\"$m\",.*\"bytes\":$b,\"chunk\":16384,\"iters\":20,\"p50_us\":[0-9.e+]+"
+      done
+    done
+  done
+done
+for bad in "--iters 5000|over the 4096 timed iterations" "--chunk 4X|--chunk wants one size" \
+  "--bytes 1K,2K --iters 1,2,3|one count, or one per size" "--world 1|bad --world"; do
+  # shellcheck disable=SC2086
+  timeout 60 "$floor" ${bad%%|*} >/dev/null 2>"$errfile"
+  rc=$?
+  [[ $rc -eq 2 ]] || { echo "FAIL: bench-copy-floor ${bad%%|*} exited $rc, not 2"; fail=1; }
+  check "copy floor refuses ${bad%%|*}" "$(cat "$errfile")" "${bad#*|}"
+done
+
 if [[ $fail -ne 0 ]]; then exit 1; fi
 echo "PASS"
