@@ -7,6 +7,7 @@
 #include "backends/shm/collectives.h"
 
 #include <sched.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +20,7 @@
 #include <numeric>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "backends/communicator_testing.h"
 #include "backends/shm/shared_memory.h"
@@ -417,7 +419,7 @@ TEST_CASE("a failed CMA probe on one rank moves the whole group to the slots, fo
   CHECK(refused == std::vector<char>{1, 1, 1});
 }
 
-TEST_CASE("once every rank reached the peers it reads, CMA collectives skip the probe round") {
+TEST_CASE("once every rank reached the peers it reads CMA collectives skip the probe round") {
   // The first CMA collective probes the peers' buffers and agrees on the
   // outcome in a round of its own; later ones, where each rank already
   // reached (in an earlier collective) every peer it reads, do the work in
@@ -481,6 +483,43 @@ TEST_CASE("once every rank reached the peers it reads, CMA collectives skip the 
     INFO(errors.first);
     CHECK(errors.count == 0);
   }
+}
+
+TEST_CASE("a CMA read failing in the exchange round (no probe) fails every rank and names why") {
+  // After a first broadcast from rank 1 every rank has reached its peer,
+  // so the second skips the probe and reads in the exchange round. Rank
+  // 1's buffer there is a page nobody may read: rank 0's read fails, and
+  // both ranks must fail at once (no rank waits for the deadline), rank 0
+  // naming the read.
+  const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+  void* unreadable = ::mmap(nullptr, page, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  REQUIRE(unreadable != MAP_FAILED);
+  std::vector<absl::Status> second(2);
+  absl::Time start = absl::Now();
+  Errors errors;
+  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    const int r = c.rank();
+    std::vector<int32_t> v(page / sizeof(int32_t), r);
+    absl::Status s = c.Broadcast(v.data(), v.size(), DType::kInt32, 1, Soon());
+    if (!s.ok() || v[0] != 1 || std::string(c.last_path()) != "cma") {
+      errors.Add(
+          absl::StrCat("rank ", r, " first broadcast: ", s.ToString(), " path ", c.last_path()));
+      return;
+    }
+    void* data = r == 1 ? unreadable : v.data();
+    second[r] = c.Broadcast(data, v.size(), DType::kInt32, 1, Soon());
+  });
+  absl::Duration took = absl::Now() - start;
+  ::munmap(unreadable, page);
+  INFO(errors.first);
+  REQUIRE(errors.count == 0);
+  INFO("rank 0: " << second[0].ToString() << "; rank 1: " << second[1].ToString());
+  CHECK(!second[0].ok());
+  CHECK(!second[1].ok());
+  CHECK(absl::StrContains(second[0].message(), "process_vm_readv"));
+  CHECK(absl::StrContains(second[0].message(), "reading rank 11's buffer"));
+  CHECK(took < absl::Seconds(10));
 }
 
 TEST_CASE("in-place reduce_scatter (output = own block of the input) is right on every path") {
