@@ -4,7 +4,8 @@
  * collectives with it ("Issue 19, 2026-12-03"): a collective over
  * ordinary (heap) buffers cannot move its bytes faster than one copy each.
  *
- *   cc -O2 -o bench_copy_floor tools/bench_copy_floor.c
+ *   cc -O2 -o bench_copy_floor tools/bench_copy_floor.c   (or bazel build
+ *   -c opt //tools:bench-copy-floor)
  *   bench_copy_floor --world 2 --pattern gather --bytes 16M,64M --iters 20
  *
  * --world N forks N ranks (rank r pinned to CPU r modulo the CPUs this
