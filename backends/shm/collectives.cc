@@ -117,6 +117,22 @@ ByteRange DirectOptions::CmaRange(CollectiveKind kind) const {
   }
 }
 
+WaitPolicy WaitPolicy::For(int ranks, unsigned cpus) {
+  WaitPolicy p;
+  p.oversubscribed = static_cast<unsigned>(ranks) > std::max(1u, cpus);
+  if (p.oversubscribed) {
+    // Spinning only pays while every rank can have its own core. With more
+    // ranks than CPUs a waiter looks once between yields: the ranks it
+    // waits for often share its CPU, and a burst of pauses before each
+    // yield only delayed them (world 4 on 2 vCPUs, barrier p50 about 12 ->
+    // 7 us; docs/benchmarks.md, "the oversubscribed barrier").
+    p.poll_burst = 1;
+    p.spin_us = 2;
+    p.inside_spin_us = 2;
+  }
+  return p;
+}
+
 ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string group_name,
                                  std::vector<int> global_ranks)
     : segment_(segment),
@@ -125,11 +141,7 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
       group_name_(std::move(group_name)),
       global_ranks_(std::move(global_ranks)),
       direct_(DirectOptions::FromEnv()) {
-  // Spinning only pays while every rank can have its own core.
-  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 50 : 2;
-  inside_spin_budget_us_ = static_cast<unsigned>(size_) <= cores ? 5000 : 2;
-  oversubscribed_ = static_cast<unsigned>(size_) > cores;
+  wait_ = WaitPolicy::For(size_, std::thread::hardware_concurrency());
   if (global_ranks_.size() != static_cast<size_t>(size_)) {
     global_ranks_.resize(size_);
     for (int i = 0; i < size_; ++i) global_ranks_[i] = i;
@@ -286,7 +298,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       return segment_->AbortStatus(
           absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
     }
-    if (++polls < 64) {
+    if (++polls < wait_.poll_burst) {
       CpuRelax();
       continue;
     }
@@ -301,7 +313,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       // hands it a whole time slice (4 ms), which the peers then wait out
       // (docs/benchmarks.md, "the mid-size cliff under the hog").
       const bool late_are_inside = arrivals ? target > first_round_ : target >= first_round_;
-      const int budget_us = late_are_inside ? inside_spin_budget_us_ : spin_budget_us_;
+      const int budget_us = late_are_inside ? wait_.inside_spin_us : wait_.spin_us;
       spin_until = SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(budget_us);
     }
     if (now >= deadline) {
@@ -486,7 +498,7 @@ bool ShmCommunicator::GoesDirect(size_t bytes) const {
 }
 
 bool ShmCommunicator::OffersCma(size_t bytes) const {
-  return !cma_refused_ && (!oversubscribed_ || direct_.cma_oversubscribed) &&
+  return !cma_refused_ && (!wait_.oversubscribed || direct_.cma_oversubscribed) &&
          direct_.CmaRange(static_cast<CollectiveKind>(current_.kind)).Contains(bytes);
 }
 

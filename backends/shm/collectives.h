@@ -17,7 +17,8 @@
 // publishes the release of round k-1 before it waits for the others'. A
 // small round writes the line its peers spin on once (arrived), not twice.
 // Waiting spins briefly (not at all for a rank last seen on the waiter's
-// CPU: it cannot run while the waiter spins), then yields the CPU for up to
+// CPU: it cannot run while the waiter spins; with more ranks than CPUs it
+// looks once between yields: WaitPolicy), then yields the CPU for up to
 // 1 ms (others that want it get it; an idle CPU returns at once), then
 // sleeps on the segment's futex word; it ends
 // early if the segment is aborted (ABORTED with musterd's reason;
@@ -118,6 +119,20 @@ struct DirectOptions {
   // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"; the latter replaces
   // every CMA range by [count, any] and also sets cma_oversubscribed).
   static DirectOptions FromEnv();
+};
+
+// How a rank waits for its peers (ShmCommunicator::WaitAll): it polls
+// `poll_burst` times between looks at the clock, spins for up to
+// `spin_us` (the collective's first arrival: the others may be anywhere)
+// or `inside_spin_us` (later waits: the late ranks are inside the
+// collective) unless a late rank was last seen on its own CPU, then
+// yields. Chosen from the group's size and the node's CPUs.
+struct WaitPolicy {
+  int poll_burst = 64;
+  int spin_us = 50;
+  int inside_spin_us = 5000;
+  bool oversubscribed = false;  // more ranks than CPUs
+  static WaitPolicy For(int ranks, unsigned cpus);
 };
 
 class ShmCommunicator : public Communicator {
@@ -318,11 +333,8 @@ class ShmCommunicator : public Communicator {
   absl::Duration read_delay_;  // set_read_delay_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
-  // How long WaitAll spins before it yields: for the collective's first
-  // arrival (the others may be anywhere), and for every later wait, when
-  // the late ranks are inside the collective (first_round_ is its first).
-  int spin_budget_us_;
-  int inside_spin_budget_us_;
+  // How WaitAll waits (first_round_ is the collective's first round).
+  WaitPolicy wait_;
   uint64_t first_round_ = 1;
   // Publishes this rank's CPU; true if a rank whose `field` is below
   // `target` was last seen waiting on this same CPU.
@@ -335,7 +347,6 @@ class ShmCommunicator : public Communicator {
     const char* mapped = nullptr;
   };
   DirectOptions direct_;
-  bool oversubscribed_;  // more ranks than CPUs
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;

@@ -791,6 +791,58 @@ TEST_CASE("a rank waiting for a peer inside the collective spins past its first 
   CHECK(sleeps.load() < 20 * kCollectives);
 }
 
+TEST_CASE("waiting looks once between yields only when ranks outnumber CPUs") {
+  for (unsigned cpus : {1u, 2u, 4u, 64u}) {
+    for (int ranks : {1, 2, 3, 4, 8}) {
+      WaitPolicy p = WaitPolicy::For(ranks, cpus);
+      INFO(ranks << " ranks on " << cpus << " CPUs");
+      const bool over = static_cast<unsigned>(ranks) > cpus;
+      CHECK(p.oversubscribed == over);
+      CHECK(p.poll_burst == (over ? 1 : 64));
+      CHECK(p.spin_us == (over ? 2 : 50));
+      CHECK(p.inside_spin_us == (over ? 2 : 5000));
+    }
+  }
+  // An unknown CPU count (hardware_concurrency() returns 0) counts as one.
+  CHECK(WaitPolicy::For(2, 0).oversubscribed);
+  CHECK_FALSE(WaitPolicy::For(1, 0).oversubscribed);
+}
+
+TEST_CASE("four ranks sharing one CPU hand it over and complete every barrier and all_reduce") {
+  // Every wait here is for a rank that cannot run while the waiter holds
+  // the CPU: the waiter must yield it (it never needs to sleep for long).
+  cpu_set_t allowed;
+  REQUIRE(sched_getaffinity(0, sizeof(allowed), &allowed) == 0);
+  int cpu = 0;
+  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  REQUIRE(cpu < CPU_SETSIZE);
+  constexpr int kIters = 2000;
+  Errors errors;
+  RunRanks(4, 4096, [&](ShmCommunicator& c) {
+    const int r = c.rank();
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    if (sched_setaffinity(0, sizeof(one), &one) != 0) {
+      errors.Add(absl::StrCat("rank ", r, ": sched_setaffinity failed"));
+      return;
+    }
+    for (int i = 0; i < kIters; ++i) {
+      if (absl::Status s = c.Barrier(Soon()); !s.ok()) {
+        errors.Add(absl::StrCat("rank ", r, " barrier ", i, ": ", s.ToString()));
+        return;
+      }
+      int64_t v = r + i;
+      absl::Status s = c.AllReduce(&v, 1, DType::kInt64, ReduceOp::kSum, 1, Soon());
+      if (!s.ok() || v != 6 + 4 * static_cast<int64_t>(i)) {
+        errors.Add(absl::StrCat("rank ", r, " all_reduce ", i, ": ", s.ToString(), " got ", v));
+        return;
+      }
+    }
+  });
+  CHECK(errors.first == "");
+}
+
 TEST_CASE("a shared allocation too large for the header page is refused, not wrapped around") {
   for (size_t bytes : {SIZE_MAX, SIZE_MAX - SharedAllocation::kHeaderBytes + 1}) {
     auto a = SharedAllocation::Create(bytes);
