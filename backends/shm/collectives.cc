@@ -702,8 +702,12 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
   // Large is more than a 16th of a slot (256 KiB of the default 4 MiB: on
   // 2 vCPUs reduce-scatter + all-gather was 1.7x faster than one round at
   // 1 MiB and slower at 256 KiB), in pieces of an eighth of the buffer
-  // between 256 and 512 KiB (read while they are still in cache).
-  bool small = size_ == 1 || count * es <= SmallestPart(16);
+  // between 256 and 512 KiB (read while they are still in cache). With
+  // more ranks than CPUs, more than a 64th (64 KiB): the ranks' reductions
+  // then share the CPUs, and one round has every rank reduce the whole
+  // buffer from every slot (world 3 and 4 on 2 vCPUs, 256 KiB: 1.3-1.6x
+  // faster in two rounds; docs/benchmarks.md, "the oversubscribed barrier").
+  bool small = size_ == 1 || count * es <= SmallestPart(wait_.oversubscribed ? 64 : 16);
   size_t half = segment_->slot_bytes() / 2;
   size_t chunk = small ? segment_->slot_bytes() / es
                        : std::min(ChunkFor(count * es, es, 16), std::max<size_t>(1, half / es));

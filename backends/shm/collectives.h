@@ -150,6 +150,9 @@ class ShmCommunicator : public Communicator {
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
   void set_direct_options(const DirectOptions& options) { direct_ = options; }
+  // Replaces WaitPolicy::For(size, this machine's CPUs); the same on every
+  // rank (oversubscribed changes which path an all_reduce takes).
+  void set_wait_policy(const WaitPolicy& policy) { wait_ = policy; }
   // Tests: every round sleeps `delay` after all ranks arrived, before it
   // reads (a rank lagging in the middle of a round).
   void set_read_delay_for_testing(absl::Duration delay) { read_delay_ = delay; }

@@ -15,6 +15,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <deque>
 #include <functional>
 #include <mutex>
 #include <numeric>
@@ -806,6 +807,54 @@ TEST_CASE("waiting looks once between yields only when ranks outnumber CPUs") {
   // An unknown CPU count (hardware_concurrency() returns 0) counts as one.
   CHECK(WaitPolicy::For(2, 0).oversubscribed);
   CHECK_FALSE(WaitPolicy::For(1, 0).oversubscribed);
+}
+
+TEST_CASE(
+    "with more ranks than CPUs all_reduce takes reduce-scatter + all-gather from a 64th of a "
+    "slot") {
+  // 4 KiB slots: 160 bytes is more than a 64th (64 B) and at most a 16th
+  // (256 B): one round (every rank reduces every slot) when each rank has
+  // a CPU, a reduce-scatter round and an all-gather round when they share
+  // them. Every dtype x reduce op, both ways, world 2-4.
+  using conformance::Case;
+  using conformance::Kind;
+  for (bool oversubscribed : {false, true}) {
+    for (int world = 2; world <= 4; ++world) {
+      INFO("world " << world << (oversubscribed ? " oversubscribed" : ""));
+      Errors errors;
+      RunRanks(world, 4096, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(Path::kSlots));
+        c.set_wait_policy(WaitPolicy::For(world, oversubscribed ? 1 : 64));
+        const int r = c.rank(), n = c.size();
+        const uint64_t want_rounds = oversubscribed ? 2 : 1;
+        int salt = 0;
+        for (int d = 0; d < kNumDTypes; ++d) {
+          DType dtype = static_cast<DType>(d);
+          for (int o = 0; o < kNumReduceOps; ++o) {
+            Case k{Kind::kAllReduce, dtype, static_cast<ReduceOp>(o), 160 / DTypeSize(dtype)};
+            if (!k.Valid()) continue;
+            k.salt = ++salt;
+            std::string out;
+            std::deque<std::string> buffers;  // (elements stay where they are)
+            auto allocate = [&](size_t bytes) {
+              buffers.emplace_back(bytes, '\0');
+              return buffers.back().data();
+            };
+            uint64_t before = c.rounds_for_testing();
+            absl::Status s = conformance::RunCase(c, k, Soon(), &out, allocate);
+            uint64_t rounds = c.rounds_for_testing() - before;
+            auto want = conformance::Expected(k, n, r);
+            if (!s.ok() || (want.has_value() && out != *want) || rounds != want_rounds) {
+              errors.Add(absl::StrCat("rank ", r, " ", k.Describe(), ": ", s.ToString(), " rounds ",
+                                      rounds, " (want ", want_rounds, ")"));
+            }
+          }
+        }
+      });
+      INFO(errors.first);
+      CHECK(errors.count == 0);
+    }
+  }
 }
 
 TEST_CASE("four ranks sharing one CPU hand it over and complete every barrier and all_reduce") {
