@@ -124,8 +124,8 @@ WaitPolicy WaitPolicy::For(int ranks, unsigned cpus) {
     // Spinning only pays while every rank can have its own core. With more
     // ranks than CPUs a waiter looks once between yields: the ranks it
     // waits for often share its CPU, and a burst of pauses before each
-    // yield only delayed them (world 4 on 2 vCPUs, barrier p50 about 12 ->
-    // 7 us; docs/benchmarks.md, "the oversubscribed barrier").
+    // yield only delayed them (world 4 on 2 vCPUs, barrier p50 9.7-9.9 ->
+    // 7.0-8.9 us; docs/benchmarks.md, "the oversubscribed barrier").
     p.poll_burst = 1;
     p.spin_us = 2;
     p.inside_spin_us = 2;
