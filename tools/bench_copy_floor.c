@@ -15,6 +15,9 @@
  *   --pattern gather     each rank copies every other rank's input (bytes/N
  *                        each: `bytes` is the gathered output, as in
  *                        nccl-tests) into its output: all_gather's data;
+ *   --pattern allgather  the same, and each rank also copies its own input
+ *                        into its part of the output (memcpy): all of an
+ *                        all_gather's output, with separate buffers;
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
  *                        (`bytes`; no other core's data: the reference).
@@ -54,7 +57,7 @@
 #define MAX_WORLD 16
 #define MAX_ITERS 4096
 
-enum { GATHER, BROADCAST, PRIVATE };
+enum { GATHER, BROADCAST, PRIVATE, ALLGATHER };
 
 /* What the ranks share: a barrier, every rank's buffer addresses and pid,
  * and every rank's per-iteration times. */
@@ -105,7 +108,8 @@ static int copy_from(int method, pid_t pid, char* remote, char* local, size_t n)
 static int run_rank(struct Shared* s, int rank, int world, int pattern, int method, int touch,
                     long long bytes, int iters, int warmup, char* output) {
   char* mine = s->input[rank];
-  size_t part = pattern == GATHER ? (size_t)(bytes / world) : (size_t)bytes;
+  int gathers = pattern == GATHER || pattern == ALLGATHER;
+  size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
   for (int it = 0; it < warmup + iters; ++it) {
     if (touch) {
       for (size_t i = 0; i < part; i += 64) mine[i] = (char)(it + i);
@@ -113,11 +117,12 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
     barrier(s, world);
     double t0 = bench_now_us();
     int rc = 0;
-    if (pattern == GATHER) {
+    if (gathers) {
       for (int k = 1; k < world && rc == 0; ++k) {
         int peer = (rank + k) % world;
         rc = copy_from(method, s->pid[peer], s->input[peer], output + part * peer, part);
       }
+      if (pattern == ALLGATHER) memcpy(output + part * rank, mine, part);
     } else if (pattern == BROADCAST) {
       if (rank != 0) rc = copy_from(method, s->pid[0], s->input[0], output, part);
     } else {
@@ -144,6 +149,7 @@ int main(int argc, char** argv) {
       pattern = strcmp(v, "gather") == 0      ? GATHER
                 : strcmp(v, "broadcast") == 0 ? BROADCAST
                 : strcmp(v, "private") == 0   ? PRIVATE
+                : strcmp(v, "allgather") == 0 ? ALLGATHER
                                               : -1;
       ++i;
     } else if (strcmp(a, "--method") == 0) {
@@ -165,7 +171,7 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       fprintf(stderr,
-              "usage: %s [--world N] [--pattern gather|broadcast|private] [--method cma|shared]\n"
+              "usage: %s [--world N] [--pattern gather|allgather|broadcast|private] [--method cma|shared]\n"
               "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES]\n",
               argv[0]);
       return 2;
@@ -241,13 +247,14 @@ int main(int argc, char** argv) {
       /* Check what was copied: the first and last byte of every part
        * received (bytes --touch never rewrites: it writes offsets that are
        * multiples of 64). */
-      size_t part = pattern == GATHER ? (size_t)(bytes / world) : (size_t)bytes;
-      int nparts = pattern == GATHER ? world : 1;
+      int gathers = pattern == GATHER || pattern == ALLGATHER;
+      size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
+      int nparts = gathers ? world : 1;
       for (int p = 0; p < nparts && rc == 0 && part >= 2; ++p) {
         if (pattern == GATHER && p == r) continue; /* its own part: not copied */
         if (pattern == BROADCAST && r == 0) break; /* the root copies nothing */
-        int from = pattern == GATHER ? p : pattern == BROADCAST ? 0 : r;
-        const char* got = output + (pattern == GATHER ? part * p : 0);
+        int from = gathers ? p : pattern == BROADCAST ? 0 : r;
+        const char* got = output + (gathers ? part * p : 0);
         size_t last = part - 1;
         if (got[1] != (char)(from + 1) || (last % 64 != 0 && got[last] != (char)(from + 1))) {
           fprintf(stderr, "bench_copy_floor: rank %d: the bytes from rank %d are wrong\n", r, from);
@@ -282,7 +289,7 @@ int main(int argc, char** argv) {
     qsort(slowest, (size_t)iters, sizeof slowest[0], bench_cmp_double);
     double p50 = slowest[iters / 2];
     long long copied = pattern == GATHER ? bytes / world * (world - 1) : bytes;
-    static const char* kPatterns[] = {"gather", "broadcast", "private"};
+    static const char* kPatterns[] = {"gather", "broadcast", "private", "allgather"};
     printf(
         "{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
         "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_"

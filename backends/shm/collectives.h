@@ -89,6 +89,16 @@ struct ByteRange {
   bool Contains(size_t bytes) const { return bytes >= min_bytes && bytes <= max_bytes; }
 };
 
+// The buffer sizes for which each collective with a CMA path takes it.
+struct CmaRanges {
+  ByteRange all_reduce;
+  ByteRange broadcast;
+  ByteRange all_gather;
+  ByteRange reduce_scatter;
+  // The range of `kind` (empty for collectives without a CMA path).
+  ByteRange For(CollectiveKind kind) const;
+};
+
 // When collectives go direct (see above); the same on every rank.
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.
@@ -103,23 +113,29 @@ struct DirectOptions {
   // all_reduce from 2 MiB (1.2-1.6x at 2-16 MiB, even below), broadcast
   // from 32 KiB to under 1 MiB (from 1 MiB the slots, whose copy in and
   // copy out overlap, were as fast or faster: 1.4x at 64 MiB).
-  ByteRange cma_all_reduce{2 << 20, SIZE_MAX};
-  ByteRange cma_broadcast{32 << 10, (1 << 20) - 1};
-  ByteRange cma_all_gather{16 << 10, SIZE_MAX};
-  ByteRange cma_reduce_scatter{64 << 10, SIZE_MAX};
-  // Also when the group has more ranks than the node has CPUs (measured
-  // on 2 vCPUs: CMA loses at world 4, page pinning and more system calls
-  // for the same bytes with every CPU already busy).
-  bool cma_oversubscribed = false;
-  // CMA for every collective above from `min_bytes` up (SIZE_MAX: never).
+  CmaRanges cma{
+      {2 << 20, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
+  // When the group has more ranks than the node has CPUs (world 4 on 2
+  // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs"): all_gather
+  // up to 4 MiB per rank and reduce_scatter up to 16 MiB of input (0.4-0.9x
+  // the slots' time; above, even or slower), never all_reduce or broadcast
+  // (1.1-2x slower: their slot paths overlap one rank's copy in with
+  // another's copy out).
+  CmaRanges cma_oversubscribed{{}, {}, {16 << 10, 4 << 20}, {64 << 10, 16 << 20}};
+  // CMA for every collective above from `min_bytes` up (SIZE_MAX: never),
+  // oversubscribed or not.
   void SetCmaMinBytes(size_t min_bytes);
-  // The CMA range of `kind` (empty for collectives without a CMA path).
-  ByteRange CmaRange(CollectiveKind kind) const;
   // The defaults, overridden by MUSTER_SHM_MAPPED_MIN_BYTES and
-  // MUSTER_SHM_CMA_MIN_BYTES (a byte count, or "off"; the latter replaces
-  // every CMA range by [count, any] and also sets cma_oversubscribed).
+  // MUSTER_SHM_CMA_MIN_BYTES (ParseByteCount; the latter replaces every
+  // CMA range by [count, any]). A value that does not parse is ignored
+  // with a warning on stderr naming it.
   static DirectOptions FromEnv();
 };
+
+// A byte count as the MUSTER_SHM_*_BYTES variables take it: digits with an
+// optional K, M or G (KiB, MiB, GiB), or "off" (SIZE_MAX). Returns whether
+// `text` was one.
+bool ParseByteCount(const std::string& text, size_t* bytes);
 
 // How a rank waits for its peers (ShmCommunicator::WaitAll): it polls
 // `poll_burst` times between looks at the clock, spins for up to

@@ -72,8 +72,7 @@ const char* PathName(Path p) {
 DirectOptions Force(Path p) {
   DirectOptions o;
   o.mapped_min_bytes = p == Path::kMapped || p == Path::kExchange ? 1 : SIZE_MAX;
-  o.SetCmaMinBytes(p == Path::kCma ? 1 : SIZE_MAX);
-  o.cma_oversubscribed = true;  // world 3 and 4 on small machines too
+  o.SetCmaMinBytes(p == Path::kCma ? 1 : SIZE_MAX);  // oversubscribed or not
   return o;
 }
 
@@ -271,7 +270,6 @@ TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else t
       DirectOptions o;
       o.mapped_min_bytes = 1;
       o.SetCmaMinBytes(cma ? 1 : SIZE_MAX);
-      o.cma_oversubscribed = true;
       c.set_direct_options(o);
       int r = c.rank();
       const size_t count = 5000;         // several slot rounds
@@ -315,14 +313,15 @@ TEST_CASE("mixed shared and ordinary buffers fall back: CMA when allowed, else t
 
 TEST_CASE(
     "the default CMA ranges pick CMA or the slots per collective and size, ordinary buffers") {
-  // Sizes on both sides of each default boundary (DirectOptions). The
+  // Sizes on both sides of each default boundary (DirectOptions), for a
+  // group with a CPU per rank and for one with more ranks than CPUs. The
   // results are checked too: a boundary case must be right on either path.
   struct Probe {
     CollectiveKind kind;
     size_t bytes;  // as DirectOptions counts them for the kind
     const char* path;
   };
-  const std::vector<Probe> probes = {
+  const std::vector<Probe> own_cpus = {
       {CollectiveKind::kAllReduce, 1 << 20, "slots"},
       {CollectiveKind::kAllReduce, 2 << 20, "cma"},
       {CollectiveKind::kBroadcast, 16 << 10, "slots"},
@@ -330,62 +329,104 @@ TEST_CASE(
       {CollectiveKind::kBroadcast, 1 << 20, "slots"},
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
+      {CollectiveKind::kAllGather, (4 << 20) + 64, "cma"},
       {CollectiveKind::kReduceScatter, 32 << 10, "slots"},
       {CollectiveKind::kReduceScatter, 64 << 10, "cma"},
+      {CollectiveKind::kReduceScatter, (16 << 20) + 64, "cma"},
   };
-  Errors errors;
-  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
-    DirectOptions o;                // the defaults
-    o.cma_oversubscribed = true;    // world 2 on a 1-CPU machine too
-    o.mapped_min_bytes = SIZE_MAX;  // only CMA goes direct
-    c.set_direct_options(o);
-    const int r = c.rank();
-    for (const Probe& p : probes) {
-      std::string tag = absl::StrCat("rank ", r, " ", CollectiveName(p.kind), " ", p.bytes, " B");
-      size_t n = p.bytes / sizeof(float);
-      std::vector<float> in(n, 0), out;
-      absl::Status s;
-      bool right = true;
-      switch (p.kind) {
-        case CollectiveKind::kAllReduce:
-          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
-          s = c.AllReduce(in.data(), n, DType::kFloat32, ReduceOp::kSum, 1, Soon());
-          for (size_t i = 0; i < n && right; ++i) right = in[i] == 2.0f * (i % 1000) + 1;
-          break;
-        case CollectiveKind::kBroadcast:
-          for (size_t i = 0; i < n; ++i) in[i] = r == 1 ? static_cast<float>(i % 1000) : -1;
-          s = c.Broadcast(in.data(), n, DType::kFloat32, 1, Soon());
-          for (size_t i = 0; i < n && right; ++i) right = in[i] == static_cast<float>(i % 1000);
-          break;
-        case CollectiveKind::kAllGather:
-          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(r * 1000 + i % 1000);
-          out.assign(2 * n, -1);
-          s = c.AllGather(in.data(), out.data(), n, DType::kFloat32, Soon());
-          for (size_t i = 0; i < 2 * n && right; ++i) {
-            right = out[i] == static_cast<float>(i / n * 1000 + i % n % 1000);
-          }
-          break;
-        case CollectiveKind::kReduceScatter:
-          for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
-          out.assign(n / 2, -1);
-          s = c.ReduceScatter(in.data(), out.data(), n / 2, DType::kFloat32, ReduceOp::kSum, 1,
-                              Soon());
-          for (size_t i = 0; i < n / 2 && right; ++i) {
-            right = out[i] == 2.0f * ((r * n / 2 + i) % 1000) + 1;
-          }
-          break;
-        default:
-          break;
+  const std::vector<Probe> oversubscribed = {
+      {CollectiveKind::kAllReduce, 4 << 20, "slots"},
+      {CollectiveKind::kBroadcast, 64 << 10, "slots"},
+      {CollectiveKind::kAllGather, 8 << 10, "slots"},
+      {CollectiveKind::kAllGather, 16 << 10, "cma"},
+      {CollectiveKind::kAllGather, 4 << 20, "cma"},
+      {CollectiveKind::kAllGather, (4 << 20) + 64, "slots"},
+      {CollectiveKind::kReduceScatter, 32 << 10, "slots"},
+      {CollectiveKind::kReduceScatter, 64 << 10, "cma"},
+      {CollectiveKind::kReduceScatter, 16 << 20, "cma"},
+      {CollectiveKind::kReduceScatter, (16 << 20) + 64, "slots"},
+  };
+  for (bool over : {false, true}) {
+    INFO("oversubscribed " << over);
+    const std::vector<Probe>& probes = over ? oversubscribed : own_cpus;
+    Errors errors;
+    RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+      DirectOptions o;                // the defaults
+      o.mapped_min_bytes = SIZE_MAX;  // only CMA goes direct
+      c.set_direct_options(o);
+      // Two ranks with two CPUs, or as if on one (whatever this machine has).
+      c.set_wait_policy(WaitPolicy::For(2, over ? 1 : 2));
+      const int r = c.rank();
+      for (const Probe& p : probes) {
+        std::string tag = absl::StrCat("rank ", r, " ", CollectiveName(p.kind), " ", p.bytes, " B");
+        size_t n = p.bytes / sizeof(float);
+        std::vector<float> in(n, 0), out;
+        absl::Status s;
+        bool right = true;
+        switch (p.kind) {
+          case CollectiveKind::kAllReduce:
+            for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
+            s = c.AllReduce(in.data(), n, DType::kFloat32, ReduceOp::kSum, 1, Soon());
+            for (size_t i = 0; i < n && right; ++i) right = in[i] == 2.0f * (i % 1000) + 1;
+            break;
+          case CollectiveKind::kBroadcast:
+            for (size_t i = 0; i < n; ++i) in[i] = r == 1 ? static_cast<float>(i % 1000) : -1;
+            s = c.Broadcast(in.data(), n, DType::kFloat32, 1, Soon());
+            for (size_t i = 0; i < n && right; ++i) right = in[i] == static_cast<float>(i % 1000);
+            break;
+          case CollectiveKind::kAllGather:
+            for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(r * 1000 + i % 1000);
+            out.assign(2 * n, -1);
+            s = c.AllGather(in.data(), out.data(), n, DType::kFloat32, Soon());
+            for (size_t i = 0; i < 2 * n && right; ++i) {
+              right = out[i] == static_cast<float>(i / n * 1000 + i % n % 1000);
+            }
+            break;
+          case CollectiveKind::kReduceScatter:
+            for (size_t i = 0; i < n; ++i) in[i] = static_cast<float>(i % 1000 + r);
+            out.assign(n / 2, -1);
+            s = c.ReduceScatter(in.data(), out.data(), n / 2, DType::kFloat32, ReduceOp::kSum, 1,
+                                Soon());
+            for (size_t i = 0; i < n / 2 && right; ++i) {
+              right = out[i] == 2.0f * ((r * n / 2 + i) % 1000) + 1;
+            }
+            break;
+          default:
+            break;
+        }
+        if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+        if (!right) errors.Add(absl::StrCat(tag, ": wrong result"));
+        if (std::string(c.last_path()) != p.path) {
+          errors.Add(absl::StrCat(tag, ": path ", c.last_path(), ", want ", p.path));
+        }
       }
-      if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
-      if (!right) errors.Add(absl::StrCat(tag, ": wrong result"));
-      if (std::string(c.last_path()) != p.path) {
-        errors.Add(absl::StrCat(tag, ": path ", c.last_path(), ", want ", p.path));
-      }
-    }
-  });
-  INFO(errors.first);
-  CHECK(errors.count == 0);
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
+TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
+  size_t b = 7;
+  CHECK(ParseByteCount("262144", &b));
+  CHECK(b == 262144);
+  CHECK(ParseByteCount("256K", &b));
+  CHECK(b == 256 << 10);
+  CHECK(ParseByteCount("4m", &b));
+  CHECK(b == 4 << 20);
+  CHECK(ParseByteCount("1G", &b));
+  CHECK(b == size_t{1} << 30);
+  CHECK(ParseByteCount("0", &b));
+  CHECK(b == 0);
+  CHECK(ParseByteCount("off", &b));
+  CHECK(b == SIZE_MAX);
+  b = 7;
+  for (const char* bad : {"", "K", "256KB", "-1", "+5", " 5", "5 ", "1.5M", "0x10", "lots",
+                          "99999999999999999999", "17179869184G"}) {
+    INFO(bad);
+    CHECK_FALSE(ParseByteCount(bad, &b));
+  }
+  CHECK(b == 7);  // untouched by a value that does not parse
 }
 
 TEST_CASE("a failed CMA probe on one rank moves the whole group to the slots, for good") {
