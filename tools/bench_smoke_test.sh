@@ -119,7 +119,7 @@ check "shm rounds bad op" "$(cat "$errfile")" "unknown --op 'gather'"
 floor="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/bench-copy-floor"
 [[ -x "$floor" ]] || floor="tools/bench-copy-floor"
 for w in 2 3; do
-  for p in gather broadcast private; do
+  for p in gather allgather broadcast private; do
     for m in cma shared; do
       fout="$(timeout 60 "$floor" --world "$w" --pattern "$p" --method "$m" --bytes 64K,1M \
         --iters 20 --chunk 16K 2>"$errfile")"

@@ -989,11 +989,11 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
       // With three or more ranks each starts at the next rank, so that the
       // ranks read different sources at a time: a read pins the source's
       // pages under its page-table lock, and all reading rank 0 first made
-      // them queue on it (world 4, 4 MiB: 12 % of the time in the kernel's
-      // spinlocks, none after; 920-1052 -> 744-1008 us). Two ranks go in
-      // rank order: one copies its own input while the other reads it, which
-      // then comes from cache (4 MiB: 309-361 us against 375-377 with both
-      // reading the other first).
+      // them queue on it (world 4: 12 % of the time in the kernel's
+      // spinlocks at 4 MiB, 2.5 % after at 16 MiB; 4 MiB 920-1052 ->
+      // 744-1008 us). Two ranks go in rank order: one copies its own input
+      // while the other reads it, which then comes from cache (4 MiB:
+      // 309-361 us against 375-377 with both reading the other first).
       for (int k = 0; k < size_; ++k) {
         const int j = size_ > 2 ? (rank_ + 1 + k) % size_ : k;
         char* to = dst + j * count * es;

@@ -167,7 +167,8 @@ class ShmCommunicator : public Communicator {
   uint64_t sequence() const { return sequence_; }
   void set_direct_options(const DirectOptions& options) { direct_ = options; }
   // Replaces WaitPolicy::For(size, this machine's CPUs); the same on every
-  // rank (oversubscribed changes which path an all_reduce takes).
+  // rank (oversubscribed changes which path an all_reduce takes and which
+  // collectives go CMA: DirectOptions::cma_oversubscribed).
   void set_wait_policy(const WaitPolicy& policy) { wait_ = policy; }
   // Tests: every round sleeps `delay` after all ranks arrived, before it
   // reads (a rank lagging in the middle of a round).
