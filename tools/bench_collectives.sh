@@ -127,6 +127,9 @@ else
     exit 1
   }
 
+  # Where the bazel-bin link pointed before the -c opt build moved it (empty
+  # in a fresh clone: nothing to point back to, and no fastbuild to wait for).
+  bin_before="$(readlink bazel-bin 2>/dev/null || true)"
   if ((build)); then
     say "building muster-bench and muster-run (-c opt)"
     bazel build -c opt //tools:muster-bench //tools:muster-run >&2
@@ -489,8 +492,11 @@ if env.get("REPORT_DOC") == "1":
     print("\n(written into %s, section \"%s\")" % (path, title[3:]))
 EOF
 
-if ((build)); then
-  # -c opt moved the shared bazel-bin link; point it back to the default build.
+if ((build)) && [[ ${bin_before:-} == *-fastbuild/* ]]; then
+  # -c opt moved the shared bazel-bin link; point it back to the default
+  # build it showed before (only then: in a fresh clone that build is every
+  # target from scratch, minutes of both CPUs after the run).
+  say "pointing bazel-bin back to the default (fastbuild) build"
   bazel build //tools:muster-bench >/dev/null 2>&1 || say "note: bazel build //tools:muster-bench (fastbuild) failed"
 fi
 exit $failed
