@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/ascii.h"
@@ -71,20 +72,18 @@ PackedSignature Pack(const OpSignature& s, uint64_t path) {
 // every rank's piece is combined into it.
 constexpr size_t kBlockBytes = 64 << 10;
 
-void WarnNotBytes(const char* name, const char* value) {
+// The byte count in environment variable `name` (ParseByteCount); nothing
+// when it is unset or empty, or (with a warning naming it) does not parse.
+std::optional<size_t> EnvBytes(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == 0) return std::nullopt;
+  size_t bytes = 0;
+  if (ParseByteCount(v, &bytes)) return bytes;
   std::fprintf(stderr,
                "muster: %s='%s' is not a byte count (digits with an optional K, M or G, or "
                "off); ignored\n",
-               name, value);
-}
-
-size_t EnvBytes(const char* name, size_t fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr || *v == 0) return fallback;
-  size_t bytes = 0;
-  if (ParseByteCount(v, &bytes)) return bytes;
-  WarnNotBytes(name, v);
-  return fallback;
+               name, v);
+  return std::nullopt;
 }
 
 // Rank r's part of `count` elements split n ways: [*off, *off + return).
@@ -134,15 +133,8 @@ bool ParseByteCount(const std::string& text, size_t* bytes) {
 
 DirectOptions DirectOptions::FromEnv() {
   DirectOptions o;
-  o.mapped_min_bytes = EnvBytes("MUSTER_SHM_MAPPED_MIN_BYTES", o.mapped_min_bytes);
-  if (const char* v = std::getenv("MUSTER_SHM_CMA_MIN_BYTES"); v != nullptr && *v != 0) {
-    size_t min_bytes = 0;
-    if (ParseByteCount(v, &min_bytes)) {
-      o.SetCmaMinBytes(min_bytes);
-    } else {
-      WarnNotBytes("MUSTER_SHM_CMA_MIN_BYTES", v);
-    }
-  }
+  if (std::optional<size_t> b = EnvBytes("MUSTER_SHM_MAPPED_MIN_BYTES")) o.mapped_min_bytes = *b;
+  if (std::optional<size_t> b = EnvBytes("MUSTER_SHM_CMA_MIN_BYTES")) o.SetCmaMinBytes(*b);
   return o;
 }
 

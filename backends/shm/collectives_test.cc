@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <functional>
@@ -427,6 +428,31 @@ TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off;
     CHECK_FALSE(ParseByteCount(bad, &b));
   }
   CHECK(b == 7);  // untouched by a value that does not parse
+}
+
+TEST_CASE("DirectOptions::FromEnv takes K/M suffixes and keeps the defaults for a bad value") {
+  const DirectOptions defaults;
+  setenv("MUSTER_SHM_CMA_MIN_BYTES", "256K", 1);
+  setenv("MUSTER_SHM_MAPPED_MIN_BYTES", "1M", 1);
+  DirectOptions o = DirectOptions::FromEnv();
+  CHECK(o.mapped_min_bytes == size_t{1} << 20);
+  for (const CmaRanges* set : {&o.cma, &o.cma_oversubscribed}) {  // every range, both policies
+    for (CollectiveKind kind : {CollectiveKind::kAllReduce, CollectiveKind::kBroadcast,
+                                CollectiveKind::kAllGather, CollectiveKind::kReduceScatter}) {
+      CHECK(set->For(kind).min_bytes == 256 << 10);
+      CHECK(set->For(kind).max_bytes == SIZE_MAX);
+    }
+  }
+  setenv("MUSTER_SHM_CMA_MIN_BYTES", "256KB", 1);  // not a byte count: warned about, ignored
+  setenv("MUSTER_SHM_MAPPED_MIN_BYTES", "-1", 1);
+  o = DirectOptions::FromEnv();
+  CHECK(o.mapped_min_bytes == defaults.mapped_min_bytes);
+  CHECK(o.cma.all_gather.min_bytes == defaults.cma.all_gather.min_bytes);
+  CHECK(o.cma_oversubscribed.all_gather.max_bytes ==
+        defaults.cma_oversubscribed.all_gather.max_bytes);
+  CHECK(o.cma_oversubscribed.all_reduce.min_bytes == SIZE_MAX);  // no CMA all_reduce oversubscribed
+  unsetenv("MUSTER_SHM_CMA_MIN_BYTES");
+  unsetenv("MUSTER_SHM_MAPPED_MIN_BYTES");
 }
 
 TEST_CASE("a failed CMA probe on one rank moves the whole group to the slots, for good") {
