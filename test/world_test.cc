@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <fstream>
 #include <map>
 
 #include "absl/strings/match.h"
@@ -63,6 +64,21 @@ class Job {
     }
     return all;
   }
+  // Waits until rank process `i` (in Start order) printed `text`.
+  void AwaitLine(int i, const std::string& text, absl::Duration timeout = absl::Seconds(60)) {
+    absl::Time give_up = absl::Now() + timeout;
+    while (!absl::StrContains(runs_[i].process->Stdout(), text)) {
+      INFO("rank process " << i << " stdout: " << runs_[i].process->Stdout()
+                           << " stderr: " << runs_[i].process->Stderr());
+      REQUIRE(runs_[i].process->Running());
+      REQUIRE(absl::Now() < give_up);
+      absl::SleepFor(absl::Milliseconds(10));
+    }
+  }
+  // A path in the job's temp dir, for a rank's "waitfile".
+  std::string File(const std::string& name) const { return dir_.File(name); }
+  // Creates File(name): ranks waiting for it go on.
+  void Release(const std::string& name) { std::ofstream(dir_.File(name)) << name; }
   std::vector<RankRun>& runs() { return runs_; }
 
  private:
@@ -114,9 +130,11 @@ TEST_CASE(
   for (int r = 0; r < 4; ++r) {
     job.Start(r,
               "init;group pair 0,1;subgroups 2;enumerate 0,3/1,2;barrier world;barrier pair;"
-              "barrier world;store;sleep 1500");
+              "barrier world;store;mark listed;waitfile " +
+                  job.File("go"));
   }
-  absl::SleepFor(absl::Milliseconds(900));
+  // The ranks stay registered until musterctl has listed them.
+  for (int r = 0; r < 4; ++r) job.AwaitLine(r, absl::StrCat("rank ", r, ": mark listed"));
   int code = 0;
   std::string groups = Ctl(*daemon, {"groups", "--job", "train"}, &code);
   CHECK(code == 0);
@@ -124,6 +142,7 @@ TEST_CASE(
   std::string ranks = Ctl(*daemon, {"ranks"});
   std::string jobs = Ctl(*daemon, {"jobs"});
   std::string status = Ctl(*daemon, {"status", "--json"});
+  job.Release("go");
   std::string out = job.WaitAll();
   INFO(out);
   for (auto& r : job.runs()) CHECK(r.exit.code == 0);
@@ -237,9 +256,9 @@ TEST_CASE(
 TEST_CASE("bad registrations are clear errors and do not disturb other jobs") {
   auto daemon = StartDaemon();
   Job good(*daemon, "good", 2);
-  good.Start(0, "init;sleep 2500;barrier world");
-  good.Start(1, "init;sleep 2500;barrier world");
-  absl::SleepFor(absl::Milliseconds(700));
+  good.Start(0, "init;mark joined;waitfile " + good.File("go") + ";barrier world");
+  good.Start(1, "init;mark joined;waitfile " + good.File("go") + ";barrier world");
+  for (int r = 0; r < 2; ++r) good.AwaitLine(r, absl::StrCat("rank ", r, ": mark joined"));
   {
     Job bad(*daemon, "badrank", 4);
     bad.Start(4, "init");
@@ -285,6 +304,7 @@ TEST_CASE("bad registrations are clear errors and do not disturb other jobs") {
   std::string unknown = Ctl(*daemon, {"group", "nope"}, &code);
   CHECK(code == 1);
   CHECK(absl::StrContains(unknown, "no group 'nope'"));
+  good.Release("go");
   std::string out = good.WaitAll();
   CHECK(absl::StrContains(out, "rank 0: barrier world ok"));
   CHECK(absl::StrContains(out, "rank 1: barrier world ok"));
@@ -345,14 +365,16 @@ TEST_CASE("a third-party backend registered by name is usable for groups") {
 TEST_CASE("musterctl abort fails a job's pending operations with the operator's reason") {
   auto daemon = StartDaemon();
   Job job(*daemon, "victim", 3);
-  job.Start(0, "init;barrier world 20000;failures");
-  job.Start(1, "init;barrier world 20000;failures");
-  std::map<std::string, std::string> env;
-  job.Start(2, "init;sleep 5000");
-  absl::SleepFor(absl::Milliseconds(1200));
+  job.Start(0, "init;mark joined;barrier world 20000;failures");
+  job.Start(1, "init;mark joined;barrier world 20000;failures");
+  // Rank 2 never enters the barrier: it waits until the abort is done.
+  job.Start(2, "init;mark joined;waitfile " + job.File("go"));
+  for (int r = 0; r < 3; ++r) job.AwaitLine(r, absl::StrCat("rank ", r, ": mark joined"));
+  absl::SleepFor(absl::Milliseconds(300));  // ranks 0 and 1 wait in the barrier by now
   int code = 0;
   Ctl(*daemon, {"abort", "victim", "--reason", "maintenance window"}, &code);
   CHECK(code == 0);
+  job.Release("go");
   std::string out = job.WaitAll();
   INFO(out);
   CHECK(absl::StrContains(out,
@@ -382,12 +404,13 @@ TEST_CASE("local synchronization, tags, rank lookups, destroy and the c10d-style
   job.Start(0,
             "cinit;group edge 0,2,local;tagged t mytag 0,1,2;lookup edge 2;lookup edge 1;"
             "barrier edge;destroy edge;barrier edge;sleep 300");
-  job.Start(1, "cinit;tagged t mytag 0,1,2;sleep 800");
+  job.Start(1, "cinit;tagged t mytag 0,1,2;waitfile " + job.File("go"));
   job.Start(2,
             "cinit;group edge 0,2,local;tagged t mytag 0,1,2;barrier edge;destroy edge;"
             "destroy edge;sleep 300");
-  absl::SleepFor(absl::Milliseconds(600));
+  job.AwaitLine(0, "rank 0: group edge 0,2,local ok");
   std::string edge = Ctl(*daemon, {"group", "edge", "--job", "misc", "--json"});
+  job.Release("go");
   std::string out = job.WaitAll();
   INFO(out);
   CHECK(absl::StrContains(out,
@@ -425,17 +448,14 @@ TEST_CASE(
     job.Start(r,
               "init;allreduce world 100000;bcast world 1001 3;gatherobj world;a2a world;"
               "subgroups 2;allreduce group_1 33;allreduce group_2 33;cbarrier world;"
-              "ring world 3000000;ring world 1;async world 5;sleep 5000");
+              "ring world 3000000;ring world 1;async world 5;mark ran;waitfile " +
+                  job.File("go"));
   }
-  // Every rank is in its final sleep (on a loaded machine that takes a while).
-  for (int i = 0; i < 600; ++i) {
-    int done = 0;
-    for (auto& r : job.runs()) done += absl::StrContains(r.process->Stdout(), "async world 5");
-    if (done == 4) break;
-    absl::SleepFor(absl::Milliseconds(50));
-  }
+  // Every rank ran all its collectives and stays registered until listed.
+  for (int r = 0; r < 4; ++r) job.AwaitLine(r, absl::StrCat("rank ", r, ": mark ran"));
   std::string group = Ctl(*daemon, {"group", "world", "--job", "coll", "--json"});
   std::string table = Ctl(*daemon, {"group", "world", "--job", "coll"});
+  job.Release("go");
   std::string out = job.WaitAll();
   INFO(out << group << table);
   for (int r = 0; r < 4; ++r) {
