@@ -153,15 +153,16 @@ class Work::Impl {
 
   mutable absl::Mutex mu_;
   std::atomic<ProcessGroup::Impl*> group_{nullptr};
-  // kUnwatched -> kDone: Complete, without the lock (nothing to wake);
-  // kUnwatched -> kWatched: Watch, under mu_; kWatched -> kDone: Complete,
-  // under mu_. kDone is stored after status_ and source_ (release) and read
-  // without the lock (acquire): a completed Work's status costs no lock.
-  static constexpr uint8_t kUnwatched = 0, kWatched = 1, kDone = 2;
+  // The first Complete call records the result; later ones do nothing.
+  // kUnwatched -> kCompleting -> kDone: Complete, without the lock (nothing
+  // to wake); kUnwatched -> kWatched: Watch, under mu_ (it waits out a
+  // kCompleting); kWatched -> kDone: Complete, under mu_. kDone is stored
+  // after status_ and source_ (release) and read without the lock
+  // (acquire): a completed Work's status costs no lock.
+  static constexpr uint8_t kUnwatched = 0, kWatched = 1, kCompleting = 2, kDone = 3;
   std::atomic<uint8_t> state_{kUnwatched};
-  std::atomic<bool> claimed_{false};  // the first Complete call records the result
-  absl::Status status_;               // written once, before kDone
-  int source_ = -1;                   // written once, before kDone
+  absl::Status status_;  // written once, before kDone
+  int source_ = -1;      // written once, before kDone
   std::vector<std::function<void(const absl::Status&)>> on_complete_ ABSL_GUARDED_BY(mu_);
   std::vector<std::shared_ptr<const void>> retained_ ABSL_GUARDED_BY(mu_);
 };

@@ -55,6 +55,7 @@ TraceWriter::TraceWriter(GroupSegment* segment, int rank, uint64_t capacity) {
   if (segment == nullptr || rank < 0 || rank >= segment->nranks()) return;
   capacity_ = std::min<uint64_t>(capacity, segment->trace_records());
   if (capacity_ == 0) return;
+  if ((capacity_ & (capacity_ - 1)) == 0 && capacity_ > 1) mask_ = capacity_ - 1;
   header_ = &segment->trace_ring(rank);
   records_ = segment->trace_records(rank);
   header_->pid.store(static_cast<int32_t>(::getpid()), std::memory_order_relaxed);
@@ -72,7 +73,7 @@ int64_t TraceCoarseResolutionNanos() {
 }
 
 TraceRecord* TraceWriter::Lock(uint64_t id) {
-  TraceRecord* r = &records_[(id - 1) % capacity_];
+  TraceRecord* r = Slot(id);
   uint32_t v = r->version.load(std::memory_order_relaxed);
   while (true) {
     if ((v & 1) == 0) {
@@ -133,7 +134,7 @@ uint64_t TraceWriter::Write(uint64_t seq, const TraceCall& call, TraceState stat
   // and are likely out of cache; a locked instruction on a missing line
   // stalls for the whole miss (~100 ns). Fetch them now, for writing, so
   // the next Begin finds them.
-  TraceRecord* next = &records_[id % capacity_];
+  TraceRecord* next = Slot(id + 1);
   __builtin_prefetch(next, 1, 3);
   __builtin_prefetch(reinterpret_cast<char*>(next) + 64, 1, 3);
   return id;

@@ -124,6 +124,36 @@ TEST_CASE("the ring keeps the newest records; a new writer resumes", "[trace]") 
   CHECK(t.back().op == TraceOp::kGather);
 }
 
+TEST_CASE("a ring of any capacity (a power of two or not) wraps the same way", "[trace]") {
+  // A power-of-two capacity finds a record's slot with a mask, any other
+  // with a division: both keep the newest records, in order.
+  for (uint64_t capacity : {1, 3, 4, 5, 8}) {
+    INFO("capacity " << capacity);
+    Segment s(1, 8);
+    TraceWriter w(s.rank.get(), 0, capacity);
+    std::vector<uint64_t> ids;
+    for (uint64_t i = 1; i <= 13; ++i) {
+      ids.push_back(w.BeginStarted(i, Call(TraceOp::kAllReduce, i), 10 * i, 10 * i + 1));
+      if (i > 1) w.Finished(ids[i - 2], 0, 10 * i);  // the one before finishes late
+    }
+    std::vector<TraceEntry> t = ReadTrace(*s.owner, 0);
+    REQUIRE(t.size() == capacity);
+    for (size_t k = 0; k < t.size(); ++k) {
+      const uint64_t seq = 13 - capacity + 1 + k;
+      CHECK(t[k].id == seq);
+      CHECK(t[k].seq == seq);
+      CHECK(t[k].count == seq);
+      CHECK(t[k].state == (seq == 13 ? TraceState::kStarted : TraceState::kCompleted));
+    }
+    // An id the ring no longer keeps: its late finish changes nothing.
+    if (capacity < 13) w.Finished(13 - capacity, 13, 999);
+    std::vector<TraceEntry> after = ReadTrace(*s.owner, 0);
+    REQUIRE(after.size() == capacity);
+    CHECK(after.front().id == 13 - capacity + 1);
+    CHECK(after.front().error == 0);
+  }
+}
+
 TEST_CASE("a segment without trace records, and a disabled writer", "[trace]") {
   Segment none(2, 0);
   TraceWriter w(none.rank.get(), 0, 2048);
