@@ -27,7 +27,7 @@ inline void CpuRelax() { _mm_pause(); }
 // Meta words of the direct paths (RankControl::meta).
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8,
-                   kCmaVerified = 16;
+                   kCmaVerified = 16, kRootWrites = 32;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
 // An OpSignature and a path bit in the two words RankControl keeps per
@@ -145,6 +145,7 @@ void DirectOptions::SetCmaMinBytes(size_t min_bytes) {
       *r = ByteRange{min_bytes, SIZE_MAX};
     }
   }
+  cma_broadcast_pair = ByteRange{min_bytes, SIZE_MAX};
 }
 
 ByteRange CmaRanges::For(CollectiveKind kind) const {
@@ -206,6 +207,7 @@ OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t co
   current_ = s;
   first_round_ = round_ + 1;
   path_tag_ = 0;
+  root_writes_ = false;
   last_path_ = "slots";
   segment_->rank(rank_).submitted.store(s.sequence, std::memory_order_release);
   return s;
@@ -544,13 +546,17 @@ bool ShmCommunicator::GoesDirect(size_t bytes) const {
 
 bool ShmCommunicator::OffersCma(size_t bytes) const {
   const CmaRanges& ranges = wait_.oversubscribed ? direct_.cma_oversubscribed : direct_.cma;
-  return !cma_refused_ && ranges.For(static_cast<CollectiveKind>(current_.kind)).Contains(bytes);
+  const auto kind = static_cast<CollectiveKind>(current_.kind);
+  const ByteRange range = kind == CollectiveKind::kBroadcast && PairWithCpus()
+                              ? direct_.cma_broadcast_pair
+                              : ranges.For(kind);
+  return !cma_refused_ && range.Contains(bytes);
 }
 
 bool ShmCommunicator::CmaVerified(int root) const {
   if (!cma_agreed_once_) return false;
   for (int j = 0; j < size_; ++j) {
-    if (j == rank_ || (root >= 0 && j != root)) continue;
+    if (!Touches(j, root, /*cma=*/true)) continue;
     int32_t verified = cma_verified_pid_[j];
     if (verified == 0 || verified != segment_->rank(j).pid.load(std::memory_order_relaxed)) {
       return false;
@@ -593,7 +599,8 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         if (write) write_first(slot);
         meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
                        (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0) |
-                       (cma && CmaVerified(root) ? kCmaVerified : 0);
+                       (cma && CmaVerified(root) ? kCmaVerified : 0) |
+                       (root_writes_ && rank_ == root ? kRootWrites : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
         meta[kInode] = shared ? ref.inode : 0;
@@ -616,10 +623,11 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
                : wrote ? Direct::kSlotsFirstDone
                        : Direct::kSlots;
         if (mode == Direct::kSlotsFirstDone) return read_first();
+        root_writes_ = root >= 0 && (segment_->rank(root).meta[kFlags] & kRootWrites) != 0;
         reached_ = true;
         sources_.assign(size_, PeerSource{});
         for (int j = 0; j < size_ && (mode == Direct::kMapped || mode == Direct::kCma); ++j) {
-          if (j == rank_ || (root >= 0 && j != root)) continue;
+          if (!Touches(j, root, mode == Direct::kCma)) continue;
           const uint64_t* meta = segment_->rank(j).meta;
           PeerSource& p = sources_[j];
           p.pid = static_cast<int32_t>(meta[kPid]);
@@ -702,6 +710,25 @@ absl::Status ShmCommunicator::ReadSource(int j, size_t offset, size_t len, char*
     }
     done += static_cast<size_t>(n);
   }
+  return absl::OkStatus();
+}
+
+absl::Status ShmCommunicator::WriteTarget(int j, size_t offset, size_t len, const char* src) {
+  const PeerSource& p = sources_[j];
+  size_t done = 0;
+  while (done < len) {
+    iovec local{const_cast<char*>(src) + done, len - done};
+    iovec remote{reinterpret_cast<void*>(p.addr + offset + done), len - done};
+    ssize_t n = ::process_vm_writev(p.pid, &local, 1, &remote, 1, 0);
+    if (n <= 0) {
+      return ErrnoToStatus(
+          n < 0 ? errno : EFAULT,
+          absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "': writing rank ",
+                       global_ranks_[j], "'s buffer (pid ", p.pid, ") with process_vm_writev"));
+    }
+    done += static_cast<size_t>(n);
+  }
+  peer_bytes_written_ += len;
   return absl::OkStatus();
 }
 
@@ -913,8 +940,18 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t first_len = std::min(chunk, count);
   size_t start = 0;
   if (GoesDirect(count * es)) {
+    // Two ranks, each with a CPU: over CMA the root writes the first half
+    // of the receiver's result (process_vm_writev) while the receiver
+    // reads the second half, so two CPUs copy instead of one. The root
+    // proposes it, the exchange makes every rank take the root's word
+    // (root_writes_). Mapped sources are read in place and the receiver's
+    // buffer need not be shared: there the receiver copies it all.
+    root_writes_ = PairWithCpus();
     auto read_root = [&] {
-      return rank_ == root ? absl::OkStatus() : ReadSource(root, 0, count * es, bytes);
+      const bool cma = mode_ == Direct::kCma || mode_ == Direct::kCmaDone;
+      const size_t split = cma && root_writes_ ? count / 2 * es : 0;
+      if (rank_ != root) return ReadSource(root, split, count * es - split, bytes + split);
+      return split > 0 ? WriteTarget(1 - root, 0, split, bytes) : absl::OkStatus();
     };
     auto mode = ExchangeSources(
         sig, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },

@@ -115,6 +115,12 @@ struct DirectOptions {
   // copy out overlap, were as fast or faster: 1.4x at 64 MiB).
   CmaRanges cma{
       {2 << 20, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
+  // Broadcast in a group of two ranks with a CPU each, instead of
+  // cma.broadcast: the root writes half of the receiver's result while the
+  // receiver reads the other half, two CPUs copying instead of one
+  // (1.5-2.9x the slots' speed at 64 KiB-64 MiB; docs/benchmarks.md, "the
+  // broadcast root copies too").
+  ByteRange cma_broadcast_pair{32 << 10, SIZE_MAX};
   // When the group has more ranks than the node has CPUs (world 4 on 2
   // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs"): all_gather
   // up to 4 MiB per rank and reduce_scatter up to 16 MiB of input (0.4-0.9x
@@ -183,6 +189,9 @@ class ShmCommunicator : public Communicator {
   const char* last_path() const { return last_path_; }
   // Tests: the group's rounds this rank has run (synchronizations).
   uint64_t rounds_for_testing() const { return round_; }
+  // Tests: bytes this rank wrote into peers' buffers (a broadcast root's
+  // share over CMA).
+  uint64_t peer_bytes_written_for_testing() const { return peer_bytes_written_; }
 
   absl::Status Barrier(absl::Time deadline) override;
   // In place: `data` holds the input and receives the result.
@@ -316,6 +325,17 @@ class ShmCommunicator : public Communicator {
   absl::Status RunDirectWork(Fn work);
   // Copies `len` bytes at `offset` of rank j's source to `dst`.
   absl::Status ReadSource(int j, size_t offset, size_t len, char* dst);
+  // Copies `len` bytes from `src` to `offset` of rank j's buffer (the
+  // address it published) with process_vm_writev.
+  absl::Status WriteTarget(int j, size_t offset, size_t len, const char* src);
+  // Whether this rank's direct work touches rank j's buffer: reads it (j is
+  // the root, or every rank is a source) or, over CMA (`cma`), writes it
+  // (a root that writes part of each receiver's result, root_writes_).
+  // Two ranks with a CPU each (a broadcast's root copies too).
+  bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
+  bool Touches(int j, int root, bool cma) const {
+    return j != rank_ && (root < 0 || j == root || (cma && root_writes_ && rank_ == root));
+  }
   // Rank j's source at `offset`: its mapping, or `tmp` filled by CMA.
   absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);
   // Waits until every peer finished reading this rank's buffer.
@@ -370,6 +390,12 @@ class ShmCommunicator : public Communicator {
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;
+  // The collective in progress is a CMA broadcast whose root writes the
+  // first part of the receivers' results while they read the rest (two
+  // CPUs copy instead of one; Broadcast). The root proposes it; every rank
+  // takes the root's word for it (the kRootWrites flag) in the exchange.
+  bool root_writes_ = false;
+  uint64_t peer_bytes_written_ = 0;  // WriteTarget's, for tests
   // A rank's probe of a peer's buffer with process_vm_readv failed (Yama's
   // ptrace_scope, for one): no rank of the group offers CMA any more (all
   // learn it in the same round), so later collectives take the slots

@@ -326,8 +326,9 @@ TEST_CASE(
       {CollectiveKind::kAllReduce, 1 << 20, "slots"},
       {CollectiveKind::kAllReduce, 2 << 20, "cma"},
       {CollectiveKind::kBroadcast, 16 << 10, "slots"},
-      {CollectiveKind::kBroadcast, 32 << 10, "cma"},
-      {CollectiveKind::kBroadcast, 1 << 20, "slots"},
+      {CollectiveKind::kBroadcast, 32 << 10, "cma"},  // two ranks: the pair's range
+      {CollectiveKind::kBroadcast, 1 << 20, "cma"},
+      {CollectiveKind::kBroadcast, 16 << 20, "cma"},
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
       {CollectiveKind::kAllGather, (4 << 20) + 64, "cma"},
@@ -407,6 +408,58 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a CMA broadcast between two ranks with a CPU each: the root writes half of the result, "
+    "the receiver reads the rest; otherwise the receiver copies it all") {
+  // Both roots, odd and even counts, the first (probing) collective of a
+  // communicator and later (verified) ones; the receiver's buffer starts
+  // poisoned, so a half nobody wrote shows.
+  for (bool over : {false, true}) {
+    for (bool mapped : {false, true}) {
+      INFO((over ? "oversubscribed" : "a CPU each") << (mapped ? ", shared buffers" : ""));
+      Errors errors;
+      RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(mapped ? Path::kMapped : Path::kCma));
+        c.set_wait_policy(WaitPolicy::For(2, over ? 1 : 2));
+        const int r = c.rank();
+        for (int repeat = 0; repeat < 2; ++repeat) {
+          for (int root : {0, 1}) {
+            for (size_t count : {size_t{1}, size_t{4097}, size_t{65536}}) {
+              std::string tag = absl::StrCat("rank ", r, " root ", root, " count ", count);
+              Buffer buffer(mapped, count * sizeof(int32_t), 0);
+              auto* v = reinterpret_cast<int32_t*>(buffer.data());
+              for (size_t i = 0; i < count; ++i) {
+                v[i] = r == root ? static_cast<int32_t>(i * 7 + root) : -1;
+              }
+              const uint64_t written = c.peer_bytes_written_for_testing();
+              absl::Status s = c.Broadcast(v, count, DType::kInt32, root, Soon());
+              if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+              for (size_t i = 0; i < count; ++i) {
+                if (v[i] != static_cast<int32_t>(i * 7 + root)) {
+                  errors.Add(absl::StrCat(tag, ": element ", i, " is ", v[i]));
+                  break;
+                }
+              }
+              if (std::string(c.last_path()) != (mapped ? "mapped" : "cma")) {
+                errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
+              }
+              // The root's share: half the elements, over CMA with a CPU each.
+              const uint64_t want = r == root && !over && !mapped ? count / 2 * sizeof(int32_t) : 0;
+              if (c.peer_bytes_written_for_testing() - written != want) {
+                errors.Add(absl::StrCat(tag, ": wrote ",
+                                        c.peer_bytes_written_for_testing() - written,
+                                        " bytes into the peer, want ", want));
+              }
+            }
+          }
+        }
+      });
+      INFO(errors.first);
+      CHECK(errors.count == 0);
+    }
+  }
+}
+
 TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
   size_t b = 7;
   CHECK(ParseByteCount("262144", &b));
@@ -443,6 +496,8 @@ TEST_CASE("DirectOptions::FromEnv takes K/M suffixes and keeps the defaults for 
       CHECK(set->For(kind).max_bytes == SIZE_MAX);
     }
   }
+  CHECK(o.cma_broadcast_pair.min_bytes == 256 << 10);
+  CHECK(o.cma_broadcast_pair.max_bytes == SIZE_MAX);
   setenv("MUSTER_SHM_CMA_MIN_BYTES", "256KB", 1);  // not a byte count: warned about, ignored
   setenv("MUSTER_SHM_MAPPED_MIN_BYTES", "-1", 1);
   o = DirectOptions::FromEnv();
@@ -492,21 +547,24 @@ TEST_CASE("once every rank reached the peers it reads CMA collectives skip the p
   // outcome in a round of its own; later ones, where each rank already
   // reached (in an earlier collective) every peer it reads, do the work in
   // the exchange round. broadcast from rank 0 first: a non-root rank then
-  // reached only the root, so the first all_gather still probes.
+  // reached only the root, so the first all_gather still probes, except
+  // with two ranks with a CPU each, where the root reached the receiver
+  // too (it writes half of the result).
   struct Step {
     const char* op;
     std::vector<uint64_t> rounds;  // per call, the first two calls
   };
-  const std::vector<Step> steps = {{"broadcast", {2, 1}},
-                                   {"all_gather", {2, 1}},
-                                   {"reduce_scatter", {1, 1}},
-                                   {"all_reduce", {2, 2}},  // + its gather round
-                                   {"broadcast", {1, 1}}};
   for (int world = 2; world <= 4; ++world) {
     INFO("world " << world);
+    const std::vector<Step> steps = {{"broadcast", {2, 1}},
+                                     {"all_gather", {world == 2 ? 1u : 2u, 1}},
+                                     {"reduce_scatter", {1, 1}},
+                                     {"all_reduce", {2, 2}},  // + its gather round
+                                     {"broadcast", {1, 1}}};
     Errors errors;
     RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
       c.set_direct_options(Force(Path::kCma));
+      if (world == 2) c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each
       const int r = c.rank(), n = c.size();
       const size_t count = 1000;
       for (const Step& step : steps) {
