@@ -947,11 +947,26 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
     // (root_writes_). Mapped sources are read in place and the receiver's
     // buffer need not be shared: there the receiver copies it all.
     root_writes_ = PairWithCpus();
-    auto read_root = [&] {
+    auto read_root = [&]() -> absl::Status {
       const bool cma = mode_ == Direct::kCma || mode_ == Direct::kCmaDone;
+      const size_t total = count * es;
       const size_t split = cma && root_writes_ ? count / 2 * es : 0;
-      if (rank_ != root) return ReadSource(root, split, count * es - split, bytes + split);
-      return split > 0 ? WriteTarget(1 - root, 0, split, bytes) : absl::OkStatus();
+      if (rank_ == root) {
+        return split > 0 ? WriteTarget(1 - root, 0, split, bytes) : absl::OkStatus();
+      }
+      if (!cma || size_ <= 2) return ReadSource(root, split, total - split, bytes + split);
+      // Several receivers over CMA: each pins the root's pages under its
+      // page-table lock while it reads, so they start in different parts
+      // (page-aligned) and go round, rather than queue on the same pages.
+      const int receivers = size_ - 1;
+      const int me = (rank_ - root - 1 + size_) % size_;
+      const size_t part = ((total + receivers - 1) / receivers + 4095) / 4096 * 4096;
+      for (int k = 0; k < receivers; ++k) {
+        const size_t from = std::min(total, ((me + k) % receivers) * part);
+        const size_t len = std::min(part, total - from);
+        if (len > 0) RETURN_IF_ERROR(ReadSource(root, from, len, bytes + from));
+      }
+      return absl::OkStatus();
     };
     auto mode = ExchangeSources(
         sig, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },

@@ -460,6 +460,43 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a CMA broadcast to several receivers (each reads the root's buffer in page-aligned parts, "
+    "starting at its own) delivers every byte") {
+  for (int world = 3; world <= 4; ++world) {
+    INFO("world " << world);
+    Errors errors;
+    RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+      c.set_direct_options(Force(Path::kCma));
+      const int r = c.rank();
+      for (int root = 0; root < world; root += world - 1) {
+        // Sizes on each side of a part boundary (parts of 4 KiB here).
+        for (size_t count : {size_t{1}, size_t{4095}, size_t{4096}, size_t{3 * 4096},
+                             size_t{3 * 4096 + 1}, size_t{100000}}) {
+          std::string tag = absl::StrCat("rank ", r, " root ", root, " bytes ", count);
+          std::vector<uint8_t> v(count);
+          for (size_t i = 0; i < count; ++i) {
+            v[i] = r == root ? static_cast<uint8_t>(i * 13 + root + 1) : 0;
+          }
+          absl::Status s = c.Broadcast(v.data(), count, DType::kUInt8, root, Soon());
+          if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+          for (size_t i = 0; i < count; ++i) {
+            if (v[i] != static_cast<uint8_t>(i * 13 + root + 1)) {
+              errors.Add(absl::StrCat(tag, ": byte ", i, " is ", v[i]));
+              break;
+            }
+          }
+          if (std::string(c.last_path()) != "cma") {
+            errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
+          }
+        }
+      }
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
 TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
   size_t b = 7;
   CHECK(ParseByteCount("262144", &b));
