@@ -50,7 +50,7 @@ class Reader {
     return Step::kOk;
   }
   Step I64(int64_t* v) {
-    uint64_t u;
+    uint64_t u = 0;  // stays 0 when the field is not all there yet
     Step s = U64(&u);
     *v = static_cast<int64_t>(u);
     return s;
