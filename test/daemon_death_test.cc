@@ -48,14 +48,10 @@ class Job {
 
   // Waits until rank `i` printed a line containing `text`.
   void AwaitLine(int i, const std::string& text, absl::Duration timeout = absl::Seconds(60)) {
-    absl::Time give_up = absl::Now() + timeout;
-    while (!absl::StrContains(ranks_[i].process->Stdout(), text)) {
-      INFO("rank " << i << " stdout: " << ranks_[i].process->Stdout()
-                   << " stderr: " << ranks_[i].process->Stderr());
-      REQUIRE(ranks_[i].process->Running());
-      REQUIRE(absl::Now() < give_up);
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    Subprocess& p = *ranks_[i].process;
+    const bool printed = p.AwaitStdout(text, timeout);
+    INFO("rank " << i << " stdout: " << p.Stdout() << " stderr: " << p.Stderr());
+    REQUIRE(printed);
   }
 
   // Waits for every rank to exit.

@@ -14,6 +14,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "common/spawn.h"
 #include "common/status_macros.h"
@@ -129,6 +130,16 @@ absl::StatusOr<ExitInfo> Subprocess::Wait(absl::Duration timeout) {
 
 std::string Subprocess::Stdout() const { return ReadFileOrEmpty(stdout_path_); }
 std::string Subprocess::Stderr() const { return ReadFileOrEmpty(stderr_path_); }
+
+bool Subprocess::AwaitStdout(const std::string& text, absl::Duration timeout) {
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!absl::StrContains(Stdout(), text)) {
+    // Its last output may have come just before it exited.
+    if (!Running() || absl::Now() >= give_up) return absl::StrContains(Stdout(), text);
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  return true;
+}
 
 absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv,
                               const std::map<std::string, std::string>& env,

@@ -61,6 +61,9 @@ class Subprocess {
   absl::StatusOr<ExitInfo> Wait(absl::Duration timeout);
   std::string Stdout() const;
   std::string Stderr() const;
+  // Waits until the output so far contains `text`; false if the process
+  // exited without printing it or `timeout` passed.
+  bool AwaitStdout(const std::string& text, absl::Duration timeout);
 
  private:
   Subprocess(pid_t pid, std::string out, std::string err)

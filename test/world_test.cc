@@ -66,14 +66,10 @@ class Job {
   }
   // Waits until rank process `i` (in Start order) printed `text`.
   void AwaitLine(int i, const std::string& text, absl::Duration timeout = absl::Seconds(60)) {
-    absl::Time give_up = absl::Now() + timeout;
-    while (!absl::StrContains(runs_[i].process->Stdout(), text)) {
-      INFO("rank process " << i << " stdout: " << runs_[i].process->Stdout()
-                           << " stderr: " << runs_[i].process->Stderr());
-      REQUIRE(runs_[i].process->Running());
-      REQUIRE(absl::Now() < give_up);
-      absl::SleepFor(absl::Milliseconds(10));
-    }
+    Subprocess& p = *runs_[i].process;
+    const bool printed = p.AwaitStdout(text, timeout);
+    INFO("rank process " << i << " stdout: " << p.Stdout() << " stderr: " << p.Stderr());
+    REQUIRE(printed);
   }
   // A path in the job's temp dir, for a rank's "waitfile".
   std::string File(const std::string& name) const { return dir_.File(name); }

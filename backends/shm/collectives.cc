@@ -697,38 +697,32 @@ absl::Status ShmCommunicator::ReadSource(int j, size_t offset, size_t len, char*
     std::memcpy(dst, p.mapped + offset, len);
     return absl::OkStatus();
   }
-  size_t done = 0;
-  while (done < len) {
-    iovec local{dst + done, len - done};
-    iovec remote{reinterpret_cast<void*>(p.addr + offset + done), len - done};
-    ssize_t n = ::process_vm_readv(p.pid, &local, 1, &remote, 1, 0);
-    if (n <= 0) {
-      return ErrnoToStatus(
-          n < 0 ? errno : EFAULT,
-          absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "': reading rank ",
-                       global_ranks_[j], "'s buffer (pid ", p.pid, ") with process_vm_readv"));
-    }
-    done += static_cast<size_t>(n);
-  }
-  return absl::OkStatus();
+  return CmaCopy(j, offset, len, dst, /*write=*/false);
 }
 
 absl::Status ShmCommunicator::WriteTarget(int j, size_t offset, size_t len, const char* src) {
+  RETURN_IF_ERROR(CmaCopy(j, offset, len, const_cast<char*>(src), /*write=*/true));
+  peer_bytes_written_ += len;
+  return absl::OkStatus();
+}
+
+absl::Status ShmCommunicator::CmaCopy(int j, size_t offset, size_t len, char* local, bool write) {
   const PeerSource& p = sources_[j];
   size_t done = 0;
   while (done < len) {
-    iovec local{const_cast<char*>(src) + done, len - done};
+    iovec mine{local + done, len - done};
     iovec remote{reinterpret_cast<void*>(p.addr + offset + done), len - done};
-    ssize_t n = ::process_vm_writev(p.pid, &local, 1, &remote, 1, 0);
+    ssize_t n = write ? ::process_vm_writev(p.pid, &mine, 1, &remote, 1, 0)
+                      : ::process_vm_readv(p.pid, &mine, 1, &remote, 1, 0);
     if (n <= 0) {
-      return ErrnoToStatus(
-          n < 0 ? errno : EFAULT,
-          absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "': writing rank ",
-                       global_ranks_[j], "'s buffer (pid ", p.pid, ") with process_vm_writev"));
+      return ErrnoToStatus(n < 0 ? errno : EFAULT,
+                           absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
+                                        "': ", write ? "writing" : "reading", " rank ",
+                                        global_ranks_[j], "'s buffer (pid ", p.pid, ") with ",
+                                        write ? "process_vm_writev" : "process_vm_readv"));
     }
     done += static_cast<size_t>(n);
   }
-  peer_bytes_written_ += len;
   return absl::OkStatus();
 }
 

@@ -118,8 +118,8 @@ struct DirectOptions {
   // Broadcast in a group of two ranks with a CPU each, instead of
   // cma.broadcast: the root writes half of the receiver's result while the
   // receiver reads the other half, two CPUs copying instead of one
-  // (1.5-2.9x the slots' speed at 64 KiB-64 MiB; docs/benchmarks.md, "the
-  // broadcast root copies too").
+  // (1.1-3x the earlier paths' speed at 64 KiB-64 MiB, world 2;
+  // docs/benchmarks.md, "the broadcast root copies too").
   ByteRange cma_broadcast_pair{32 << 10, SIZE_MAX};
   // When the group has more ranks than the node has CPUs (world 4 on 2
   // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs"): all_gather
@@ -328,11 +328,14 @@ class ShmCommunicator : public Communicator {
   // Copies `len` bytes from `src` to `offset` of rank j's buffer (the
   // address it published) with process_vm_writev.
   absl::Status WriteTarget(int j, size_t offset, size_t len, const char* src);
+  // ReadSource's and WriteTarget's cross-memory copy between `local` and
+  // rank j's published address + `offset`, to the last byte.
+  absl::Status CmaCopy(int j, size_t offset, size_t len, char* local, bool write);
+  // Two ranks with a CPU each (a broadcast's root copies too).
+  bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
   // Whether this rank's direct work touches rank j's buffer: reads it (j is
   // the root, or every rank is a source) or, over CMA (`cma`), writes it
   // (a root that writes part of each receiver's result, root_writes_).
-  // Two ranks with a CPU each (a broadcast's root copies too).
-  bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
   bool Touches(int j, int root, bool cma) const {
     return j != rank_ && (root < 0 || j == root || (cma && root_writes_ && rank_ == root));
   }
