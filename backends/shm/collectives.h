@@ -55,8 +55,14 @@
 // copies the other ranks' reduced parts from their buffers). Otherwise,
 // above the cross-memory-attach threshold, peers read ordinary buffers with
 // process_vm_readv (one kernel copy, no staging through the slots: "cma").
-// Peers only read other ranks' buffers and write their own; a rank returns
-// only once every peer finished reading its buffer. A rank that cannot map
+// Peers read other ranks' buffers and write their own, with two
+// exceptions over CMA that write a peer's buffer with process_vm_writev
+// where nobody else touches it: all_reduce (rank r reduces part r of every
+// buffer and writes the result into part r of each, block by block while
+// it is in cache; nobody but rank r touches part r of any buffer), and a
+// two-rank broadcast (the root writes half of the receiver's result). A
+// rank returns only once every peer finished with its buffer, even when
+// the collective failed (AwaitPeerWrites). A rank that cannot map
 // or read a peer says so in the next round and every rank falls back to the
 // slots, so mixed cases (some buffers shared, some not) stay correct. The
 // first round also carries whether a rank takes the direct path, so ranks
@@ -103,18 +109,20 @@ struct CmaRanges {
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.
   size_t mapped_min_bytes = 64 << 10;
-  // Ordinary buffers: peers read them with process_vm_readv when the
-  // collective's buffer is in its range (all_reduce and broadcast: the
-  // buffer; all_gather: each rank's input; reduce_scatter: the whole
-  // input). Elsewhere, and for the other collectives, the slots. The
-  // defaults are where CMA won on the 2-vCPU VM of docs/benchmarks.md
-  // ("Cross-memory attach vs the slots"), world 2: all_gather and
-  // reduce_scatter at every size from those minimums up (up to 2x),
-  // all_reduce from 2 MiB (1.2-1.6x at 2-16 MiB, even below), broadcast
-  // from 32 KiB to under 1 MiB (from 1 MiB the slots, whose copy in and
-  // copy out overlap, were as fast or faster: 1.4x at 64 MiB).
+  // Ordinary buffers: peers read (and all_reduce writes) them with
+  // process_vm_readv/writev when the collective's buffer is in its range
+  // (all_reduce and broadcast: the buffer; all_gather: each rank's input;
+  // reduce_scatter: the whole input). Elsewhere, and for the other
+  // collectives, the slots. The defaults are where CMA won on the 2-vCPU
+  // VM of docs/benchmarks.md ("Cross-memory attach vs the slots";
+  // all_reduce: "all_reduce owners write their part"), world 2:
+  // all_gather and reduce_scatter at every size from those minimums up (up
+  // to 2x), all_reduce from 16 KiB (1.5-2.6x the slots' speed at 16
+  // KiB-1 MiB; at 8 KiB even), broadcast from 32 KiB to under 1 MiB (from 1
+  // MiB the slots, whose copy in and copy out overlap, were as fast or
+  // faster: 1.4x at 64 MiB).
   CmaRanges cma{
-      {2 << 20, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
+      {16 << 10, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
   // Broadcast in a group of two ranks with a CPU each, instead of
   // cma.broadcast: the root writes half of the receiver's result while the
   // receiver reads the other half, two CPUs copying instead of one
@@ -122,12 +130,15 @@ struct DirectOptions {
   // docs/benchmarks.md, "the broadcast root copies too").
   ByteRange cma_broadcast_pair{32 << 10, SIZE_MAX};
   // When the group has more ranks than the node has CPUs (world 4 on 2
-  // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs"): all_gather
-  // up to 4 MiB per rank and reduce_scatter up to 16 MiB of input (0.4-0.9x
-  // the slots' time; above, even or slower), never all_reduce or broadcast
-  // (1.1-2x slower: their slot paths overlap one rank's copy in with
-  // another's copy out).
-  CmaRanges cma_oversubscribed{{}, {}, {16 << 10, 4 << 20}, {64 << 10, 16 << 20}};
+  // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs" and
+  // "all_reduce owners write their part"): all_reduce from 256 KiB
+  // (1.1-1.5x faster at 1-16 MiB; below, within the scheduler's spread),
+  // all_gather up to 4 MiB per rank and reduce_scatter up to 16 MiB of
+  // input (0.4-0.9x the slots' time; above, even or slower), never
+  // broadcast (1.1-2x slower: its slot path overlaps one rank's copy in
+  // with another's copy out).
+  CmaRanges cma_oversubscribed{
+      {256 << 10, SIZE_MAX}, {}, {16 << 10, 4 << 20}, {64 << 10, 16 << 20}};
   // CMA for every collective above from `min_bytes` up (SIZE_MAX: never),
   // oversubscribed or not.
   void SetCmaMinBytes(size_t min_bytes);
@@ -179,6 +190,9 @@ class ShmCommunicator : public Communicator {
   // Tests: every round sleeps `delay` after all ranks arrived, before it
   // reads (a rank lagging in the middle of a round).
   void set_read_delay_for_testing(absl::Duration delay) { read_delay_ = delay; }
+  // Tests: every write into a peer's buffer (WriteTarget) sleeps `delay`
+  // first (a writer descheduled in the middle of its copies).
+  void set_write_delay_for_testing(absl::Duration delay) { write_delay_ = delay; }
   const DirectOptions& direct_options() const { return direct_; }
   // Tests: this rank's probes of peers' buffers fail (as process_vm_readv
   // does where the kernel forbids it).
@@ -323,6 +337,17 @@ class ShmCommunicator : public Communicator {
   // every member and aborts the segment.
   template <typename Fn>
   absl::Status RunDirectWork(Fn work);
+  // Whether rank j's direct work in the collective in progress writes into
+  // this rank's buffer (CMA all_reduce: every peer its reduced part; a CMA
+  // broadcast whose root writes: the root).
+  bool PeerWritesHere(int j) const;
+  // A collective that fails after this rank ran its direct work (round
+  // work_round_) returns only once every peer that writes into its buffer
+  // is past that work (released that round, arrived at or gave up on a
+  // later one) or gone, so no write lands after the caller got its buffer
+  // back; after kPeerWritesGrace it returns anyway, saying which rank may
+  // still write. Returns `status`, with that note if so.
+  absl::Status AwaitPeerWrites(absl::Status status);
   // Copies `len` bytes at `offset` of rank j's source to `dst`.
   absl::Status ReadSource(int j, size_t offset, size_t len, char* dst);
   // Copies `len` bytes from `src` to `offset` of rank j's buffer (the
@@ -371,9 +396,10 @@ class ShmCommunicator : public Communicator {
   std::string group_name_;
   std::vector<int> global_ranks_;
   uint64_t round_ = 0;
-  Via via_ = Via::kSlots;      // of the round in progress
-  size_t part_offset_ = 0;     // of a kSlotParts round in progress
-  absl::Duration read_delay_;  // set_read_delay_for_testing
+  Via via_ = Via::kSlots;       // of the round in progress
+  size_t part_offset_ = 0;      // of a kSlotParts round in progress
+  absl::Duration read_delay_;   // set_read_delay_for_testing
+  absl::Duration write_delay_;  // set_write_delay_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
   // How WaitAll waits (first_round_ is the collective's first round).
@@ -398,6 +424,9 @@ class ShmCommunicator : public Communicator {
   // CPUs copy instead of one; Broadcast). The root proposes it; every rank
   // takes the root's word for it (the kRootWrites flag) in the exchange.
   bool root_writes_ = false;
+  // The round in which this rank ran the collective in progress's direct
+  // work (0: it did not): AwaitPeerWrites.
+  uint64_t work_round_ = 0;
   uint64_t peer_bytes_written_ = 0;  // WriteTarget's, for tests
   // A rank's probe of a peer's buffer with process_vm_readv failed (Yama's
   // ptrace_scope, for one): no rank of the group offers CMA any more (all

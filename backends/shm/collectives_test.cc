@@ -323,8 +323,9 @@ TEST_CASE(
     const char* path;
   };
   const std::vector<Probe> own_cpus = {
-      {CollectiveKind::kAllReduce, 1 << 20, "slots"},
-      {CollectiveKind::kAllReduce, 2 << 20, "cma"},
+      {CollectiveKind::kAllReduce, 8 << 10, "slots"},
+      {CollectiveKind::kAllReduce, 16 << 10, "cma"},
+      {CollectiveKind::kAllReduce, 16 << 20, "cma"},
       {CollectiveKind::kBroadcast, 16 << 10, "slots"},
       {CollectiveKind::kBroadcast, 32 << 10, "cma"},  // two ranks: the pair's range
       {CollectiveKind::kBroadcast, 1 << 20, "cma"},
@@ -337,7 +338,9 @@ TEST_CASE(
       {CollectiveKind::kReduceScatter, (16 << 20) + 64, "cma"},
   };
   const std::vector<Probe> oversubscribed = {
-      {CollectiveKind::kAllReduce, 4 << 20, "slots"},
+      {CollectiveKind::kAllReduce, 128 << 10, "slots"},
+      {CollectiveKind::kAllReduce, 256 << 10, "cma"},
+      {CollectiveKind::kAllReduce, 4 << 20, "cma"},
       {CollectiveKind::kBroadcast, 64 << 10, "slots"},
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
@@ -497,6 +500,98 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "a CMA all_reduce: each rank reduces its part of every buffer and writes the result into "
+    "every peer's buffer") {
+  // World 2-4, a first (probing) call and a later one that works in the
+  // exchange round, counts from one element (parts of 0 elements) to
+  // several 256 KiB blocks per part. Part j of rank r's result arrives
+  // only by rank j's write, so a part nobody wrote keeps rank r's input.
+  for (int world = 2; world <= 4; ++world) {
+    INFO("world " << world);
+    Errors errors;
+    RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+      c.set_direct_options(Force(Path::kCma));
+      const int r = c.rank(), n = c.size();
+      for (int call = 0; call < 2; ++call) {
+        for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{300001}}) {
+          std::string tag = absl::StrCat("rank ", r, " call ", call, " count ", count);
+          std::vector<int32_t> v(count);
+          for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i * 3 + 100 * r);
+          const uint64_t written = c.peer_bytes_written_for_testing();
+          absl::Status s = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+          if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+          for (size_t i = 0; i < count; ++i) {
+            const auto want = static_cast<int32_t>(n * i * 3 + 100 * n * (n - 1) / 2);
+            if (v[i] != want) {
+              errors.Add(absl::StrCat(tag, ": element ", i, " is ", v[i], ", want ", want));
+              break;
+            }
+          }
+          if (std::string(c.last_path()) != "cma") {
+            errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
+          }
+          // Rank r's part (count / n elements, the last rank the rest) into
+          // each of the n - 1 peers.
+          const size_t part = r == n - 1 ? count - count / n * (n - 1) : count / n;
+          const uint64_t want = (n - 1) * part * sizeof(int32_t);
+          if (c.peer_bytes_written_for_testing() - written != want) {
+            errors.Add(absl::StrCat(tag, ": wrote ", c.peer_bytes_written_for_testing() - written,
+                                    " bytes into peers, want ", want));
+          }
+        }
+      }
+    });
+    INFO(errors.first);
+    CHECK(errors.count == 0);
+  }
+}
+
+TEST_CASE(
+    "a collective that fails while a peer still writes into this rank's buffer returns only "
+    "after that write") {
+  // Rank 1 is slow to write (a descheduled writer); rank 0's deadline
+  // passes while it waits for rank 1 to finish. Rank 0 must not hand its
+  // buffer back before rank 1's write landed: all_reduce (rank 1 writes its
+  // reduced part into rank 0's buffer) and a two-rank broadcast from rank 1
+  // (the root writes half of rank 0's result).
+  constexpr absl::Duration kWriteDelay = absl::Milliseconds(400);
+  for (const char* op : {"all_reduce", "broadcast"}) {
+    INFO(op);
+    const size_t count = 1000;
+    std::vector<absl::Status> status(2);
+    std::vector<absl::Duration> took(2);
+    std::vector<bool> landed(2, false);
+    RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+      c.set_direct_options(Force(Path::kCma));
+      c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
+      const int r = c.rank();
+      if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
+      const absl::Time start = absl::Now();
+      // Rank 0 gives up well before rank 1 writes; rank 1 waits long.
+      const absl::Time deadline = start + (r == 0 ? kWriteDelay / 4 : absl::Seconds(20));
+      if (std::string(op) == "all_reduce") {
+        status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
+        // Rank 1's part, [count / 2, count), reduced.
+        landed[r] = v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
+      } else {
+        status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
+        // The root's half, [0, count / 2).
+        landed[r] = v[0] == 1000;
+      }
+      took[r] = absl::Now() - start;
+    });
+    INFO("rank 0: " << status[0].ToString() << " after " << took[0]
+                    << "; rank 1: " << status[1].ToString());
+    CHECK(status[0].code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(!status[1].ok());  // the group broke: both fail
+    CHECK(took[0] >= kWriteDelay);
+    CHECK(landed[0]);
+  }
+}
+
 TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
   size_t b = 7;
   CHECK(ParseByteCount("262144", &b));
@@ -542,7 +637,9 @@ TEST_CASE("DirectOptions::FromEnv takes K/M suffixes and keeps the defaults for 
   CHECK(o.cma.all_gather.min_bytes == defaults.cma.all_gather.min_bytes);
   CHECK(o.cma_oversubscribed.all_gather.max_bytes ==
         defaults.cma_oversubscribed.all_gather.max_bytes);
-  CHECK(o.cma_oversubscribed.all_reduce.min_bytes == SIZE_MAX);  // no CMA all_reduce oversubscribed
+  CHECK(o.cma_oversubscribed.all_reduce.min_bytes ==
+        defaults.cma_oversubscribed.all_reduce.min_bytes);
+  CHECK(o.cma_oversubscribed.broadcast.min_bytes == SIZE_MAX);  // no CMA broadcast oversubscribed
   unsetenv("MUSTER_SHM_CMA_MIN_BYTES");
   unsetenv("MUSTER_SHM_MAPPED_MIN_BYTES");
 }
@@ -596,7 +693,7 @@ TEST_CASE("once every rank reached the peers it reads CMA collectives skip the p
     const std::vector<Step> steps = {{"broadcast", {2, 1}},
                                      {"all_gather", {world == 2 ? 1u : 2u, 1}},
                                      {"reduce_scatter", {1, 1}},
-                                     {"all_reduce", {2, 2}},  // + its gather round
+                                     {"all_reduce", {1, 1}},
                                      {"broadcast", {1, 1}}};
     Errors errors;
     RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
