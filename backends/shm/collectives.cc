@@ -339,6 +339,12 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       return absl::OkStatus();
     }
     if (segment_->locally_aborted()) {
+      // Announced like any other give-up, unless the round completed after
+      // all (then this rank goes on with it, as peers that saw every
+      // arrival do, and fails at its next wait): a peer must not run a
+      // round's work, which may write into this rank's buffer, after this
+      // rank returned its buffer to the caller.
+      if (!GiveUp(field, target, round)) continue;
       absl::Status local = segment_->local_abort_status();
       return absl::Status(local.code(), absl::StrCat(DescribeSignature(current_), " on group '",
                                                      group_name_, "': ", local.message()));

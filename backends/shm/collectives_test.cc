@@ -500,25 +500,25 @@ TEST_CASE(
   }
 }
 
-TEST_CASE(
-    "a CMA all_reduce: each rank reduces its part of every buffer and writes the result into "
-    "every peer's buffer") {
-  // World 2-4, a first (probing) call and a later one that works in the
-  // exchange round, counts from one element (parts of 0 elements) to
-  // several 256 KiB blocks per part. Part j of rank r's result arrives
-  // only by rank j's write, so a part nobody wrote keeps rank r's input.
+TEST_CASE("a CMA all_reduce: each rank reduces its part and writes it into every peer's buffer") {
+  // World 2-4, counts from one element (parts of 0 elements) to several
+  // 256 KiB blocks per part, each on fresh communicators: the first call
+  // probes (the work in a round of its own), the second works in the
+  // exchange round. Part j of rank r's result arrives only by rank j's
+  // write, so a part nobody wrote keeps rank r's input.
   for (int world = 2; world <= 4; ++world) {
-    INFO("world " << world);
-    Errors errors;
-    RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
-      c.set_direct_options(Force(Path::kCma));
-      const int r = c.rank(), n = c.size();
-      for (int call = 0; call < 2; ++call) {
-        for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{300001}}) {
-          std::string tag = absl::StrCat("rank ", r, " call ", call, " count ", count);
+    for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{300001}}) {
+      INFO("world " << world << " count " << count);
+      Errors errors;
+      RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(Path::kCma));
+        const int r = c.rank(), n = c.size();
+        for (int call = 0; call < 2; ++call) {
+          std::string tag = absl::StrCat("rank ", r, " call ", call);
           std::vector<int32_t> v(count);
           for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i * 3 + 100 * r);
           const uint64_t written = c.peer_bytes_written_for_testing();
+          const uint64_t before = c.rounds_for_testing();
           absl::Status s = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
           if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
           for (size_t i = 0; i < count; ++i) {
@@ -531,6 +531,10 @@ TEST_CASE(
           if (std::string(c.last_path()) != "cma") {
             errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
           }
+          const uint64_t rounds = c.rounds_for_testing() - before;
+          if (rounds != (call == 0 ? 2u : 1u)) {
+            errors.Add(absl::StrCat(tag, ": ", rounds, " rounds"));
+          }
           // Rank r's part (count / n elements, the last rank the rest) into
           // each of the n - 1 peers.
           const size_t part = r == n - 1 ? count - count / n * (n - 1) : count / n;
@@ -540,22 +544,20 @@ TEST_CASE(
                                     " bytes into peers, want ", want));
           }
         }
-      }
-    });
-    INFO(errors.first);
-    CHECK(errors.count == 0);
+      });
+      INFO(errors.first);
+      CHECK(errors.count == 0);
+    }
   }
 }
 
-TEST_CASE(
-    "a collective that fails while a peer still writes into this rank's buffer returns only "
-    "after that write") {
+TEST_CASE("a collective failing while a peer writes into the rank's buffer waits for the write") {
   // Rank 1 is slow to write (a descheduled writer); rank 0's deadline
   // passes while it waits for rank 1 to finish. Rank 0 must not hand its
   // buffer back before rank 1's write landed: all_reduce (rank 1 writes its
   // reduced part into rank 0's buffer) and a two-rank broadcast from rank 1
   // (the root writes half of rank 0's result).
-  constexpr absl::Duration kWriteDelay = absl::Milliseconds(400);
+  constexpr absl::Duration kWriteDelay = absl::Seconds(1);
   for (const char* op : {"all_reduce", "broadcast"}) {
     INFO(op);
     const size_t count = 1000;
@@ -570,8 +572,9 @@ TEST_CASE(
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
       const absl::Time start = absl::Now();
-      // Rank 0 gives up well before rank 1 writes; rank 1 waits long.
-      const absl::Time deadline = start + (r == 0 ? kWriteDelay / 4 : absl::Seconds(20));
+      // Rank 0 gives up well before rank 1 writes (after the exchange
+      // rounds, which need both ranks started); rank 1 waits long.
+      const absl::Time deadline = start + (r == 0 ? kWriteDelay * 0.3 : absl::Seconds(20));
       if (std::string(op) == "all_reduce") {
         status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
         // Rank 1's part, [count / 2, count), reduced.
@@ -590,6 +593,55 @@ TEST_CASE(
     CHECK(took[0] >= kWriteDelay);
     CHECK(landed[0]);
   }
+}
+
+TEST_CASE("a rank aborted locally in a CMA all_reduce fails the round for all: no late write") {
+  // The second all_reduce works in the exchange round (the first verified
+  // the peers). Rank 0 arrives and waits; its musterd "goes away" (a local
+  // abort) before rank 1 arrives. Had rank 0 returned without a word, rank
+  // 1 would see every arrival, run the work and write its part into rank
+  // 0's buffer after rank 0 handed it back.
+  const size_t count = 1000;
+  std::vector<int32_t> at_return;  // rank 0's buffer when its call returned
+  std::vector<int32_t> after;      // ... once rank 1 is done too
+  std::vector<absl::Status> status(2);
+  std::vector<uint64_t> wrote(2, 0);
+  std::vector<int32_t> buffer0(count);
+  std::atomic<bool> returned{false};
+  Errors errors;
+  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    const int r = c.rank();
+    std::vector<int32_t> own(count, r + 1);
+    std::vector<int32_t>& v = r == 0 ? buffer0 : own;
+    std::fill(v.begin(), v.end(), r + 1);
+    absl::Status s = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+    if (!s.ok() || v[0] != 3) errors.Add(absl::StrCat("rank ", r, " first: ", s.ToString()));
+    std::fill(v.begin(), v.end(), r + 1);
+    const uint64_t before = c.peer_bytes_written_for_testing();
+    if (r == 0) {
+      std::thread aborter([&] {
+        absl::SleepFor(absl::Milliseconds(100));
+        c.Abort(absl::UnavailableError("musterd is gone"));
+      });
+      status[0] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+      at_return = v;
+      returned = true;
+      aborter.join();
+    } else {
+      while (!returned) absl::SleepFor(absl::Milliseconds(1));  // arrive after rank 0 left
+      status[1] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, Soon());
+    }
+    wrote[r] = c.peer_bytes_written_for_testing() - before;
+  });
+  after = buffer0;
+  INFO(errors.first);
+  REQUIRE(errors.count == 0);
+  INFO("rank 0: " << status[0].ToString() << "; rank 1: " << status[1].ToString());
+  CHECK(status[0].code() == absl::StatusCode::kUnavailable);
+  CHECK(status[1].code() == absl::StatusCode::kAborted);
+  CHECK(wrote[1] == 0);
+  CHECK(after == at_return);
 }
 
 TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
