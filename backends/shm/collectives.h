@@ -23,7 +23,8 @@
 // sleeps on the segment's futex word; it ends
 // early if the segment is aborted (ABORTED with musterd's reason;
 // UNAVAILABLE when musterd is shutting down), aborted locally in this
-// process (with the local reason: the rank lost its musterd) or the
+// process (with the local reason: the rank lost its musterd; it gives up
+// on the round as below, so peers do not run its work) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
 // never complete). A collective fails on every member or on none. A member
@@ -178,7 +179,9 @@ class ShmCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   // The segment's process-local abort (GroupSegment::AbortLocally): this
-  // rank's waits end with `reason`; the other members are not told.
+  // rank's waits end with `reason` (a wait it leaves gives up on its round,
+  // as at a deadline, unless the round completed after all); the segment
+  // is not aborted for the other members.
   void Abort(const absl::Status& reason) override { segment_->AbortLocally(reason); }
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }

@@ -16,9 +16,11 @@
 // waiters.
 //
 // A GroupSegment object (one process's mapping) also has a process-local
-// abort: this process stops waiting on the segment while the other members
-// are not told (a rank whose musterd is gone fails its own calls; the
-// others learn the same from their own sessions).
+// abort: this process stops waiting on the segment while the segment is
+// not aborted for the other members (a rank whose musterd is gone fails its
+// own calls; the others learn the same from their own sessions). A rank
+// that stops waiting in a round still gives up on it like any other
+// (collectives.h), so the round it leaves fails on every member.
 //
 // Thread-safety: the atomics are the synchronization; see collectives.h
 // for the protocol. A GroupSegment object is immutable after Open except
