@@ -2,7 +2,6 @@
 
 #include <immintrin.h>
 #include <sched.h>
-#include <signal.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -720,21 +720,6 @@ namespace {
 // How long a failed collective waits for peers still writing its buffer.
 constexpr absl::Duration kPeerWritesGrace = absl::Seconds(10);
 
-// Whether process `pid` exists and is not a zombie (one that exited but was
-// not reaped yet writes nothing).
-bool ProcessRuns(int32_t pid) {
-  if (pid <= 0) return false;
-  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
-  std::FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r");
-  if (f == nullptr) return true;  // no /proc: assume it runs
-  char line[512];
-  size_t n = std::fread(line, 1, sizeof(line) - 1, f);
-  std::fclose(f);
-  line[n] = 0;
-  const char* end = std::strrchr(line, ')');  // the state follows the name
-  return end == nullptr || end[1] == 0 || (end[2] != 'Z' && end[2] != 'X');
-}
-
 }  // namespace
 
 absl::Status ShmCommunicator::AwaitPeerWrites(absl::Status status) {
@@ -746,7 +731,7 @@ absl::Status ShmCommunicator::AwaitPeerWrites(absl::Status status) {
     const RankControl& peer = segment_->rank(j);
     while (peer.released.load(std::memory_order_acquire) < w &&
            peer.arrived.load(std::memory_order_acquire) <= w &&
-           peer.gave_up.load(std::memory_order_acquire) <= w && ProcessRuns(sources_[j].pid)) {
+           peer.gave_up.load(std::memory_order_acquire) <= w && !ProcessGone(sources_[j].pid)) {
       if (absl::Now() >= give_up) {
         return absl::Status(
             status.code(),

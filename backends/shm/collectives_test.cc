@@ -966,7 +966,7 @@ TEST_CASE("a segment aborted because its daemon goes away fails waiters with UNA
   GroupSegment::Unlink(name);
 }
 
-TEST_CASE("a local abort wakes this process's waiting rank at once and tells no other member") {
+TEST_CASE("a local abort wakes this process's waiting rank at once; the segment stays up") {
   std::string name = UniqueName();
   auto owner = GroupSegment::Create(name, 2, 4096);
   REQUIRE(owner.ok());

@@ -17,6 +17,7 @@
 #include "backends/backend.h"
 #include "backends/shm/trace.h"
 #include "common/logging.h"
+#include "common/process.h"
 #include "common/status_macros.h"
 #include "muster/types.h"
 #include "proto/state_names.h"
@@ -40,22 +41,6 @@ std::string GroupPath(int64_t epoch, const std::string& name) {
 
 absl::Duration TimeoutOf(const v1::Timeout& t, absl::Duration fallback) {
   return t.millis() > 0 ? absl::Milliseconds(t.millis()) : fallback;
-}
-
-// True if `pid` no longer runs: no such process, or a zombie waiting to be
-// reaped by its parent.
-bool ProcessGone(int64_t pid) {
-  if (::kill(static_cast<pid_t>(pid), 0) != 0) return errno == ESRCH;
-  std::string stat;
-  if (FILE* f = std::fopen(absl::StrCat("/proc/", pid, "/stat").c_str(), "r")) {
-    char buf[512];
-    size_t n = std::fread(buf, 1, sizeof(buf), f);
-    std::fclose(f);
-    stat.assign(buf, n);
-  }
-  // "pid (comm) S ...": the state follows the last ')'.
-  size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
 }
 
 }  // namespace
