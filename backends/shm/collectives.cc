@@ -28,7 +28,7 @@ inline void CpuRelax() { _mm_pause(); }
 // Meta words of the direct paths (RankControl::meta).
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8,
-                   kCmaVerified = 16, kRootWrites = 32;
+                   kCmaVerified = 16, kRelay = 32;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
 // An OpSignature and a path bit in the two words RankControl keeps per
@@ -210,7 +210,7 @@ OpSignature ShmCommunicator::Begin(CollectiveKind kind, DType dtype, uint64_t co
   current_ = s;
   first_round_ = round_ + 1;
   path_tag_ = 0;
-  root_writes_ = false;
+  relay_ = false;
   work_round_ = 0;
   last_path_ = "slots";
   segment_->rank(rank_).submitted.store(s.sequence, std::memory_order_release);
@@ -612,7 +612,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
                        (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0) |
                        (cma && CmaVerified(root) ? kCmaVerified : 0) |
-                       (root_writes_ && rank_ == root ? kRootWrites : 0);
+                       (relay_ && rank_ == root ? kRelay : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
         meta[kInode] = shared ? ref.inode : 0;
@@ -635,7 +635,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
                : wrote ? Direct::kSlotsFirstDone
                        : Direct::kSlots;
         if (mode == Direct::kSlotsFirstDone) return read_first();
-        root_writes_ = root >= 0 && (segment_->rank(root).meta[kFlags] & kRootWrites) != 0;
+        relay_ = root >= 0 && (segment_->rank(root).meta[kFlags] & kRelay) != 0;
         reached_ = true;
         sources_.assign(size_, PeerSource{});
         for (int j = 0; j < size_ && (mode == Direct::kMapped || mode == Direct::kCma); ++j) {
@@ -709,7 +709,7 @@ bool ShmCommunicator::PeerWritesHere(int j) const {
     case CollectiveKind::kAllReduce:
       return true;
     case CollectiveKind::kBroadcast:
-      return root_writes_ && j == current_.root;
+      return relay_ && rank_ != current_.root;
     default:
       return false;
   }
@@ -1006,21 +1006,40 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t first_len = std::min(chunk, count);
   size_t start = 0;
   if (GoesDirect(count * es)) {
-    // Two ranks, each with a CPU: over CMA the root writes the first half
-    // of the receiver's result (process_vm_writev) while the receiver
-    // reads the second half, so two CPUs copy instead of one. The root
+    // Relayed over CMA (two ranks, or more ranks than CPUs): rank r owns
+    // part r of the result. The root writes its part
+    // into every receiver; a receiver reads its part from the root block by
+    // block and writes each block into every other receiver while it is in
+    // cache. Each byte is read from the root once, and every rank copies
+    // (world 2: the root writes half while the receiver reads the other
+    // half, two CPUs copying instead of one; docs/benchmarks.md, "the
+    // broadcast root copies too" and "the relayed broadcast"). The root
     // proposes it, the exchange makes every rank take the root's word
-    // (root_writes_). Mapped sources are read in place and the receiver's
-    // buffer need not be shared: there the receiver copies it all.
-    root_writes_ = PairWithCpus();
+    // (relay_). Mapped sources are read in place and the receivers' buffers
+    // need not be shared: there each receiver copies it all.
+    relay_ = RelaysBroadcast();
     auto read_root = [&]() -> absl::Status {
       const bool cma = mode_ == Direct::kCma || mode_ == Direct::kCmaDone;
       const size_t total = count * es;
-      const size_t split = cma && root_writes_ ? count / 2 * es : 0;
-      if (rank_ == root) {
-        return split > 0 ? WriteTarget(1 - root, 0, split, bytes) : absl::OkStatus();
+      if (cma && relay_) {
+        size_t part_off;
+        const size_t part_len = Part(count, size_, rank_, &part_off);
+        const bool others = size_ > 2;
+        const size_t block = others ? std::max<size_t>(1, kBlockBytes / es) : part_len;
+        for (size_t done = 0; done < part_len; done += block) {
+          const size_t len = std::min(block, part_len - done) * es;
+          const size_t off = (part_off + done) * es;
+          char* own = bytes + off;
+          if (rank_ != root) RETURN_IF_ERROR(ReadSource(root, off, len, own));
+          for (int k = 1; k < size_; ++k) {
+            const int t = (rank_ + k) % size_;
+            if (t != root) RETURN_IF_ERROR(WriteTarget(t, off, len, own));
+          }
+        }
+        return absl::OkStatus();
       }
-      if (!cma || size_ <= 2) return ReadSource(root, split, total - split, bytes + split);
+      if (rank_ == root) return absl::OkStatus();
+      if (!cma || size_ <= 2) return ReadSource(root, 0, total, bytes);
       // Several receivers over CMA: each pins the root's pages under its
       // page-table lock while it reads, so they start in different parts
       // (page-aligned) and go round, rather than queue on the same pages.

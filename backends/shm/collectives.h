@@ -61,7 +61,10 @@
 // where nobody else touches it: all_reduce (rank r reduces part r of every
 // buffer and writes the result into part r of each, block by block while
 // it is in cache; nobody but rank r touches part r of any buffer), and a
-// two-rank broadcast (the root writes half of the receiver's result). A
+// relayed broadcast (two ranks, or more ranks than CPUs:
+// rank r owns part r of the result; the root writes its part into every
+// receiver, a receiver reads its part from the root and writes it into
+// every other receiver; nobody but rank r writes part r). A
 // rank returns only once every peer finished with its buffer, even when
 // the collective failed (AwaitPeerWrites). A rank that cannot map
 // or read a peer says so in the next round and every rank falls back to the
@@ -125,21 +128,26 @@ struct DirectOptions {
   CmaRanges cma{
       {16 << 10, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
   // Broadcast in a group of two ranks with a CPU each, instead of
-  // cma.broadcast: the root writes half of the receiver's result while the
-  // receiver reads the other half, two CPUs copying instead of one
-  // (1.1-3x the earlier paths' speed at 64 KiB-64 MiB, world 2;
-  // docs/benchmarks.md, "the broadcast root copies too").
+  // cma.broadcast, relayed (ShmCommunicator's header): the root writes half
+  // of the receiver's result while the receiver reads the other half, two
+  // CPUs copying instead of one (1.1-3x the earlier paths' speed at 64
+  // KiB-64 MiB, world 2; docs/benchmarks.md, "the broadcast root copies
+  // too").
   ByteRange cma_broadcast_pair{32 << 10, SIZE_MAX};
   // When the group has more ranks than the node has CPUs (world 4 on 2
   // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs" and
   // "all_reduce owners write their part"): all_reduce from 256 KiB
   // (1.1-1.5x faster at 1-16 MiB; below, within the scheduler's spread),
   // all_gather up to 4 MiB per rank and reduce_scatter up to 16 MiB of
-  // input (0.4-0.9x the slots' time; above, even or slower), never
-  // broadcast (1.1-2x slower: its slot path overlaps one rank's copy in
-  // with another's copy out).
-  CmaRanges cma_oversubscribed{
-      {256 << 10, SIZE_MAX}, {}, {16 << 10, 4 << 20}, {64 << 10, 16 << 20}};
+  // input (0.4-0.9x the slots' time; above, even or slower), broadcast
+  // relayed from 256 KiB to under 32 MiB (world 3 and 4: 0.6-0.9x the
+  // slots' time; at 64 MiB 1.0-1.5x, their copy in and copy out overlap;
+  // "the relayed broadcast"; plain CMA, every receiver reading the root,
+  // was 1.1-2x slower than the slots).
+  CmaRanges cma_oversubscribed{{256 << 10, SIZE_MAX},
+                               {256 << 10, (32 << 20) - 1},
+                               {16 << 10, 4 << 20},
+                               {64 << 10, 16 << 20}};
   // CMA for every collective above from `min_bytes` up (SIZE_MAX: never),
   // oversubscribed or not.
   void SetCmaMinBytes(size_t min_bytes);
@@ -341,8 +349,8 @@ class ShmCommunicator : public Communicator {
   template <typename Fn>
   absl::Status RunDirectWork(Fn work);
   // Whether rank j's direct work in the collective in progress writes into
-  // this rank's buffer (CMA all_reduce: every peer its reduced part; a CMA
-  // broadcast whose root writes: the root).
+  // this rank's buffer (CMA all_reduce: every peer its reduced part; a
+  // relayed broadcast: every peer, if this rank is not the root).
   bool PeerWritesHere(int j) const;
   // A collective that fails after this rank ran its direct work (round
   // work_round_) returns only once every peer that writes into its buffer
@@ -361,11 +369,15 @@ class ShmCommunicator : public Communicator {
   absl::Status CmaCopy(int j, size_t offset, size_t len, char* local, bool write);
   // Two ranks with a CPU each (a broadcast's root copies too).
   bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
+  // Whether a CMA broadcast is relayed (ShmCommunicator's header): two
+  // ranks, or more ranks than CPUs; not three or more ranks with a CPU
+  // each, where every receiver reads the root's whole buffer.
+  bool RelaysBroadcast() const { return size_ == 2 || wait_.oversubscribed; }
   // Whether this rank's direct work touches rank j's buffer: reads it (j is
   // the root, or every rank is a source) or, over CMA (`cma`), writes it
-  // (a root that writes part of each receiver's result, root_writes_).
+  // (a relayed broadcast: every rank writes into the receivers).
   bool Touches(int j, int root, bool cma) const {
-    return j != rank_ && (root < 0 || j == root || (cma && root_writes_ && rank_ == root));
+    return j != rank_ && (root < 0 || j == root || (cma && relay_));
   }
   // Rank j's source at `offset`: its mapping, or `tmp` filled by CMA.
   absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);
@@ -422,11 +434,11 @@ class ShmCommunicator : public Communicator {
   Direct mode_ = Direct::kSlots;
   std::vector<PeerSource> sources_;
   bool reached_ = false;
-  // The collective in progress is a CMA broadcast whose root writes the
-  // first part of the receivers' results while they read the rest (two
-  // CPUs copy instead of one; Broadcast). The root proposes it; every rank
-  // takes the root's word for it (the kRootWrites flag) in the exchange.
-  bool root_writes_ = false;
+  // The collective in progress is a relayed CMA broadcast (rank r writes
+  // part r of the result into the receivers; Broadcast). The root proposes
+  // it; every rank takes the root's word for it (the kRelay flag) in the
+  // exchange.
+  bool relay_ = false;
   // The round in which this rank ran the collective in progress's direct
   // work (0: it did not): AwaitPeerWrites.
   uint64_t work_round_ = 0;

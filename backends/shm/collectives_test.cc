@@ -341,7 +341,10 @@ TEST_CASE(
       {CollectiveKind::kAllReduce, 128 << 10, "slots"},
       {CollectiveKind::kAllReduce, 256 << 10, "cma"},
       {CollectiveKind::kAllReduce, 4 << 20, "cma"},
-      {CollectiveKind::kBroadcast, 64 << 10, "slots"},
+      {CollectiveKind::kBroadcast, 128 << 10, "slots"},
+      {CollectiveKind::kBroadcast, 256 << 10, "cma"},
+      {CollectiveKind::kBroadcast, (32 << 20) - 64, "cma"},
+      {CollectiveKind::kBroadcast, 32 << 20, "slots"},
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
       {CollectiveKind::kAllGather, 4 << 20, "cma"},
@@ -412,8 +415,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a CMA broadcast between two ranks with a CPU each: the root writes half of the result, "
-    "the receiver reads the rest; otherwise the receiver copies it all") {
+    "a CMA broadcast between two ranks: the root writes its half of the result, the receiver "
+    "reads the rest; from shared buffers the receiver copies it all") {
   // Both roots, odd and even counts, the first (probing) collective of a
   // communicator and later (verified) ones; the receiver's buffer starts
   // poisoned, so a half nobody wrote shows.
@@ -446,8 +449,9 @@ TEST_CASE(
               if (std::string(c.last_path()) != (mapped ? "mapped" : "cma")) {
                 errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
               }
-              // The root's share: half the elements, over CMA with a CPU each.
-              const uint64_t want = r == root && !over && !mapped ? count / 2 * sizeof(int32_t) : 0;
+              // The root's share over CMA: its part, half the elements.
+              const size_t root_part = root == 0 ? count / 2 : count - count / 2;
+              const uint64_t want = r == root && !mapped ? root_part * sizeof(int32_t) : 0;
               if (c.peer_bytes_written_for_testing() - written != want) {
                 errors.Add(absl::StrCat(tag, ": wrote ",
                                         c.peer_bytes_written_for_testing() - written,
@@ -464,14 +468,16 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "a CMA broadcast to several receivers (each reads the root's buffer in page-aligned parts, "
-    "starting at its own) delivers every byte") {
+    "a CMA broadcast to several receivers with a CPU each (each reads the root's buffer in "
+    "page-aligned parts, starting at its own) delivers every byte") {
   for (int world = 3; world <= 4; ++world) {
     INFO("world " << world);
     Errors errors;
     RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
       c.set_direct_options(Force(Path::kCma));
+      c.set_wait_policy(WaitPolicy::For(world, world));  // a CPU each: not relayed
       const int r = c.rank();
+      const uint64_t written = c.peer_bytes_written_for_testing();
       for (int root = 0; root < world; root += world - 1) {
         // Sizes on each side of a part boundary (parts of 4 KiB here).
         for (size_t count : {size_t{1}, size_t{4095}, size_t{4096}, size_t{3 * 4096},
@@ -494,9 +500,76 @@ TEST_CASE(
           }
         }
       }
+      if (c.peer_bytes_written_for_testing() != written) {
+        errors.Add(absl::StrCat("rank ", r, " wrote into a peer"));  // receivers only read
+      }
     });
     INFO(errors.first);
     CHECK(errors.count == 0);
+  }
+}
+
+TEST_CASE("a relayed CMA broadcast (ranks outnumber CPUs): rank r writes part r into receivers") {
+  // World 3 and 4 as if on one CPU, every root, every dtype, counts from
+  // one element (parts of 0 elements) to several 256 KiB blocks per part;
+  // each on fresh communicators: the first call probes (the work in a round
+  // of its own), the second works in the exchange round. The receivers'
+  // buffers start poisoned, so a part nobody wrote shows; each rank's
+  // writes into its peers are counted to the byte.
+  for (int world = 3; world <= 4; ++world) {
+    for (size_t count : {size_t{1}, size_t{5}, size_t{4099}, size_t{700001}}) {
+      for (int d = 0; d < kNumDTypes; ++d) {
+        const DType dtype = static_cast<DType>(d);
+        const size_t es = DTypeSize(dtype);
+        if (count * es > (8u << 20)) continue;  // the largest count in the narrow types
+        INFO("world " << world << " count " << count << " dtype " << DTypeName(dtype));
+        Errors errors;
+        RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+          c.set_direct_options(Force(Path::kCma));
+          c.set_wait_policy(WaitPolicy::For(world, 1));
+          const int r = c.rank();
+          const uint64_t rounds_before = c.rounds_for_testing();
+          for (int root = 0; root < world; ++root) {
+            std::string tag = absl::StrCat("rank ", r, " root ", root);
+            std::vector<uint8_t> v(count * es);
+            for (size_t i = 0; i < v.size(); ++i) {
+              v[i] = r == root ? static_cast<uint8_t>(i * 31 + root + 1) : 0xee;
+            }
+            const uint64_t written = c.peer_bytes_written_for_testing();
+            absl::Status s = c.Broadcast(v.data(), count, dtype, root, Soon());
+            if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+            for (size_t i = 0; i < v.size(); ++i) {
+              if (v[i] != static_cast<uint8_t>(i * 31 + root + 1)) {
+                errors.Add(absl::StrCat(tag, ": byte ", i, " of ", v.size(), " is ", v[i]));
+                break;
+              }
+            }
+            if (std::string(c.last_path()) != "cma") {
+              errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
+            }
+            // Part r: count / world elements, the last rank the rest; the
+            // root writes its part into every receiver, a receiver into
+            // every other receiver.
+            const size_t part =
+                r == world - 1 ? count - count / world * (world - 1) : count / world;
+            const int targets = r == root ? world - 1 : world - 2;
+            const uint64_t want = uint64_t{part} * es * targets;
+            if (c.peer_bytes_written_for_testing() - written != want) {
+              errors.Add(absl::StrCat(tag, ": wrote ", c.peer_bytes_written_for_testing() - written,
+                                      " bytes into peers, want ", want));
+            }
+          }
+          // The first broadcast probes (exchange, probe round, release
+          // wait); the others work in the exchange round.
+          const uint64_t rounds = c.rounds_for_testing() - rounds_before;
+          if (rounds != 2 + world - 1) {
+            errors.Add(absl::StrCat("rank ", r, ": ", rounds, " rounds, want ", 1 + world));
+          }
+        });
+        INFO(errors.first);
+        CHECK(errors.count == 0);
+      }
+    }
   }
 }
 
@@ -595,6 +668,39 @@ TEST_CASE("a collective failing while a peer writes into the rank's buffer waits
   }
 }
 
+TEST_CASE("a relayed broadcast failing on a receiver waits for the other receiver's write") {
+  // World 3 as if on one CPU, root 2: rank 1 writes its part into rank 0's
+  // buffer, slowly; rank 0's deadline passes meanwhile. Rank 0 must not
+  // hand its buffer back before rank 1's write landed.
+  constexpr absl::Duration kWriteDelay = absl::Seconds(1);
+  const size_t count = 3000;  // parts of 1000 elements
+  std::vector<absl::Status> status(3);
+  absl::Duration took;
+  bool landed = false;
+  RunRanks(3, 1 << 20, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    c.set_wait_policy(WaitPolicy::For(3, 1));
+    const int r = c.rank();
+    if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
+    std::vector<int32_t> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = r == 2 ? static_cast<int32_t>(i + 7) : -1;
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + (r == 0 ? kWriteDelay * 0.3 : absl::Seconds(20));
+    status[r] = c.Broadcast(v.data(), count, DType::kInt32, 2, deadline);
+    if (r == 0) {
+      took = absl::Now() - start;
+      landed = v[1000] == 1007 && v[1999] == 2006;  // rank 1's part
+    }
+  });
+  INFO("rank 0: " << status[0].ToString() << " after " << took
+                  << "; rank 1: " << status[1].ToString() << "; rank 2: " << status[2].ToString());
+  CHECK(status[0].code() == absl::StatusCode::kDeadlineExceeded);
+  CHECK(!status[1].ok());  // the group broke: all fail
+  CHECK(!status[2].ok());
+  CHECK(took >= kWriteDelay);
+  CHECK(landed);
+}
+
 TEST_CASE("a rank aborted locally in a CMA all_reduce fails the round for all: no late write") {
   // The second all_reduce works in the exchange round (the first verified
   // the peers). Rank 0 arrives and waits; its musterd "goes away" (a local
@@ -691,7 +797,9 @@ TEST_CASE("DirectOptions::FromEnv takes K/M suffixes and keeps the defaults for 
         defaults.cma_oversubscribed.all_gather.max_bytes);
   CHECK(o.cma_oversubscribed.all_reduce.min_bytes ==
         defaults.cma_oversubscribed.all_reduce.min_bytes);
-  CHECK(o.cma_oversubscribed.broadcast.min_bytes == SIZE_MAX);  // no CMA broadcast oversubscribed
+  CHECK(o.cma_oversubscribed.broadcast.min_bytes ==
+        defaults.cma_oversubscribed.broadcast.min_bytes);
+  CHECK(o.cma_oversubscribed.broadcast.max_bytes == (32 << 20) - 1);
   unsetenv("MUSTER_SHM_CMA_MIN_BYTES");
   unsetenv("MUSTER_SHM_MAPPED_MIN_BYTES");
 }
@@ -750,7 +858,9 @@ TEST_CASE("once every rank reached the peers it reads CMA collectives skip the p
     Errors errors;
     RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
       c.set_direct_options(Force(Path::kCma));
-      if (world == 2) c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each
+      // A CPU each (ranks outnumbering CPUs relay the broadcast, whose
+      // ranks then touch every peer: the all_gather after it needs no probe).
+      c.set_wait_policy(WaitPolicy::For(world, world));
       const int r = c.rank(), n = c.size();
       const size_t count = 1000;
       for (const Step& step : steps) {
