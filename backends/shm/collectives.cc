@@ -28,7 +28,7 @@ inline void CpuRelax() { _mm_pause(); }
 // Meta words of the direct paths (RankControl::meta).
 enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8,
-                   kCmaVerified = 16, kRelay = 32;
+                   kCmaVerified = 16, kRelay = 32, kCmaVerifiedRelayed = 64;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
 
 // An OpSignature and a path bit in the two words RankControl keeps per
@@ -564,10 +564,10 @@ bool ShmCommunicator::OffersCma(size_t bytes) const {
   return !cma_refused_ && range.Contains(bytes);
 }
 
-bool ShmCommunicator::CmaVerified(int root) const {
+bool ShmCommunicator::CmaVerified(int root, bool relayed) const {
   if (!cma_agreed_once_) return false;
   for (int j = 0; j < size_; ++j) {
-    if (!Touches(j, root, /*cma=*/true)) continue;
+    if (!Touches(j, root, relayed)) continue;
     int32_t verified = cma_verified_pid_[j];
     if (verified == 0 || verified != segment_->rank(j).pid.load(std::memory_order_relaxed)) {
       return false;
@@ -611,7 +611,11 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         if (write) write_first(slot);
         meta[kFlags] = (bytes >= direct_.mapped_min_bytes ? kAcceptMapped : 0) |
                        (cma ? kAcceptCma : 0) | (shared ? kShared : 0) | (write ? kWroteFirst : 0) |
-                       (cma && CmaVerified(root) ? kCmaVerified : 0) |
+                       // Verified both ways: whether a broadcast is
+                       // relayed is the root's word, read below, not this
+                       // rank's relay_.
+                       (cma && CmaVerified(root, false) ? kCmaVerified : 0) |
+                       (cma && CmaVerified(root, true) ? kCmaVerifiedRelayed : 0) |
                        (relay_ && rank_ == root ? kRelay : 0);
         meta[kPid] = static_cast<uint64_t>(::getpid());
         meta[kFd] = shared ? static_cast<uint64_t>(ref.fd) : 0;
@@ -621,6 +625,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
       },
       [&] {
         // Every rank computes the same answer from the same words.
+        const bool relay = root >= 0 && (segment_->rank(root).meta[kFlags] & kRelay) != 0;
         bool mapped = true, cma = true, wrote = true, verified = true;
         for (int j = 0; j < size_; ++j) {
           uint64_t flags = segment_->rank(j).meta[kFlags];
@@ -628,18 +633,18 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
           mapped &= (flags & kAcceptMapped) != 0 && (!needed || (flags & kShared) != 0);
           cma &= (flags & kAcceptCma) != 0;
           wrote &= (flags & kWroteFirst) != 0;
-          verified &= (flags & kCmaVerified) != 0;
+          verified &= (flags & (relay ? kCmaVerifiedRelayed : kCmaVerified)) != 0;
         }
         mode = mapped  ? Direct::kMapped
                : cma   ? Direct::kCma
                : wrote ? Direct::kSlotsFirstDone
                        : Direct::kSlots;
         if (mode == Direct::kSlotsFirstDone) return read_first();
-        relay_ = root >= 0 && (segment_->rank(root).meta[kFlags] & kRelay) != 0;
+        relay_ = relay;
         reached_ = true;
         sources_.assign(size_, PeerSource{});
         for (int j = 0; j < size_ && (mode == Direct::kMapped || mode == Direct::kCma); ++j) {
-          if (!Touches(j, root, mode == Direct::kCma)) continue;
+          if (!Touches(j, root, mode == Direct::kCma && relay_)) continue;
           const uint64_t* meta = segment_->rank(j).meta;
           PeerSource& p = sources_[j];
           p.pid = static_cast<int32_t>(meta[kPid]);

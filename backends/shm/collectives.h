@@ -138,15 +138,17 @@ struct DirectOptions {
   // vCPUs, docs/benchmarks.md "CMA when ranks outnumber CPUs" and
   // "all_reduce owners write their part"): all_reduce from 256 KiB
   // (1.1-1.5x faster at 1-16 MiB; below, within the scheduler's spread),
-  // all_gather up to 4 MiB per rank and reduce_scatter up to 16 MiB of
-  // input (0.4-0.9x the slots' time; above, even or slower), broadcast
+  // all_gather up to 8 MiB per rank (0.4-0.9x the slots' time; 5 MiB and
+  // 8 MiB per rank at world 4: 0.8-0.9x; 16 MiB even, 32 MiB slower;
+  // "the relayed broadcast") and reduce_scatter up to 16 MiB of input
+  // (0.4-0.9x the slots' time; above, even or slower), broadcast
   // relayed from 256 KiB to under 32 MiB (world 3 and 4: 0.6-0.9x the
   // slots' time; at 64 MiB 1.0-1.5x, their copy in and copy out overlap;
   // "the relayed broadcast"; plain CMA, every receiver reading the root,
   // was 1.1-2x slower than the slots).
   CmaRanges cma_oversubscribed{{256 << 10, SIZE_MAX},
                                {256 << 10, (32 << 20) - 1},
-                               {16 << 10, 4 << 20},
+                               {16 << 10, 8 << 20},
                                {64 << 10, 16 << 20}};
   // CMA for every collective above from `min_bytes` up (SIZE_MAX: never),
   // oversubscribed or not.
@@ -337,9 +339,9 @@ class ShmCommunicator : public Communicator {
                                          WriteFirst write_first, ReadFirst read_first,
                                          Work direct_work);
   // Whether this rank's probes reached, in an earlier collective that went
-  // CMA on every rank, each peer it reads from `root` (-1: every peer), and
-  // those peers' processes are the same.
-  bool CmaVerified(int root) const;
+  // CMA on every rank, each peer its CMA work touches (Touches) with `root`
+  // (-1: every peer) and `relayed`, and those peers' processes are the same.
+  bool CmaVerified(int root, bool relayed) const;
   // A round whose read runs `work` only if every rank reached its peers'
   // sources; sets *fallback (and skips `work`) otherwise.
   template <typename Fn>
@@ -374,10 +376,10 @@ class ShmCommunicator : public Communicator {
   // each, where every receiver reads the root's whole buffer.
   bool RelaysBroadcast() const { return size_ == 2 || wait_.oversubscribed; }
   // Whether this rank's direct work touches rank j's buffer: reads it (j is
-  // the root, or every rank is a source) or, over CMA (`cma`), writes it
-  // (a relayed broadcast: every rank writes into the receivers).
-  bool Touches(int j, int root, bool cma) const {
-    return j != rank_ && (root < 0 || j == root || (cma && relay_));
+  // the root, or every rank is a source) or writes it (`relayed`: a
+  // relayed CMA broadcast, where every rank writes into the receivers).
+  bool Touches(int j, int root, bool relayed) const {
+    return j != rank_ && (root < 0 || j == root || relayed);
   }
   // Rank j's source at `offset`: its mapping, or `tmp` filled by CMA.
   absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);

@@ -347,8 +347,8 @@ TEST_CASE(
       {CollectiveKind::kBroadcast, 32 << 20, "slots"},
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
-      {CollectiveKind::kAllGather, 4 << 20, "cma"},
-      {CollectiveKind::kAllGather, (4 << 20) + 64, "slots"},
+      {CollectiveKind::kAllGather, 8 << 20, "cma"},
+      {CollectiveKind::kAllGather, (8 << 20) + 64, "slots"},
       {CollectiveKind::kReduceScatter, 32 << 10, "slots"},
       {CollectiveKind::kReduceScatter, 64 << 10, "cma"},
       {CollectiveKind::kReduceScatter, 16 << 20, "cma"},
@@ -512,8 +512,9 @@ TEST_CASE(
 TEST_CASE("a relayed CMA broadcast (ranks outnumber CPUs): rank r writes part r into receivers") {
   // World 3 and 4 as if on one CPU, every root, every dtype, counts from
   // one element (parts of 0 elements) to several 256 KiB blocks per part;
-  // each on fresh communicators: the first call probes (the work in a round
-  // of its own), the second works in the exchange round. The receivers'
+  // each world, count and dtype on fresh communicators, where the first
+  // broadcast probes (the work in a round of its own) and those from the
+  // other roots work in the exchange round. The receivers'
   // buffers start poisoned, so a part nobody wrote shows; each rank's
   // writes into its peers are counted to the byte.
   for (int world = 3; world <= 4; ++world) {
@@ -666,6 +667,43 @@ TEST_CASE("a collective failing while a peer writes into the rank's buffer waits
     CHECK(took[0] >= kWriteDelay);
     CHECK(landed[0]);
   }
+}
+
+TEST_CASE("a relayed broadcast probes every receiver a rank writes into, on the root's word") {
+  // World 3, root 0. A first broadcast with a CPU each: the receivers
+  // read the root only, so each has reached the root alone. Then the root
+  // alone takes the oversubscribed policy, and so relays: the receivers,
+  // whose own policy would not relay, follow the root's word, write into
+  // each other and probe first (they had not reached each other). Then
+  // everyone has reached everyone: the third goes without a probe.
+  Errors errors;
+  RunRanks(3, 1 << 20, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    c.set_wait_policy(WaitPolicy::For(3, 3));
+    const int r = c.rank();
+    const size_t count = 3000;
+    for (int call = 0; call < 3; ++call) {
+      if (call == 1 && r == 0) c.set_wait_policy(WaitPolicy::For(3, 1));
+      std::string tag = absl::StrCat("rank ", r, " call ", call);
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = r == 0 ? static_cast<int32_t>(i + call) : -1;
+      const uint64_t before = c.rounds_for_testing();
+      const uint64_t written = c.peer_bytes_written_for_testing();
+      absl::Status s = c.Broadcast(v.data(), count, DType::kInt32, 0, Soon());
+      const uint64_t rounds = c.rounds_for_testing() - before;
+      bool right = s.ok();
+      for (size_t i = 0; i < count && right; ++i) right = v[i] == static_cast<int32_t>(i + call);
+      const bool relayed =
+          c.peer_bytes_written_for_testing() - written == (r == 0 ? 2000u : 1000u) * 4;
+      const uint64_t want_rounds = call == 2 ? 1 : 2;  // the probe: a round of its own
+      if (!right || rounds != want_rounds || relayed != (call > 0)) {
+        errors.Add(absl::StrCat(tag, ": ", s.ToString(), right ? "" : " wrong result", " rounds ",
+                                rounds, " (want ", want_rounds, ")", relayed ? " relayed" : ""));
+      }
+    }
+  });
+  INFO(errors.first);
+  CHECK(errors.count == 0);
 }
 
 TEST_CASE("a relayed broadcast failing on a receiver waits for the other receiver's write") {
