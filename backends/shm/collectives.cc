@@ -795,7 +795,8 @@ absl::StatusOr<const char*> ShmCommunicator::Source(int j, const char* own, size
 }
 
 absl::Status ShmCommunicator::WaitReaders(absl::Time deadline) {
-  return WaitAll(&RankControl::released, round_, deadline, "finish reading this rank's buffer");
+  return WaitAll(&RankControl::released, round_, deadline,
+                 "finish reading or writing this rank's buffer");
 }
 
 absl::Status ShmCommunicator::CheckRoot(int root) const {
