@@ -1013,16 +1013,16 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
   size_t start = 0;
   if (GoesDirect(count * es)) {
     // Relayed over CMA (two ranks, or more ranks than CPUs): rank r owns
-    // part r of the result. The root writes its part
-    // into every receiver; a receiver reads its part from the root block by
-    // block and writes each block into every other receiver while it is in
-    // cache. Each byte is read from the root once, and every rank copies
-    // (world 2: the root writes half while the receiver reads the other
-    // half, two CPUs copying instead of one; docs/benchmarks.md, "the
-    // broadcast root copies too" and "the relayed broadcast"). The root
-    // proposes it, the exchange makes every rank take the root's word
-    // (relay_). Mapped sources are read in place and the receivers' buffers
-    // need not be shared: there each receiver copies it all.
+    // part r of the result. The root writes its part into every receiver;
+    // a receiver reads its part from the root block by block and writes
+    // each block into every other receiver while it is in cache. Each byte
+    // is read from the root once, and every rank copies (world 2: the root
+    // writes half while the receiver reads the other half, two CPUs copying
+    // instead of one; docs/benchmarks.md, "the broadcast root copies too"
+    // and "the relayed broadcast"). The root proposes it, the exchange
+    // makes every rank take the root's word (relay_). Mapped sources are
+    // read in place and the receivers' buffers need not be shared: there
+    // each receiver copies it all.
     relay_ = RelaysBroadcast();
     auto read_root = [&]() -> absl::Status {
       const bool cma = mode_ == Direct::kCma || mode_ == Direct::kCmaDone;
