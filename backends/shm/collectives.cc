@@ -295,16 +295,36 @@ void ShmCommunicator::FailNextRound() {
   Decide(round_ + 1, /*failed=*/true);
 }
 
+// How long a rank whose round another member failed waits for the reason.
+constexpr absl::Duration kFailureReasonGrace = absl::Seconds(1);
+
 absl::Status ShmCommunicator::Aborted() const {
-  // The member that failed the round aborts the segment right after
-  // deciding: wait for its reason (briefly).
-  for (int i = 0; i < 1000 && !segment_->aborted(); ++i) std::this_thread::yield();
-  if (!segment_->aborted()) {
-    return absl::AbortedError(absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
-                                           "' failed on another member"));
+  // A member that failed the round at its deadline or on a failed copy
+  // aborts the segment right after deciding: wait for its reason. One that
+  // gave up because its musterd went away (a local abort) aborts nothing;
+  // this rank shares that musterd, and its own session says so within
+  // moments: wait for that too, so the caller learns that its musterd is
+  // gone rather than that some member failed.
+  const absl::Time until = absl::Now() + kFailureReasonGrace;
+  for (int i = 0; !segment_->aborted() && !segment_->locally_aborted(); ++i) {
+    if (i < 1000) {
+      std::this_thread::yield();
+    } else if (absl::Now() < until) {
+      absl::SleepFor(absl::Microseconds(200));
+    } else {
+      return absl::AbortedError(absl::StrCat(DescribeSignature(current_), " on group '",
+                                             group_name_, "' failed on another member"));
+    }
   }
+  if (!segment_->aborted()) return LocalAbortStatus();
   return segment_->AbortStatus(
       absl::StrCat(DescribeSignature(current_), " on group '", group_name_, "' aborted"));
+}
+
+absl::Status ShmCommunicator::LocalAbortStatus() const {
+  absl::Status local = segment_->local_abort_status();
+  return absl::Status(local.code(), absl::StrCat(DescribeSignature(current_), " on group '",
+                                                 group_name_, "': ", local.message()));
 }
 
 absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
@@ -345,9 +365,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       // round's work, which may write into this rank's buffer, after this
       // rank returned its buffer to the caller.
       if (!GiveUp(field, target, round)) continue;
-      absl::Status local = segment_->local_abort_status();
-      return absl::Status(local.code(), absl::StrCat(DescribeSignature(current_), " on group '",
-                                                     group_name_, "': ", local.message()));
+      return LocalAbortStatus();
     }
     if (segment_->aborted()) {
       // Unless the round completed (every member arrived, or a member that

@@ -400,8 +400,11 @@ class ShmCommunicator : public Communicator {
   bool GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target, uint64_t round);
   // A read in this round failed: the next round fails on every member.
   void FailNextRound();
-  // The status of a round another member failed (the segment's abort).
+  // The status of a round another member failed: the segment's abort, or
+  // this process's local abort if that comes first (within a second).
   absl::Status Aborted() const;
+  // The collective in progress failed by this process's local abort.
+  absl::Status LocalAbortStatus() const;
   // Waits until rank j's `field` >= target for every j.
   absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                        absl::Time deadline, const char* what);

@@ -787,6 +787,40 @@ TEST_CASE("a rank aborted locally in a CMA all_reduce fails the round for all: n
   CHECK(after == at_return);
 }
 
+TEST_CASE("a rank whose round a locally aborted peer failed reports its own local abort") {
+  // Both ranks' musterd goes away (one musterd per node): rank 0 learns it
+  // first, waiting in a barrier, and gives up on the round; rank 1 arrives
+  // after and finds the round failed, and learns the same from its own
+  // session 100 ms later. It must say its musterd is gone, not that
+  // another member failed.
+  std::vector<absl::Status> status(2);
+  std::atomic<bool> returned{false};
+  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+    const int r = c.rank();
+    if (r == 0) {
+      std::thread aborter([&] {
+        absl::SleepFor(absl::Milliseconds(100));
+        c.Abort(absl::UnavailableError("musterd 0 is gone"));
+      });
+      status[0] = c.Barrier(Soon());
+      returned = true;
+      aborter.join();
+    } else {
+      while (!returned) absl::SleepFor(absl::Milliseconds(1));
+      std::thread aborter([&] {
+        absl::SleepFor(absl::Milliseconds(100));
+        c.Abort(absl::UnavailableError("musterd 1 is gone"));
+      });
+      status[1] = c.Barrier(Soon());
+      aborter.join();
+    }
+  });
+  INFO("rank 0: " << status[0].ToString() << "; rank 1: " << status[1].ToString());
+  CHECK(status[0].code() == absl::StatusCode::kUnavailable);
+  CHECK(status[1].code() == absl::StatusCode::kUnavailable);
+  CHECK(absl::StrContains(status[1].message(), "musterd 1 is gone"));
+}
+
 TEST_CASE("byte counts for the MUSTER_SHM_*_BYTES variables: digits, K/M/G, off; nothing else") {
   size_t b = 7;
   CHECK(ParseByteCount("262144", &b));
