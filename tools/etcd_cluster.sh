@@ -40,7 +40,7 @@ start_member() {  # NAME CLIENT PEER CLUSTER STATE
     --initial-cluster "$cluster" --initial-cluster-state "$state" \
     --initial-cluster-token "muster-test-$$" \
     --heartbeat-interval 50 --election-timeout 500 --max-request-bytes 33554432 \
-    --logger zap --log-outputs "$dir/$name.log" </dev/null >/dev/null 2>&1 &
+    --logger zap --log-outputs "$dir/$name.log" </dev/null >"$dir/$name.out" 2>&1 &
   echo $!
 }
 
@@ -48,28 +48,51 @@ case "$cmd" in
   start)
     [[ -x "$ETCD" ]] || { echo "etcd_cluster: etcd not installed (apt-get install etcd-server)" >&2; exit 3; }
     n=${3:-3}
-    : >"$dir/members"
-    names=() clients=() peers=() cluster=""
-    for i in $(seq 1 "$n"); do
-      names+=("m$i")
-      clients+=("http://$HOST:$(free_port)")
-      peers+=("http://$HOST:$(free_port)")
-      cluster+="${cluster:+,}m$i=${peers[-1]}"
+    # A member that exits at start (a port taken between free_port and its
+    # bind) makes the cluster start again on new ports, up to 3 times; a
+    # loaded machine gets ETCD_START_TIMEOUT seconds (default 60) to elect.
+    limit=${ETCD_START_TIMEOUT:-60}
+    for attempt in 1 2 3; do
+      : >"$dir/members"
+      names=() clients=() peers=() pids=() cluster=""
+      for i in $(seq 1 "$n"); do
+        names+=("m$i")
+        clients+=("http://$HOST:$(free_port)")
+        peers+=("http://$HOST:$(free_port)")
+        cluster+="${cluster:+,}m$i=${peers[-1]}"
+      done
+      (( attempt == 1 )) || rm -rf "$dir"/m*.etcd  # the failed attempt's data
+      for i in "${!names[@]}"; do
+        pid=$(start_member "${names[$i]}" "${clients[$i]}" "${peers[$i]}" "$cluster" new)
+        pids+=("$pid")
+        echo "${names[$i]} $pid ${clients[$i]} ${peers[$i]}" >>"$dir/members"
+      done
+      echo "$cluster" >"$dir/cluster"
+      endpoints=$(IFS=,; echo "${clients[*]}")
+      echo "$endpoints" >"$dir/endpoints"
+      deadline=$(( SECONDS + limit )) died=""
+      while (( SECONDS < deadline )); do
+        ok=1
+        for i in "${!clients[@]}"; do
+          kill -0 "${pids[$i]}" 2>/dev/null || { died=${names[$i]}; break 2; }
+          healthy "${clients[$i]}" || ok=0
+        done
+        [[ $ok == 1 ]] && { echo "$endpoints"; exit 0; }
+        sleep 0.1
+      done
+      for i in "${!names[@]}"; do
+        echo "etcd_cluster: ${names[$i]} (pid ${pids[$i]}, ${clients[$i]}) last log lines:" >&2
+        tail -n 5 "$dir/${names[$i]}.out" "$dir/${names[$i]}.log" >&2 2>/dev/null || true
+      done
+      bash "$0" stop "$dir"
+      if [[ -z "$died" ]]; then
+        echo "etcd_cluster: members not healthy after $limit s; logs in $dir/*.log" >&2
+        exit 1
+      fi
+      echo "etcd_cluster: member $died exited at start (attempt $attempt of 3); starting again on new ports" >&2
+      mkdir -p "$dir/failed-$attempt" && mv "$dir"/m*.log "$dir"/m*.out "$dir/failed-$attempt/" 2>/dev/null || true
     done
-    for i in "${!names[@]}"; do
-      pid=$(start_member "${names[$i]}" "${clients[$i]}" "${peers[$i]}" "$cluster" new)
-      echo "${names[$i]} $pid ${clients[$i]} ${peers[$i]}" >>"$dir/members"
-    done
-    echo "$cluster" >"$dir/cluster"
-    endpoints=$(IFS=,; echo "${clients[*]}")
-    echo "$endpoints" >"$dir/endpoints"
-    for _ in $(seq 1 200); do
-      ok=1
-      for c in "${clients[@]}"; do healthy "$c" || ok=0; done
-      [[ $ok == 1 ]] && { echo "$endpoints"; exit 0; }
-      sleep 0.1
-    done
-    echo "etcd_cluster: members not healthy after 20 s; logs in $dir/*.log" >&2
+    echo "etcd_cluster: a member exited at start 3 times; logs in $dir/failed-*/" >&2
     exit 1
     ;;
   stop)
