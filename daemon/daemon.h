@@ -84,6 +84,10 @@ struct DaemonOptions {
   absl::Duration etcd_lease_ttl = absl::Seconds(5);
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
+  // CPUs this node's ranks share, written into every group's segment (it
+  // picks how ranks wait: ShmCommunicator's WaitPolicy); 0: measure it
+  // (ReadCpuLimit: the daemon's affinity and cgroup CPU quota).
+  unsigned node_cpus = 0;
   // Flight recorder: records per rank in each group's segment (0: none),
   // and where broken groups' recorders are written ("": set by Start from
   // the state directory or the socket's; "none": not written).

@@ -114,6 +114,7 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t memory_budget_bytes = options.store.memory_budget_bytes;
   int64_t max_connection_bytes = options.store.max_connection_bytes;
   int64_t shm_slot_bytes = options.shm_slot_bytes;
+  int64_t node_cpus = 0;
   int64_t trace_records = static_cast<int64_t>(options.trace_records);
   std::string cluster_token_file;
   std::string tls_cert, tls_key, tls_ca;
@@ -258,6 +259,10 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("shm-slot-bytes", &shm_slot_bytes,
                "Shared memory per rank of each node-local group: the most one collective\n"
                "round moves per rank (larger buffers take several rounds).");
+  flags.AddInt("node-cpus", &node_cpus,
+               "CPUs this node's ranks share. With more ranks in a group than CPUs, ranks\n"
+               "yield instead of spinning while they wait for each other. 0 (default):\n"
+               "measured from musterd's CPU affinity and cgroup CPU quota.");
   flags.AddInt("trace-records", &trace_records,
                "Flight recorder: how many of its last collectives each rank keeps per group in\n"
                "the group's shared memory (musterctl trace; 0: none; at most 1048576).");
@@ -337,6 +342,12 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   options.store.memory_budget_bytes = memory_budget_bytes;
   options.store.max_connection_bytes = max_connection_bytes;
   options.shm_slot_bytes = static_cast<uint64_t>(std::max<int64_t>(shm_slot_bytes, 4096));
+  if (node_cpus < 0 || node_cpus > 65536) {
+    std::fprintf(stderr, "musterd: --node-cpus must be in [0, 65536], got %lld\n",
+                 static_cast<long long>(node_cpus));
+    return 2;
+  }
+  options.node_cpus = static_cast<unsigned>(node_cpus);
   if (trace_records < 0 || trace_records > (int64_t{1} << 20)) {
     std::fprintf(stderr, "musterd: --trace-records must be in [0, 1048576], got %lld\n",
                  static_cast<long long>(trace_records));

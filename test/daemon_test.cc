@@ -255,7 +255,8 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
                            "--max-world-size",
                            "--max-group-size",
                            "--max-jobs",
-                           "--job-grace-seconds"}) {
+                           "--job-grace-seconds",
+                           "--node-cpus"}) {
     INFO(flag);
     CHECK(absl::StrContains(help->out, flag));
   }
@@ -263,6 +264,25 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   REQUIRE(bad.ok());
   CHECK(bad->exit.code == 2);
   CHECK(absl::StrContains(bad->err, "--grpc-port"));
+}
+
+TEST_CASE("musterd says how many CPUs its ranks share; --node-cpus sets it") {
+  {
+    auto daemon = StartDaemon(TestDaemonOptions{});
+    // Measured: "ranks share N CPU(s) (affinity A, ...)".
+    CHECK(absl::StrContains(daemon->process().Stderr(), "ranks share "));
+    CHECK(absl::StrContains(daemon->process().Stderr(), "(affinity "));
+  }
+  {
+    TestDaemonOptions options;
+    options.extra_args = {"--node-cpus=3"};
+    auto daemon = StartDaemon(options);
+    CHECK(absl::StrContains(daemon->process().Stderr(), "ranks share 3 CPU(s) (--node-cpus)"));
+  }
+  auto bad = Run({RunfilePath("daemon/musterd"), "--node-cpus=-1"});
+  REQUIRE(bad.ok());
+  CHECK(bad->exit.code == 2);
+  CHECK(absl::StrContains(bad->err, "--node-cpus must be in [0, 65536], got -1"));
 }
 
 TEST_CASE("secrets that others can read are warned about; an empty token file is refused") {

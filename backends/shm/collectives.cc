@@ -190,7 +190,10 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
       group_name_(std::move(group_name)),
       global_ranks_(std::move(global_ranks)),
       direct_(DirectOptions::FromEnv()) {
-  wait_ = WaitPolicy::For(size_, std::thread::hardware_concurrency());
+  // The daemon's count (the same for every rank; a rank's own affinity may
+  // be one bound core), else the machine's.
+  wait_ = WaitPolicy::For(size_, segment->node_cpus() != 0 ? segment->node_cpus()
+                                                           : std::thread::hardware_concurrency());
   if (global_ranks_.size() != static_cast<size_t>(size_)) {
     global_ranks_.resize(size_);
     for (int i = 0; i < size_; ++i) global_ranks_[i] = i;

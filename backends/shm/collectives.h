@@ -170,7 +170,9 @@ bool ParseByteCount(const std::string& text, size_t* bytes);
 // `spin_us` (the collective's first arrival: the others may be anywhere)
 // or `inside_spin_us` (later waits: the late ranks are inside the
 // collective) unless a late rank was last seen on its own CPU, then
-// yields. Chosen from the group's size and the node's CPUs.
+// yields. Chosen from the group's size and the CPUs the node's ranks share
+// (GroupSegment::node_cpus: musterd's CpuLimit, which a cpuset or a CPU
+// quota narrows below the machine's count).
 struct WaitPolicy {
   int poll_burst = 64;
   int spin_us = 50;
@@ -196,10 +198,12 @@ class ShmCommunicator : public Communicator {
   // Sequence number of the last collective started (0 before the first).
   uint64_t sequence() const { return sequence_; }
   void set_direct_options(const DirectOptions& options) { direct_ = options; }
-  // Replaces WaitPolicy::For(size, this machine's CPUs); the same on every
-  // rank (oversubscribed changes which path an all_reduce takes and which
-  // collectives go CMA: DirectOptions::cma_oversubscribed).
+  // Replaces WaitPolicy::For(size, the segment's node_cpus, else this
+  // machine's CPUs); the same on every rank (oversubscribed changes which
+  // path an all_reduce takes and which collectives go CMA:
+  // DirectOptions::cma_oversubscribed).
   void set_wait_policy(const WaitPolicy& policy) { wait_ = policy; }
+  const WaitPolicy& wait_policy() const { return wait_; }
   // Tests: every round sleeps `delay` after all ranks arrived, before it
   // reads (a rank lagging in the middle of a round).
   void set_read_delay_for_testing(absl::Duration delay) { read_delay_ = delay; }

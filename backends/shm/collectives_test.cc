@@ -1301,6 +1301,31 @@ TEST_CASE("waiting looks once between yields only when ranks outnumber CPUs") {
   CHECK_FALSE(WaitPolicy::For(1, 0).oversubscribed);
 }
 
+TEST_CASE("a communicator waits by the segment's node CPUs, else the machine's") {
+  // musterd writes the CPUs its ranks share into the segment (a cpuset or
+  // a quota below the machine's count); every rank takes that word.
+  const unsigned machine = std::thread::hardware_concurrency();
+  for (unsigned node_cpus : {0u, 1u, 3u, 64u}) {
+    for (int world = 2; world <= 4; ++world) {
+      INFO("node_cpus " << node_cpus << ", world " << world << ", machine " << machine);
+      std::string name = UniqueName();
+      auto owner = GroupSegment::Create(name, world, 4096);
+      REQUIRE(owner.ok());
+      (*owner)->set_node_cpus(node_cpus);
+      const unsigned cpus = node_cpus != 0 ? node_cpus : std::max(1u, machine);
+      for (int r = 0; r < world; ++r) {
+        auto seg = GroupSegment::Open(name, world);
+        REQUIRE(seg.ok());
+        CHECK((*seg)->node_cpus() == node_cpus);
+        ShmCommunicator c(seg->get(), r, "g", {});
+        CHECK(c.wait_policy().oversubscribed == (static_cast<unsigned>(world) > cpus));
+        CHECK(c.wait_policy().spin_us == WaitPolicy::For(world, cpus).spin_us);
+      }
+      GroupSegment::Unlink(name);
+    }
+  }
+}
+
 TEST_CASE(
     "with more ranks than CPUs all_reduce takes reduce-scatter + all-gather from a 64th of a "
     "slot") {

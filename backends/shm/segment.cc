@@ -23,7 +23,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 6;
+constexpr uint32_t kVersion = 7;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -102,6 +102,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   h->trace_records = trace_records;
   h->trace_offset = trace_offset;
   h->trace_stride = trace_stride;
+  h->node_cpus = 0;
   auto* controls = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
   for (int i = 0; i < nranks; ++i) {
     auto* c = new (&controls[i]) RankControl();

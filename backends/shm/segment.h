@@ -115,6 +115,9 @@ struct alignas(64) SegmentHeader {
   uint64_t trace_records;  // records per rank's trace ring (0: none)
   uint64_t trace_offset;   // of trace ring 0
   uint64_t trace_stride;   // bytes per rank's trace ring
+  // CPUs the node's ranks share, as the creating daemon measured them
+  // (CpuLimit::usable; 0: unknown, each rank then counts the machine's).
+  uint32_t node_cpus;
 };
 
 // Why a segment was aborted: the group broke (collectives fail ABORTED), or
@@ -153,6 +156,10 @@ class GroupSegment {
   const std::string& name() const { return name_; }
   int nranks() const { return header_->nranks; }
   uint64_t slot_bytes() const { return header_->slot_bytes; }
+  // SegmentHeader::node_cpus. The creator sets it before it hands the
+  // segment's name to any rank; ranks only read it.
+  void set_node_cpus(unsigned cpus) { header_->node_cpus = cpus; }
+  unsigned node_cpus() const { return header_->node_cpus; }
   SegmentHeader& header() { return *header_; }
   RankControl& rank(int i) { return controls_[i]; }
   char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * header_->slot_bytes; }

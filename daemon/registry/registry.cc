@@ -1584,6 +1584,7 @@ void Registry::AttachSegment(Job& job, Group& g) {
     return;
   }
   g.segment = std::move(*segment);
+  g.segment->set_node_cpus(options_.node_cpus);
   g.shm_ranks = local;
   g.info.set_shm_name(name);
   for (int r : local) g.info.add_shm_group_ranks(r);

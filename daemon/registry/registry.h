@@ -91,6 +91,8 @@ struct RegistryOptions {
   // Bytes per rank of each node-local group's shared-memory segment (the
   // largest piece one collective round moves per rank).
   uint64_t shm_slot_bytes = 4 << 20;
+  // CPUs this node's ranks share (GroupSegment::node_cpus; 0: unknown).
+  unsigned node_cpus = 0;
   // Flight-recorder records per rank in each segment (backends/shm/trace.h).
   uint64_t trace_records = 2048;
   // Where a broken group's recorder is written (one JSON file per break,

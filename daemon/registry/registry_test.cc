@@ -114,6 +114,7 @@ struct FakeLiveness {
 
 // A registry whose job store is a StoreServer in this process.
 struct Fixture {
+  static constexpr unsigned kNodeCpus = 3;  // RegistryOptions::node_cpus
   std::unique_ptr<StoreServer> store;
   std::unique_ptr<Registry> registry;
   std::string master;
@@ -136,6 +137,7 @@ struct Fixture {
     master = absl::StrCat("127.0.0.1:", server->port());
     RegistryOptions options;
     options.hostname = hostname;
+    options.node_cpus = kNodeCpus;
     options.job_grace = absl::Seconds(60);
     options.dump_dir = dump_dir;
     options.job_store = [server, liveness](const std::string&) {
@@ -502,6 +504,20 @@ TEST_CASE(
   const auto& r0 = e0.Await();
   REQUIRE(r0.ok());
   CHECK(std::vector<int>(r0->members().begin(), r0->members().end()) == std::vector<int>{0, 1});
+}
+
+TEST_CASE("a group's segment carries the CPUs the node's ranks share") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
+  REQUIRE(g0.Await().ok());
+  REQUIRE(g1.Await().ok());
+  auto segment = GroupSegment::Open(g0.value->shm_name(), 2);
+  REQUIRE(segment.ok());
+  CHECK((*segment)->node_cpus() == Fixture::kNodeCpus);
 }
 
 TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {

@@ -1,0 +1,129 @@
+#include "common/cpus.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace muster {
+namespace {
+
+bool ReadFile(const std::string& path, std::string* text) {
+  std::ifstream in(path);
+  if (!in) return false;
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  *text = buffer.str();
+  return true;
+}
+
+// `path` and each of its parents up to "/" ("/a/b" -> "/a/b", "/a", "").
+std::vector<std::string> PathAndParents(std::string path) {
+  while (!path.empty() && path.back() == '/') path.pop_back();
+  std::vector<std::string> out;
+  while (true) {
+    out.push_back(path);
+    size_t slash = path.rfind('/');
+    if (slash == std::string::npos || path.empty()) break;
+    path.resize(slash);
+  }
+  return out;
+}
+
+// Quota in CPUs from cgroup v2's cpu.max ("max 100000" or "150000 100000");
+// 0 if none.
+double ParseCpuMax(const std::string& text) {
+  std::vector<std::string> fields =
+      absl::StrSplit(absl::StripAsciiWhitespace(text), ' ', absl::SkipEmpty());
+  double quota = 0, period = 0;
+  if (fields.size() != 2 || !absl::SimpleAtod(fields[0], &quota) ||
+      !absl::SimpleAtod(fields[1], &period) || quota <= 0 || period <= 0) {
+    return 0;
+  }
+  return quota / period;
+}
+
+// Quota in CPUs from cgroup v1's cpu.cfs_quota_us and cpu.cfs_period_us in
+// `dir` (-1 is none); 0 if none.
+double ReadCfsQuota(const std::string& dir) {
+  std::string quota_text, period_text;
+  double quota = 0, period = 0;
+  if (!ReadFile(dir + "/cpu.cfs_quota_us", &quota_text) ||
+      !ReadFile(dir + "/cpu.cfs_period_us", &period_text) ||
+      !absl::SimpleAtod(absl::StripAsciiWhitespace(quota_text), &quota) ||
+      !absl::SimpleAtod(absl::StripAsciiWhitespace(period_text), &period) || quota <= 0 ||
+      period <= 0) {
+    return 0;
+  }
+  return quota / period;
+}
+
+// The smaller positive of two quotas (0: none).
+double Tighter(double a, double b) {
+  if (a <= 0) return b;
+  if (b <= 0) return a;
+  return std::min(a, b);
+}
+
+}  // namespace
+
+double CgroupCpuQuota(const std::string& proc_self_cgroup, const std::string& cgroup_root) {
+  double tightest = 0;
+  for (absl::string_view line : absl::StrSplit(proc_self_cgroup, '\n', absl::SkipEmpty())) {
+    // "ID:CONTROLLERS:PATH"; the path may itself hold ':'.
+    std::vector<std::string> parts = absl::StrSplit(line, absl::MaxSplits(':', 2));
+    if (parts.size() != 3) continue;
+    const std::string& controllers = parts[1];
+    const std::string& path = parts[2];
+    if (parts[0] == "0" && controllers.empty()) {  // cgroup v2
+      for (const std::string& level : PathAndParents(path)) {
+        std::string text;
+        if (ReadFile(cgroup_root + level + "/cpu.max", &text)) {
+          tightest = Tighter(tightest, ParseCpuMax(text));
+        }
+      }
+      continue;
+    }
+    std::vector<std::string> names = absl::StrSplit(controllers, ',');
+    if (std::find(names.begin(), names.end(), "cpu") == names.end()) continue;
+    for (const char* mount : {"/cpu", "/cpu,cpuacct", "/cpuacct,cpu"}) {
+      for (const std::string& level : PathAndParents(path)) {
+        tightest = Tighter(tightest, ReadCfsQuota(cgroup_root + mount + level));
+      }
+    }
+  }
+  return tightest;
+}
+
+CpuLimit ReadCpuLimit() {
+  CpuLimit limit;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
+    limit.affinity = static_cast<unsigned>(CPU_COUNT(&set));
+  }
+  std::string cgroup;
+  double quota = 0;
+  if (ReadFile("/proc/self/cgroup", &cgroup)) quota = CgroupCpuQuota(cgroup, "/sys/fs/cgroup");
+  if (quota > 0) limit.quota = static_cast<unsigned>(std::max(1.0, std::ceil(quota - 1e-9)));
+  unsigned usable = limit.affinity;
+  if (limit.quota > 0) usable = usable == 0 ? limit.quota : std::min(usable, limit.quota);
+  if (usable == 0) usable = std::thread::hardware_concurrency();
+  limit.usable = std::max(1u, usable);
+  limit.describe =
+      absl::StrCat(limit.usable, limit.usable == 1 ? " CPU" : " CPUs", " (affinity ",
+                   limit.affinity == 0 ? "unknown" : absl::StrCat(limit.affinity),
+                   quota > 0 ? absl::StrCat(", quota ", quota, " CPUs") : ", no quota", ")");
+  return limit;
+}
+
+}  // namespace muster

@@ -1,0 +1,41 @@
+// CpuLimit: how many CPUs a process's work can run on at once. Containers
+// and batch systems narrow this below the machine's count
+// (std::thread::hardware_concurrency) in two ways: a cpuset (the affinity
+// mask) and a CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over
+// cpu.cfs_period_us). musterd reads it once and writes it into each group's
+// segment, so every rank of the node's groups sizes its waits the same way.
+//
+// Stateless functions; thread-safe.
+#ifndef MUSTER_COMMON_CPUS_H_
+#define MUSTER_COMMON_CPUS_H_
+
+#include <string>
+
+namespace muster {
+
+struct CpuLimit {
+  unsigned affinity = 0;  // CPUs in the affinity mask (0: unknown)
+  unsigned quota = 0;     // the quota rounded up to whole CPUs (0: none)
+  // min(affinity, quota) of those known; hardware_concurrency() if neither
+  // is; at least 1.
+  unsigned usable = 1;
+  // E.g. "2 CPUs (affinity 8, quota 1.5 CPUs)", for logs.
+  std::string describe;
+};
+
+// This process's limit, from sched_getaffinity and its cgroup.
+CpuLimit ReadCpuLimit();
+
+// The tightest CPU quota on the cgroup path of `proc_self_cgroup` (the text
+// of /proc/self/cgroup) under `cgroup_root` (normally /sys/fs/cgroup), in
+// CPUs (quota / period; 0 if no level has one). Every level from the
+// process's cgroup up to the mount's root that exists is read, so a
+// container that sees its own cgroup at the mount's root (cgroup v1
+// without a cgroup namespace) is covered. cgroup v2 (a "0::" line and
+// cpu.max) and v1 (a line naming the cpu controller, mounted at
+// ROOT/cpu or ROOT/cpu,cpuacct) are both read.
+double CgroupCpuQuota(const std::string& proc_self_cgroup, const std::string& cgroup_root);
+
+}  // namespace muster
+
+#endif  // MUSTER_COMMON_CPUS_H_
