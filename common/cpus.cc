@@ -3,7 +3,6 @@
 #include <sched.h>
 
 #include <algorithm>
-#include <cmath>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -112,17 +111,18 @@ CpuLimit ReadCpuLimit() {
     limit.affinity = static_cast<unsigned>(CPU_COUNT(&set));
   }
   std::string cgroup;
-  double quota = 0;
-  if (ReadFile("/proc/self/cgroup", &cgroup)) quota = CgroupCpuQuota(cgroup, "/sys/fs/cgroup");
-  if (quota > 0) limit.quota = static_cast<unsigned>(std::max(1.0, std::ceil(quota - 1e-9)));
+  if (ReadFile("/proc/self/cgroup", &cgroup)) {
+    limit.quota = CgroupCpuQuota(cgroup, "/sys/fs/cgroup");
+  }
   unsigned usable = limit.affinity;
-  if (limit.quota > 0) usable = usable == 0 ? limit.quota : std::min(usable, limit.quota);
   if (usable == 0) usable = std::thread::hardware_concurrency();
   limit.usable = std::max(1u, usable);
-  limit.describe =
-      absl::StrCat(limit.usable, limit.usable == 1 ? " CPU" : " CPUs", " (affinity ",
-                   limit.affinity == 0 ? "unknown" : absl::StrCat(limit.affinity),
-                   quota > 0 ? absl::StrCat(", quota ", quota, " CPUs") : ", no quota", ")");
+  limit.describe = absl::StrCat(
+      limit.usable, limit.usable == 1 ? " CPU" : " CPUs", " (affinity ",
+      limit.affinity == 0 ? "unknown" : absl::StrCat(limit.affinity),
+      limit.quota > 0 ? absl::StrCat("; a cgroup CPU quota of ", limit.quota, ", not counted")
+                      : "; no CPU quota",
+      ")");
   return limit;
 }
 

@@ -1,9 +1,13 @@
 // CpuLimit: how many CPUs a process's work can run on at once. Containers
 // and batch systems narrow this below the machine's count
-// (std::thread::hardware_concurrency) in two ways: a cpuset (the affinity
-// mask) and a CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over
-// cpu.cfs_period_us). musterd reads it once and writes it into each group's
+// (std::thread::hardware_concurrency) with a cpuset, which shows in the
+// affinity mask. musterd reads it once and writes it into each group's
 // segment, so every rank of the node's groups sizes its waits the same way.
+// A CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over
+// cpu.cfs_period_us) is read and reported but not counted: under a quota
+// ranks still run on separate CPUs at once, until the period's quota is
+// spent, and measured faster waiting as ranks that each have a CPU
+// (docs/benchmarks.md, "CPUs from the cpuset").
 //
 // Stateless functions; thread-safe.
 #ifndef MUSTER_COMMON_CPUS_H_
@@ -15,11 +19,10 @@ namespace muster {
 
 struct CpuLimit {
   unsigned affinity = 0;  // CPUs in the affinity mask (0: unknown)
-  unsigned quota = 0;     // the quota rounded up to whole CPUs (0: none)
-  // min(affinity, quota) of those known; hardware_concurrency() if neither
-  // is; at least 1.
+  double quota = 0;       // the cgroup CPU quota in CPUs (0: none); not counted
+  // The affinity; hardware_concurrency() if unknown; at least 1.
   unsigned usable = 1;
-  // E.g. "2 CPUs (affinity 8, quota 1.5 CPUs)", for logs.
+  // E.g. "8 CPUs (affinity 8, quota 1.5 CPUs)", for logs.
   std::string describe;
 };
 

@@ -86,7 +86,7 @@ struct DaemonOptions {
   uint64_t shm_slot_bytes = 4 << 20;
   // CPUs this node's ranks share, written into every group's segment (it
   // picks how ranks wait: ShmCommunicator's WaitPolicy); 0: measure it
-  // (ReadCpuLimit: the daemon's affinity and cgroup CPU quota).
+  // (ReadCpuLimit: the daemon's affinity, which a cpuset narrows).
   unsigned node_cpus = 0;
   // Flight recorder: records per rank in each group's segment (0: none),
   // and where broken groups' recorders are written ("": set by Start from

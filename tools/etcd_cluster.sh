@@ -119,7 +119,7 @@ case "$cmd" in
     [[ $# -ge 3 ]] || usage
     pid=$(awk -v n="$3" '$1==n {print $2}' "$dir/members")
     [[ -n "$pid" ]] || { echo "etcd_cluster: no member $3" >&2; exit 1; }
-    kill -9 "$pid"
+    kill -9 "$pid" 2>/dev/null || true  # already dead (killed earlier) is fine
     # Gone (its ports free) before a restart may bind them again.
     for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
     ;;
