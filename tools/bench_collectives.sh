@@ -11,6 +11,7 @@
 #                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
 #                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
 #                                   [--hog N [--hog-cpu C]] [--muster-bind cores|none]
+#                                   [--cpuset CPUS] [--muster-node-cpus N]
 #        tools/bench_collectives.sh --report DIR [--no-doc]
 #   --worlds      world sizes (default "2 4")
 #   --hog N       CPU contention: every system also runs each pass with N
@@ -23,6 +24,13 @@
 #   --muster-bind cores|none  muster-run's --bind for muster's ranks (default
 #                 none, muster-run's default; Open MPI binds to cores by its
 #                 own default)
+#   --cpuset CPUS run every system's job inside a new cgroup cpuset of
+#                 these CPUs (e.g. 0, or 0-3: as a container limited with
+#                 --cpuset-cpus; cgroup v1 or v2, as root); the hogs stay
+#                 outside it. Prints the table only (no doc)
+#   --muster-node-cpus N  muster's embedded musterd runs with --node-cpus N
+#                 (default: musterd measures its affinity); with --cpuset,
+#                 shows how muster waited before musterd read the cpuset
 #   --shared      also run muster with AllocShared buffers (muster-bench
 #                 --shared: zero-copy), shown next to muster's ordinary buffers;
 #                 the doc block is then the "zero-copy" one (see below)
@@ -65,6 +73,8 @@ iters_arg=""
 hog=0
 hog_cpu=""
 muster_bind=none
+cpuset=""
+node_cpus=""
 while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
@@ -82,7 +92,9 @@ while (($#)); do
     --hog) hog="$2"; shift 2 ;;
     --hog-cpu) hog_cpu="$2"; shift 2 ;;
     --muster-bind) muster_bind="$2"; shift 2 ;;
-    -h|--help) sed -n '2,52p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --cpuset) cpuset="$2"; doc=0; shift 2 ;;
+    --muster-node-cpus) node_cpus="$2"; shift 2 ;;
+    -h|--help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -103,6 +115,10 @@ if [[ -n $hog_cpu ]]; then
   [[ $hog_cpu =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog-cpu takes a CPU number, not '$hog_cpu'" >&2; exit 2; }
   ((hog > 0)) || { echo "bench_collectives: --hog-cpu needs --hog N (N >= 1)" >&2; exit 2; }
 fi
+[[ -z $cpuset || $cpuset =~ ^[0-9,-]+$ ]] ||
+  { echo "bench_collectives: --cpuset takes a CPU list like 0 or 0-3, not '$cpuset'" >&2; exit 2; }
+[[ -z $node_cpus || $node_cpus =~ ^[0-9]+$ ]] ||
+  { echo "bench_collectives: --muster-node-cpus takes a count, not '$node_cpus'" >&2; exit 2; }
 [[ -n $ops_arg ]] && OPS="$ops_arg"
 [[ -n $sizes_arg ]] && SIZES="$sizes_arg"
 [[ -n $iters_arg ]] && ITERS="$iters_arg"
@@ -143,6 +159,37 @@ else
   trap 'rm -rf "$tmp"' EXIT
   if [[ -n $hog_cpu ]] && ! command -v taskset >/dev/null; then
     say "--hog-cpu needs taskset (util-linux)"; exit 1
+  fi
+  # --cpuset: a cgroup every system's job joins (limited, below, runs a
+  # command in it); removed at exit.
+  cgroup=""
+  if [[ -n $cpuset ]]; then
+    if [[ -d /sys/fs/cgroup/cpuset && ! -f /sys/fs/cgroup/cgroup.controllers ]]; then
+      cgroup="/sys/fs/cgroup/cpuset/muster-bench-$$"
+      mkdir "$cgroup" && cat /sys/fs/cgroup/cpuset/cpuset.mems >"$cgroup/cpuset.mems"
+    else
+      grep -qw cpuset /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
+        echo +cpuset >/sys/fs/cgroup/cgroup.subtree_control
+      cgroup="/sys/fs/cgroup/muster-bench-$$"
+      mkdir "$cgroup"
+    fi
+    echo "$cpuset" >"$cgroup/cpuset.cpus" || { say "cannot make a cpuset of CPUs $cpuset"; exit 1; }
+    trap 'rm -rf "$tmp"; rmdir "$cgroup" 2>/dev/null' EXIT
+    say "every system runs in cgroup $cgroup (cpuset.cpus $cpuset)"
+  fi
+  limited() {  # COMMAND...: runs it in the --cpuset cgroup, if any
+    if [[ -n $cgroup ]]; then
+      bash -c 'echo $$ >"$0/cgroup.procs" && exec "$@"' "$cgroup" "$@"
+    else
+      "$@"
+    fi
+  }
+  musterd_flag=()
+  if [[ -n $node_cpus ]]; then
+    printf '#!/bin/sh\nexec %q "$@" --node-cpus %q\n' \
+      "$PWD/bazel-out/k8-opt/bin/daemon/musterd" "$node_cpus" >"$tmp/musterd"
+    chmod +x "$tmp/musterd"
+    musterd_flag=(--musterd "$tmp/musterd")
   fi
   say "compiling tools/bench_mpi_collectives.c (mpicc -O2)"
   mpicc -O2 -o "$tmp/bench_mpi_collectives" tools/bench_mpi_collectives.c
@@ -185,7 +232,7 @@ else
     wait "${hog_pids[@]}" 2>/dev/null || true
     hog_pids=()
   }
-  trap 'stop_hogs; rm -rf "$tmp"' EXIT
+  trap 'stop_hogs; rm -rf "$tmp"; [[ -z $cgroup ]] || rmdir "$cgroup" 2>/dev/null' EXIT
   # One system's run: run_system PASS WORLD LOAD SYSTEM.
   run_system() {
     local pass=$1 w=$2 load=$3 system=$4 rc=0
@@ -194,18 +241,20 @@ else
     case "$system" in
       muster)
         # A socket nobody serves: muster-run starts an embedded musterd.
-        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --bind "$muster_bind" \
-          --nproc-per-node "$w" -- "$OPT/muster-bench" collectives "${common[@]}" --json \
+        MUSTER_SOCKET="$tmp/no-daemon.sock" limited "$OPT/muster-run" "${musterd_flag[@]}" \
+          --bind "$muster_bind" --nproc-per-node "$w" -- "$OPT/muster-bench" collectives \
+          "${common[@]}" --json \
           2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
       muster-shared)
-        MUSTER_SOCKET="$tmp/no-daemon.sock" "$OPT/muster-run" --bind "$muster_bind" \
-          --nproc-per-node "$w" -- "$OPT/muster-bench" collectives "${common[@]}" --shared --json \
+        MUSTER_SOCKET="$tmp/no-daemon.sock" limited "$OPT/muster-run" "${musterd_flag[@]}" \
+          --bind "$muster_bind" --nproc-per-node "$w" -- "$OPT/muster-bench" collectives \
+          "${common[@]}" --shared --json \
           2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
       gloo)
-        "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
+        limited "$PY" tools/bench_torch_collectives.py --world "$w" "${common[@]}" \
           2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
       mpi)
-        mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
+        limited mpirun --allow-run-as-root --oversubscribe -np "$w" --mca btl self,vader \
           "$tmp/bench_mpi_collectives" "${common[@]}" 2>"$tmp/err" | tag "$pass" "$load" || rc=1 ;;
     esac
     stop_hogs
@@ -246,7 +295,7 @@ else
   REPORT_ELAPSED="$elapsed"
   REPORT_MACHINE="$(nproc) vCPUs ($cpu_model), $mem_gib GiB RAM, kernel $(uname -sr)"
   REPORT_VERSIONS="muster $rev (-c opt); torch $torch_v (python3-torch $torch_pkg), gloo backend, OMP_NUM_THREADS=1; $ompi, --mca btl self,vader"
-  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es), muster-run --bind $muster_bind"
+  REPORT_SETUP="ops $OPS, sizes $SIZES B, iters $ITERS, warm-up max(2, iters/10), dtype $DTYPE, --verify, $repeats pass(es), muster-run --bind $muster_bind${cpuset:+, every job in a cgroup cpuset of CPUs $cpuset}${node_cpus:+, musterd --node-cpus $node_cpus}"
   REPORT_SHARED=$shared
   REPORT_HOG="$hog busy process(es) beside each system's run${hog_cpu:+, the first pinned to CPU $hog_cpu}"
   if [[ -n $keep ]]; then
