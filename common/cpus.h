@@ -22,7 +22,7 @@ struct CpuLimit {
   double quota = 0;       // the cgroup CPU quota in CPUs (0: none); not counted
   // The affinity; hardware_concurrency() if unknown; at least 1.
   unsigned usable = 1;
-  // E.g. "8 CPUs (affinity 8, quota 1.5 CPUs)", for logs.
+  // E.g. "8 CPUs (affinity 8; a cgroup CPU quota of 1.5, not counted)".
   std::string describe;
 };
 
