@@ -1,6 +1,8 @@
 #include "common/cpus.h"
 
+#include <errno.h>
 #include <sched.h>
+#include <sys/types.h>
 
 #include <algorithm>
 #include <fstream>
@@ -8,6 +10,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -25,8 +28,41 @@ bool ReadFile(const std::string& path, std::string* text) {
   return true;
 }
 
+// A CPU mask sized for this machine (CPU_ALLOC: more than CPU_SETSIZE
+// CPUs is possible), freed with the object.
+class CpuMask {
+ public:
+  CpuMask() {
+    for (int cpus = 1024;; cpus *= 2) {
+      set_ = CPU_ALLOC(cpus);
+      bytes_ = CPU_ALLOC_SIZE(cpus);
+      CPU_ZERO_S(bytes_, set_);
+      if (::sched_getaffinity(0, bytes_, set_) == 0 || errno != EINVAL || cpus >= (1 << 20)) {
+        break;
+      }
+      CPU_FREE(set_);
+    }
+    CPU_ZERO_S(bytes_, set_);
+  }
+  ~CpuMask() { CPU_FREE(set_); }
+  CpuMask(const CpuMask&) = delete;
+  CpuMask& operator=(const CpuMask&) = delete;
+  // Reads `pid`'s mask (0: this thread's); false if it cannot be read.
+  bool Read(pid_t pid) { return ::sched_getaffinity(pid, bytes_, set_) == 0; }
+  // Adds `other`'s CPUs to this mask.
+  void Add(const CpuMask& other) { CPU_OR_S(bytes_, set_, set_, other.set_); }
+  unsigned Count() const { return static_cast<unsigned>(CPU_COUNT_S(bytes_, set_)); }
+
+ private:
+  cpu_set_t* set_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 // `path` and each of its parents up to "/" ("/a/b" -> "/a/b", "/a", "").
 std::vector<std::string> PathAndParents(std::string path) {
+  // A cgroup outside this namespace's root shows as "/../..": not under
+  // the mount, so only the mount's root is read.
+  if (absl::StrContains(path + "/", "/../")) path.clear();
   while (!path.empty() && path.back() == '/') path.pop_back();
   std::vector<std::string> out;
   while (true) {
@@ -105,11 +141,8 @@ double CgroupCpuQuota(const std::string& proc_self_cgroup, const std::string& cg
 
 CpuLimit ReadCpuLimit() {
   CpuLimit limit;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
-    limit.affinity = static_cast<unsigned>(CPU_COUNT(&set));
-  }
+  CpuMask mask;
+  if (mask.Read(0)) limit.affinity = mask.Count();
   std::string cgroup;
   if (ReadFile("/proc/self/cgroup", &cgroup)) {
     limit.quota = CgroupCpuQuota(cgroup, "/sys/fs/cgroup");
@@ -124,6 +157,17 @@ CpuLimit ReadCpuLimit() {
                       : "; no CPU quota",
       ")");
   return limit;
+}
+
+unsigned CpusOfProcesses(const std::vector<int64_t>& pids) {
+  CpuMask all, one;
+  bool any = false;
+  for (int64_t pid : pids) {
+    if (pid <= 0 || !one.Read(static_cast<pid_t>(pid))) continue;
+    all.Add(one);
+    any = true;
+  }
+  return any ? all.Count() : 0;
 }
 
 }  // namespace muster

@@ -1,8 +1,9 @@
-// CpuLimit: how many CPUs a process's work can run on at once. Containers
-// and batch systems narrow this below the machine's count
-// (std::thread::hardware_concurrency) with a cpuset, which shows in the
-// affinity mask. musterd reads it once and writes it into each group's
-// segment, so every rank of the node's groups sizes its waits the same way.
+// How many CPUs processes can run on at once. Containers and batch systems
+// narrow this below the machine's count (std::thread::hardware_concurrency)
+// with a cpuset, which shows in the affinity mask. musterd counts the CPUs
+// of each group's local ranks (CpusOfProcesses: the union of their masks)
+// and writes the count into the group's segment, so every rank of the group
+// sizes its waits the same way; its own (ReadCpuLimit) is the fallback.
 // A CPU quota (cgroup v2 cpu.max, v1 cpu.cfs_quota_us over
 // cpu.cfs_period_us) is read and reported but not counted: under a quota
 // ranks still run on separate CPUs at once, until the period's quota is
@@ -13,7 +14,9 @@
 #ifndef MUSTER_COMMON_CPUS_H_
 #define MUSTER_COMMON_CPUS_H_
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 namespace muster {
 
@@ -28,6 +31,10 @@ struct CpuLimit {
 
 // This process's limit, from sched_getaffinity and its cgroup.
 CpuLimit ReadCpuLimit();
+
+// The number of CPUs in the union of the affinity masks of `pids` (pids
+// whose mask cannot be read, e.g. gone, are skipped); 0 if none was read.
+unsigned CpusOfProcesses(const std::vector<int64_t>& pids);
 
 // The tightest CPU quota on the cgroup path of `proc_self_cgroup` (the text
 // of /proc/self/cgroup) under `cgroup_root` (normally /sys/fs/cgroup), in

@@ -1,12 +1,17 @@
 #include "common/cpus.h"
 
 #include <sched.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace muster {
 namespace {
@@ -89,6 +94,53 @@ TEST_CASE("ReadCpuLimit: the affinity mask sets it") {
   CHECK(narrowed.affinity == 1);
   CHECK(narrowed.usable == 1);
   CHECK(narrowed.describe.rfind("1 CPU (", 0) == 0);
+}
+
+TEST_CASE("CpusOfProcesses: the union of the masks; unreadable pids skipped") {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
+  std::vector<int> cpus;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  }
+  CHECK(CpusOfProcesses({::getpid()}) == cpus.size());
+  CHECK(CpusOfProcesses({}) == 0);
+  CHECK(CpusOfProcesses({0, -1}) == 0);  // not processes
+  // Children pinned to one CPU each (as muster-run --bind cores pins ranks).
+  const size_t n = std::min<size_t>(cpus.size(), 2);
+  std::vector<pid_t> children;
+  for (size_t i = 0; i < n; ++i) {
+    int ready[2];
+    REQUIRE(::pipe(ready) == 0);
+    pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      cpu_set_t one;
+      CPU_ZERO(&one);
+      CPU_SET(cpus[i], &one);
+      ::sched_setaffinity(0, sizeof(one), &one);
+      char byte = 1;
+      (void)!::write(ready[1], &byte, 1);
+      ::pause();
+      ::_exit(0);
+    }
+    char byte = 0;
+    REQUIRE(::read(ready[0], &byte, 1) == 1);
+    ::close(ready[0]);
+    ::close(ready[1]);
+    children.push_back(child);
+  }
+  CHECK(CpusOfProcesses({children[0]}) == 1);
+  CHECK(CpusOfProcesses({children.begin(), children.end()}) == n);
+  CHECK(CpusOfProcesses({children[0], children[0]}) == 1);
+  for (pid_t child : children) {
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+  }
+  // Gone: skipped.
+  CHECK(CpusOfProcesses({children[0]}) == 0);
+  CHECK(CpusOfProcesses({children[0], ::getpid()}) == cpus.size());
 }
 
 }  // namespace

@@ -193,13 +193,14 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   registry_options.hostname = Hostname();
   registry_options.store_token = options.store.token;
   registry_options.shm_slot_bytes = options.shm_slot_bytes;
+  registry_options.node_cpus = options.node_cpus;
   if (options.node_cpus != 0) {
-    registry_options.node_cpus = options.node_cpus;
     MLOG(INFO) << "ranks share " << options.node_cpus << " CPU(s) (--node-cpus)";
   } else {
     CpuLimit cpus = ReadCpuLimit();
-    registry_options.node_cpus = cpus.usable;
-    MLOG(INFO) << "ranks share " << cpus.describe;
+    registry_options.fallback_cpus = cpus.usable;
+    MLOG(INFO) << "musterd runs on " << cpus.describe
+               << "; each group counts the CPUs of its ranks' affinity";
   }
   registry_options.trace_records = options.trace_records;
   registry_options.dump_dir = options.dump_dir;

@@ -85,8 +85,9 @@ struct DaemonOptions {
   // Per-rank bytes of each node-local group's shared-memory segment.
   uint64_t shm_slot_bytes = 4 << 20;
   // CPUs this node's ranks share, written into every group's segment (it
-  // picks how ranks wait: ShmCommunicator's WaitPolicy); 0: measure it
-  // (ReadCpuLimit: the daemon's affinity, which a cpuset narrows).
+  // picks how ranks wait: ShmCommunicator's WaitPolicy); 0: count, per
+  // group, the CPUs in its local ranks' affinity masks (which a cpuset
+  // narrows), musterd's own if none can be read.
   unsigned node_cpus = 0;
   // Flight recorder: records per rank in each group's segment (0: none),
   // and where broken groups' recorders are written ("": set by Start from

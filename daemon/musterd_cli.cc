@@ -262,7 +262,8 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("node-cpus", &node_cpus,
                "CPUs this node's ranks share. With more ranks in a group than CPUs, ranks\n"
                "yield instead of spinning while they wait for each other. 0 (default):\n"
-               "musterd's CPU affinity (which a cpuset narrows; a CPU quota is not counted).");
+               "per group, the CPUs in its ranks' affinity masks (which a cpuset narrows; a CPU\n"
+               "quota is not counted).");
   flags.AddInt("trace-records", &trace_records,
                "Flight recorder: how many of its last collectives each rank keeps per group in\n"
                "the group's shared memory (musterctl trace; 0: none; at most 1048576).");

@@ -266,12 +266,14 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   CHECK(absl::StrContains(bad->err, "--grpc-port"));
 }
 
-TEST_CASE("musterd says how many CPUs its ranks share; --node-cpus sets it") {
+TEST_CASE("musterd says how it counts its ranks' CPUs; --node-cpus sets them") {
   {
     auto daemon = StartDaemon(TestDaemonOptions{});
-    // Measured: "ranks share N CPU(s) (affinity A, ...)".
-    CHECK(absl::StrContains(daemon->process().Stderr(), "ranks share "));
+    // Counted per group from the ranks; musterd's own is the fallback.
+    CHECK(absl::StrContains(daemon->process().Stderr(), "musterd runs on "));
     CHECK(absl::StrContains(daemon->process().Stderr(), "(affinity "));
+    CHECK(absl::StrContains(daemon->process().Stderr(),
+                            "each group counts the CPUs of its ranks' affinity"));
   }
   {
     TestDaemonOptions options;

@@ -30,7 +30,8 @@
 #                 outside it. Prints the table only (no doc)
 #   --muster-node-cpus N  muster's embedded musterd runs with --node-cpus N
 #                 (default: musterd measures its affinity); with --cpuset,
-#                 shows how muster waited before musterd read the cpuset
+#                 shows how muster waited before musterd read the cpuset.
+#                 Prints the table only (no doc)
 #   --shared      also run muster with AllocShared buffers (muster-bench
 #                 --shared: zero-copy), shown next to muster's ordinary buffers;
 #                 the doc block is then the "zero-copy" one (see below)
@@ -93,8 +94,8 @@ while (($#)); do
     --hog-cpu) hog_cpu="$2"; shift 2 ;;
     --muster-bind) muster_bind="$2"; shift 2 ;;
     --cpuset) cpuset="$2"; doc=0; shift 2 ;;
-    --muster-node-cpus) node_cpus="$2"; shift 2 ;;
-    -h|--help) sed -n '2,56p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --muster-node-cpus) node_cpus="$2"; doc=0; shift 2 ;;
+    -h|--help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -131,6 +132,8 @@ if [[ -n $report ]]; then
     { say "$report has no results.jsonl and meta.env (made by --keep)"; exit 2; }
   # shellcheck disable=SC1091
   source "$report/meta.env"
+  # A --cpuset or --muster-node-cpus run is not the doc's table.
+  [[ $REPORT_SETUP == *"cgroup cpuset"* || $REPORT_SETUP == *"--node-cpus"* ]] && doc=0
   REPORT_RESULTS="$report/results.jsonl"
   failed=0
 else
@@ -165,16 +168,19 @@ else
   cgroup=""
   if [[ -n $cpuset ]]; then
     if [[ -d /sys/fs/cgroup/cpuset && ! -f /sys/fs/cgroup/cgroup.controllers ]]; then
-      cgroup="/sys/fs/cgroup/cpuset/muster-bench-$$"
-      mkdir "$cgroup" && cat /sys/fs/cgroup/cpuset/cpuset.mems >"$cgroup/cpuset.mems"
+      cgroup="/sys/fs/cgroup/cpuset/muster-bench-$$"  # cgroup v1
+      mkdir "$cgroup" || { say "cannot make $cgroup (root?)"; exit 1; }
+      trap 'rm -rf "$tmp"; rmdir "$cgroup" 2>/dev/null' EXIT
+      cat /sys/fs/cgroup/cpuset/cpuset.mems >"$cgroup/cpuset.mems"
     else
       grep -qw cpuset /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null ||
-        echo +cpuset >/sys/fs/cgroup/cgroup.subtree_control
+        echo +cpuset >/sys/fs/cgroup/cgroup.subtree_control ||
+        { say "cannot enable the cpuset controller in /sys/fs/cgroup (root? a container?)"; exit 1; }
       cgroup="/sys/fs/cgroup/muster-bench-$$"
-      mkdir "$cgroup"
+      mkdir "$cgroup" || { say "cannot make $cgroup (root?)"; exit 1; }
+      trap 'rm -rf "$tmp"; rmdir "$cgroup" 2>/dev/null' EXIT
     fi
     echo "$cpuset" >"$cgroup/cpuset.cpus" || { say "cannot make a cpuset of CPUs $cpuset"; exit 1; }
-    trap 'rm -rf "$tmp"; rmdir "$cgroup" 2>/dev/null' EXIT
     say "every system runs in cgroup $cgroup (cpuset.cpus $cpuset)"
   fi
   limited() {  # COMMAND...: runs it in the --cpuset cgroup, if any
@@ -186,7 +192,7 @@ else
   }
   musterd_flag=()
   if [[ -n $node_cpus ]]; then
-    printf '#!/bin/sh\nexec %q "$@" --node-cpus %q\n' \
+    printf '#!/usr/bin/env bash\nexec %q "$@" --node-cpus %q\n' \
       "$PWD/bazel-out/k8-opt/bin/daemon/musterd" "$node_cpus" >"$tmp/musterd"
     chmod +x "$tmp/musterd"
     musterd_flag=(--musterd "$tmp/musterd")

@@ -27,6 +27,12 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("'"$HOST"'",0)); print(s.getsockname()[1])'
 }
 
+alive() {  # PID: running (a zombie nobody has reaped yet is gone)
+  local state
+  state=$(sed -n 's/^[0-9]* (.*) \([A-Za-z]\) .*/\1/p' "/proc/$1/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z && $state != X ]]
+}
+
 healthy() {  # URL
   curl -fsS -m 1 "$1/health" 2>/dev/null | grep -q '"health":"true"'
 }
@@ -74,7 +80,7 @@ case "$cmd" in
       while (( SECONDS < deadline )); do
         ok=1
         for i in "${!clients[@]}"; do
-          kill -0 "${pids[$i]}" 2>/dev/null || { died=${names[$i]}; break 2; }
+          alive "${pids[$i]}" || { died=${names[$i]}; break 2; }
           healthy "${clients[$i]}" || ok=0
         done
         [[ $ok == 1 ]] && { echo "$endpoints"; exit 0; }
@@ -101,7 +107,7 @@ case "$cmd" in
       kill "$pid" 2>/dev/null || true
     done <"$dir/members"
     while read -r name pid client peer; do
-      for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+      for _ in $(seq 1 50); do alive "$pid" || break; sleep 0.1; done
       kill -9 "$pid" 2>/dev/null || true
     done <"$dir/members"
     ;;
@@ -121,16 +127,16 @@ case "$cmd" in
     [[ -n "$pid" ]] || { echo "etcd_cluster: no member $3" >&2; exit 1; }
     kill -9 "$pid" 2>/dev/null || true  # already dead (killed earlier) is fine
     # Gone (its ports free) before a restart may bind them again.
-    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.05; done
+    for _ in $(seq 1 100); do alive "$pid" || break; sleep 0.05; done
     ;;
   restart)
     [[ $# -ge 3 ]] || usage
     read -r name pid client peer < <(awk -v n="$3" '$1==n' "$dir/members")
     newpid=$(start_member "$name" "$client" "$peer" "$(cat "$dir/cluster")" existing)
     sed -i "s|^$name $pid |$name $newpid |" "$dir/members"
-    for _ in $(seq 1 100); do healthy "$client" && exit 0; kill -0 "$newpid" 2>/dev/null || break; sleep 0.1; done
+    for _ in $(seq 1 100); do healthy "$client" && exit 0; alive "$newpid" || break; sleep 0.1; done
     # A lone member cannot be healthy (no quorum): running is enough.
-    kill -0 "$newpid" 2>/dev/null || { echo "etcd_cluster: $name exited; see $dir/$name.log" >&2; exit 1; }
+    alive "$newpid" || { echo "etcd_cluster: $name exited; see $dir/$name.log" >&2; exit 1; }
     ;;
   *) usage ;;
 esac

@@ -190,8 +190,8 @@ ShmCommunicator::ShmCommunicator(GroupSegment* segment, int rank, std::string gr
       group_name_(std::move(group_name)),
       global_ranks_(std::move(global_ranks)),
       direct_(DirectOptions::FromEnv()) {
-  // The daemon's count (the same for every rank; a rank's own affinity may
-  // be one bound core), else the machine's.
+  // The daemon's count (the same for every rank; one rank's own affinity
+  // may be one bound core), else the machine's.
   wait_ = WaitPolicy::For(size_, segment->node_cpus() != 0 ? segment->node_cpus()
                                                            : std::thread::hardware_concurrency());
   if (global_ranks_.size() != static_cast<size_t>(size_)) {

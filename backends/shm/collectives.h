@@ -171,8 +171,8 @@ bool ParseByteCount(const std::string& text, size_t* bytes);
 // or `inside_spin_us` (later waits: the late ranks are inside the
 // collective) unless a late rank was last seen on its own CPU, then
 // yields. Chosen from the group's size and the CPUs the node's ranks share
-// (GroupSegment::node_cpus: musterd's CpuLimit, which a cpuset narrows
-// below the machine's count).
+// (GroupSegment::node_cpus: musterd's count of the ranks' CPUs, which a
+// cpuset narrows below the machine's).
 struct WaitPolicy {
   int poll_burst = 64;
   int spin_us = 50;

@@ -115,8 +115,9 @@ struct alignas(64) SegmentHeader {
   uint64_t trace_records;  // records per rank's trace ring (0: none)
   uint64_t trace_offset;   // of trace ring 0
   uint64_t trace_stride;   // bytes per rank's trace ring
-  // CPUs the node's ranks share, as the creating daemon measured them
-  // (CpuLimit::usable; 0: unknown, each rank then counts the machine's).
+  // CPUs the group's local ranks share, as the creating daemon counted
+  // them (RegistryOptions::node_cpus; 0: unknown, each rank then counts
+  // the machine's).
   uint32_t node_cpus;
 };
 

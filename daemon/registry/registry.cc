@@ -16,6 +16,7 @@
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
 #include "backends/shm/trace.h"
+#include "common/cpus.h"
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/status_macros.h"
@@ -1584,7 +1585,18 @@ void Registry::AttachSegment(Job& job, Group& g) {
     return;
   }
   g.segment = std::move(*segment);
-  g.segment->set_node_cpus(options_.node_cpus);
+  unsigned cpus = options_.node_cpus;
+  if (cpus == 0) {
+    std::vector<int64_t> pids;
+    for (int i : local) pids.push_back(job.ranks.at(g.ranks[i]).info.pid());
+    cpus = CpusOfProcesses(pids);
+    if (cpus == 0) cpus = options_.fallback_cpus;
+  }
+  g.segment->set_node_cpus(cpus);
+  if (cpus != 0 && local.size() > cpus) {
+    MLOG(INFO) << "job " << job.id << ": group '" << g.info.name() << "': " << local.size()
+               << " local ranks on " << cpus << " CPU(s): they yield rather than spin";
+  }
   g.shm_ranks = local;
   g.info.set_shm_name(name);
   for (int r : local) g.info.add_shm_group_ranks(r);

@@ -91,8 +91,12 @@ struct RegistryOptions {
   // Bytes per rank of each node-local group's shared-memory segment (the
   // largest piece one collective round moves per rank).
   uint64_t shm_slot_bytes = 4 << 20;
-  // CPUs this node's ranks share (GroupSegment::node_cpus; 0: unknown).
+  // CPUs a group's local ranks share (GroupSegment::node_cpus): this count
+  // if not 0 (musterd --node-cpus); else the CPUs in the union of the
+  // ranks' affinity masks; else, none readable, `fallback_cpus` (musterd's
+  // own; 0: unknown, each rank then counts the machine's).
   unsigned node_cpus = 0;
+  unsigned fallback_cpus = 0;
   // Flight-recorder records per rank in each segment (backends/shm/trace.h).
   uint64_t trace_records = 2048;
   // Where a broken group's recorder is written (one JSON file per break,

@@ -4,6 +4,7 @@
 // once, and the Validate* helpers.
 #include "daemon/registry/registry.h"
 
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -124,7 +125,8 @@ struct Fixture {
 
   // `shared`: another fixture's store (a second daemon of the same job).
   explicit Fixture(std::string dump_dir = "", std::shared_ptr<NodeLiveness> liveness = nullptr,
-                   Fixture* shared = nullptr, std::string hostname = "node-a") {
+                   Fixture* shared = nullptr, std::string hostname = "node-a",
+                   unsigned node_cpus = kNodeCpus) {
     if (shared == nullptr) {
       StoreServerOptions store_options;
       store_options.listen_address = "127.0.0.1";
@@ -137,7 +139,8 @@ struct Fixture {
     master = absl::StrCat("127.0.0.1:", server->port());
     RegistryOptions options;
     options.hostname = hostname;
-    options.node_cpus = kNodeCpus;
+    options.node_cpus = node_cpus;
+    options.fallback_cpus = 64;
     options.job_grace = absl::Seconds(60);
     options.dump_dir = dump_dir;
     options.job_store = [server, liveness](const std::string&) {
@@ -518,6 +521,35 @@ TEST_CASE("a group's segment carries the CPUs the node's ranks share") {
   auto segment = GroupSegment::Open(g0.value->shm_name(), 2);
   REQUIRE(segment.ok());
   CHECK((*segment)->node_cpus() == Fixture::kNodeCpus);
+}
+
+TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
+  // Both "ranks" are this process (the caller's pid): narrowed to one CPU,
+  // the group counts 1, not musterd's fallback (64 here).
+  cpu_set_t all;
+  CPU_ZERO(&all);
+  REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &all)) {
+      CPU_SET(cpu, &one);
+      break;
+    }
+  }
+  Fixture f("", nullptr, nullptr, "node-a", /*node_cpus=*/0);
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);
+  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
+  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
+  const bool formed = g0.Await().ok() && g1.Await().ok();
+  REQUIRE(::sched_setaffinity(0, sizeof(all), &all) == 0);
+  REQUIRE(formed);
+  auto segment = GroupSegment::Open(g0.value->shm_name(), 2);
+  REQUIRE(segment.ok());
+  CHECK((*segment)->node_cpus() == 1);
 }
 
 TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {
