@@ -117,11 +117,17 @@ done
 # the prefix .../failure/, i.e. up to .../failure0).
 b64() { printf '%s' "$1" | base64 -w0; }
 base="${PREFIX}muster/$JOB/0/failure"
+# Node 1's musterd tells its ranks first, then writes the records one by
+# one: the ranks may be done before the second is in etcd. Up to 5 s.
 read -r _ _ live < <(cluster leader "$WORK/etcd") || fail "(b) no etcd leader"
-records=$(ip netns exec "$NA" curl -fsS -m 5 -X POST "$live/v3/kv/range" \
-  -d "{\"key\":\"$(b64 "$base/")\",\"range_end\":\"$(b64 "${base}0")\",\"count_only\":true}" \
-  | sed -nE 's/.*"count":"([0-9]+)".*/\1/p')
-[[ -n $records ]] || records=0
+for _ in $(seq 50); do
+  records=$(ip netns exec "$NA" curl -fsS -m 5 -X POST "$live/v3/kv/range" \
+    -d "{\"key\":\"$(b64 "$base/")\",\"range_end\":\"$(b64 "${base}0")\",\"count_only\":true}" \
+    | sed -nE 's/.*"count":"([0-9]+)".*/\1/p')
+  [[ -n $records ]] || records=0
+  (( records >= 2 )) && break
+  sleep 0.1
+done
 (( records == 2 )) || fail "(b) $records failure records in etcd (want 2: ranks 0 and 1)"
 echo "(b) node 0 killed (TTL $TTL s):$summary reason: $reason; 2 failure records"
 
