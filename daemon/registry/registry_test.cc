@@ -199,6 +199,19 @@ struct Fixture {
     req.mutable_options()->set_local_synchronization(local_sync);
     return req;
   }
+
+  // Registered ranks 0 and 1 form `name` (both ask at once): rank 0's
+  // GroupInfo, or the first error.
+  absl::StatusOr<v1::GroupInfo> FormPair(const std::string& name, bool local_sync = true) {
+    Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+    registry->CreateGroup(Group(0, {0, 1}, name, absl::Seconds(30), local_sync), caller,
+                          g0.callback());
+    registry->CreateGroup(Group(1, {0, 1}, name, absl::Seconds(30), local_sync), caller,
+                          g1.callback());
+    const absl::StatusOr<v1::GroupInfo>& info = g0.Await();
+    if (!g1.Await().ok()) return g1.value.status();
+    return info;
+  }
 };
 
 TEST_CASE("ranks register and form a group through the in-process store") {
@@ -381,13 +394,7 @@ TEST_CASE(
   Fixture f;
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
-  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
-  f.registry->CreateGroup(f.Group(0, {0, 1}, "world", absl::Seconds(30), false), f.caller,
-                          g0.callback());
-  f.registry->CreateGroup(f.Group(1, {0, 1}, "world", absl::Seconds(30), false), f.caller,
-                          g1.callback());
-  REQUIRE(g0.Await().ok());
-  REQUIRE(g1.Await().ok());
+  REQUIRE(f.FormPair("world", /*local_sync=*/false).ok());
 
   // Rank 1's process ends without leaving: its group breaks.
   f.registry->Disconnected(f.sessions[1], f.sinks[1].get());
@@ -513,12 +520,9 @@ TEST_CASE("a group's segment carries the CPUs the node's ranks share") {
   Fixture f;
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
-  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
-  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
-  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
-  REQUIRE(g0.Await().ok());
-  REQUIRE(g1.Await().ok());
-  auto segment = GroupSegment::Open(g0.value->shm_name(), 2);
+  auto pair = f.FormPair("pair");
+  REQUIRE(pair.ok());
+  auto segment = GroupSegment::Open(pair->shm_name(), 2);
   REQUIRE(segment.ok());
   CHECK((*segment)->node_cpus() == Fixture::kNodeCpus);
 }
@@ -541,13 +545,10 @@ TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
   REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);
-  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
-  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
-  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
-  const bool formed = g0.Await().ok() && g1.Await().ok();
+  auto pair = f.FormPair("pair");
   REQUIRE(::sched_setaffinity(0, sizeof(all), &all) == 0);
-  REQUIRE(formed);
-  auto segment = GroupSegment::Open(g0.value->shm_name(), 2);
+  REQUIRE(pair.ok());
+  auto segment = GroupSegment::Open(pair->shm_name(), 2);
   REQUIRE(segment.ok());
   CHECK((*segment)->node_cpus() == 1);
 }
@@ -559,12 +560,9 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   Fixture f(dumps);
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
-  Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
-  f.registry->CreateGroup(f.Group(0, {0, 1}, "pair", absl::Seconds(30)), f.caller, g0.callback());
-  f.registry->CreateGroup(f.Group(1, {0, 1}, "pair", absl::Seconds(30)), f.caller, g1.callback());
-  REQUIRE(g0.Await().ok());
-  REQUIRE(g1.Await().ok());
-  const v1::GroupInfo& info = *g0.value;
+  auto pair = f.FormPair("pair");
+  REQUIRE(pair.ok());
+  const v1::GroupInfo& info = *pair;
   REQUIRE(!info.shm_name().empty());
   // What the ranks' SDK does: write records into their rings.
   auto segment = GroupSegment::Open(info.shm_name(), 2);
