@@ -49,6 +49,8 @@ class CpuMask {
   CpuMask& operator=(const CpuMask&) = delete;
   // Reads `pid`'s mask (0: this thread's); false if it cannot be read.
   bool Read(pid_t pid) { return ::sched_getaffinity(pid, bytes_, set_) == 0; }
+  bool Has(int cpu) const { return CPU_ISSET_S(cpu, bytes_, set_); }
+  int Limit() const { return static_cast<int>(bytes_ * 8); }  // CPUs it can hold
   // Adds `other`'s CPUs to this mask.
   void Add(const CpuMask& other) { CPU_OR_S(bytes_, set_, set_, other.set_); }
   unsigned Count() const { return static_cast<unsigned>(CPU_COUNT_S(bytes_, set_)); }
@@ -168,6 +170,16 @@ unsigned CpusOfProcesses(const std::vector<int64_t>& pids) {
     any = true;
   }
   return any ? all.Count() : 0;
+}
+
+std::vector<int> AllowedCpus() {
+  CpuMask mask;
+  std::vector<int> cpus;
+  if (!mask.Read(0)) return cpus;
+  for (int cpu = 0; cpu < mask.Limit(); ++cpu) {
+    if (mask.Has(cpu)) cpus.push_back(cpu);
+  }
+  return cpus;
 }
 
 }  // namespace muster

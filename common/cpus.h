@@ -36,6 +36,10 @@ CpuLimit ReadCpuLimit();
 // whose mask cannot be read, e.g. gone, are skipped); 0 if none was read.
 unsigned CpusOfProcesses(const std::vector<int64_t>& pids);
 
+// The CPUs the calling thread may run on (its affinity mask), in order;
+// empty if the mask cannot be read.
+std::vector<int> AllowedCpus();
+
 // The tightest CPU quota on the cgroup path of `proc_self_cgroup` (the text
 // of /proc/self/cgroup) under `cgroup_root` (normally /sys/fs/cgroup), in
 // CPUs (quota / period; 0 if no level has one). Every level from the

@@ -67,7 +67,7 @@ TEST_CASE("CgroupCpuQuota: cgroup v1 cfs quota, either mount name") {
   CHECK(CgroupCpuQuota("not a cgroup line\n", root.dir) == 0);
 }
 
-TEST_CASE("ReadCpuLimit: the affinity mask sets it") {
+TEST_CASE("ReadCpuLimit and AllowedCpus: the affinity mask sets them") {
   CpuLimit limit = ReadCpuLimit();
   cpu_set_t set;
   CPU_ZERO(&set);
@@ -79,31 +79,29 @@ TEST_CASE("ReadCpuLimit: the affinity mask sets it") {
   CHECK(limit.usable == affinity);  // a quota is not counted
   CHECK(limit.describe.find("affinity " + std::to_string(affinity)) != std::string::npos);
 
-  // Narrowed to one CPU (as taskset or a one-CPU cpuset would), it says 1.
+  // Narrowed to one CPU (as taskset or a one-CPU cpuset would), it says 1
+  // and AllowedCpus lists that CPU alone.
+  const std::vector<int> allowed = AllowedCpus();
+  REQUIRE(allowed.size() == affinity);
+  for (int cpu : allowed) CHECK(CPU_ISSET(cpu, &set));
+  CHECK(std::is_sorted(allowed.begin(), allowed.end()));
+  const int last = allowed.back();
   cpu_set_t one;
   CPU_ZERO(&one);
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) {
-      CPU_SET(cpu, &one);
-      break;
-    }
-  }
+  CPU_SET(last, &one);
   REQUIRE(::sched_setaffinity(0, sizeof(one), &one) == 0);
   CpuLimit narrowed = ReadCpuLimit();
+  const std::vector<int> narrowed_cpus = AllowedCpus();
   REQUIRE(::sched_setaffinity(0, sizeof(set), &set) == 0);
   CHECK(narrowed.affinity == 1);
   CHECK(narrowed.usable == 1);
   CHECK(narrowed.describe.rfind("1 CPU (", 0) == 0);
+  CHECK(narrowed_cpus == std::vector<int>{last});
 }
 
 TEST_CASE("CpusOfProcesses: the union of the masks; unreadable pids skipped") {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
+  const std::vector<int> cpus = AllowedCpus();
+  REQUIRE(!cpus.empty());
   CHECK(CpusOfProcesses({::getpid()}) == cpus.size());
   CHECK(CpusOfProcesses({}) == 0);
   CHECK(CpusOfProcesses({0, -1}) == 0);  // not processes

@@ -1,7 +1,6 @@
 // Tests of muster-run with real processes: embedded daemon lifecycle, rank
 // environment, output prefixes, failure summaries, restarts with a new
 // generation, SIGINT, an existing daemon, and unmodified PyTorch.
-#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -11,6 +10,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/cpus.h"
 #include "test/daemon_harness.h"
 
 namespace muster::testing {
@@ -375,13 +375,8 @@ TEST_CASE("--nnodes MIN:MAX closes with the nodes that came once no more come") 
 TEST_CASE(
     "--bind cores pins each local rank to one CPU muster-run may use; oversubscribed ranks are "
     "not bound") {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  REQUIRE(::sched_getaffinity(0, sizeof(set), &set) == 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
-  }
+  const std::vector<int> cpus = AllowedCpus();
+  REQUIRE(!cpus.empty());
   const std::string show_cpus =
       "echo CPUS=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status)";
   auto cpus_line = [](int rank) { return absl::StrCat("[rank ", rank, "] CPUS="); };

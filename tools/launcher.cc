@@ -25,6 +25,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "common/cpus.h"
 #include "common/json.h"
 #include "common/paths.h"
 #include "common/spawn.h"
@@ -115,12 +116,8 @@ class Launcher {
     sigprocmask(SIG_BLOCK, &mask, &old_mask_);
     signal_fd_ = ::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK);
     if (o_.bind_cores) {
-      cpu_set_t set;
-      CPU_ZERO(&set);
-      if (::sched_getaffinity(0, sizeof(set), &set) == 0) {
-        for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-          if (CPU_ISSET(cpu, &set)) allowed_cpus_.push_back(cpu);
-        }
+      for (int cpu : AllowedCpus()) {
+        if (cpu < CPU_SETSIZE) allowed_cpus_.push_back(cpu);  // what Spawn can pin
       }
       if (o_.nproc_per_node > static_cast<int>(allowed_cpus_.size())) {
         // As mpirun does by default: oversubscribed ranks are not bound. Two

@@ -21,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "backends/shm/trace.h"
+#include "common/cpus.h"
 #include "daemon/store/local_store.h"
 #include "daemon/store/store_server.h"
 #include "muster/types.h"
@@ -201,7 +202,7 @@ struct Fixture {
   }
 
   // Registered ranks 0 and 1 form `name` (both ask at once): rank 0's
-  // GroupInfo, or the first error.
+  // GroupInfo, or rank 0's error, else rank 1's.
   absl::StatusOr<v1::GroupInfo> FormPair(const std::string& name, bool local_sync = true) {
     Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
     registry->CreateGroup(Group(0, {0, 1}, name, absl::Seconds(30), local_sync), caller,
@@ -209,7 +210,8 @@ struct Fixture {
     registry->CreateGroup(Group(1, {0, 1}, name, absl::Seconds(30), local_sync), caller,
                           g1.callback());
     const absl::StatusOr<v1::GroupInfo>& info = g0.Await();
-    if (!g1.Await().ok()) return g1.value.status();
+    const absl::StatusOr<v1::GroupInfo>& other = g1.Await();
+    if (info.ok() && !other.ok()) return other.status();
     return info;
   }
 };
@@ -533,14 +535,11 @@ TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
   cpu_set_t all;
   CPU_ZERO(&all);
   REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
+  const std::vector<int> allowed = AllowedCpus();
+  REQUIRE(!allowed.empty());
   cpu_set_t one;
   CPU_ZERO(&one);
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (CPU_ISSET(cpu, &all)) {
-      CPU_SET(cpu, &one);
-      break;
-    }
-  }
+  CPU_SET(allowed[0], &one);
   Fixture f("", nullptr, nullptr, "node-a", /*node_cpus=*/0);
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
