@@ -18,6 +18,11 @@
  *   --pattern allgather  the same, and each rank also copies its own input
  *                        into its part of the output (memcpy): all of an
  *                        all_gather's output, with separate buffers;
+ *   --pattern allgather-push  the same output, pushed: each rank copies its
+ *                        own input into its part of its output in --chunk
+ *                        pieces (default 256 KiB) and writes each piece,
+ *                        still in cache, into its part of every peer's
+ *                        output with process_vm_writev (--method cma only);
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
  *                        (`bytes`; no other core's data: the reference).
@@ -57,7 +62,7 @@
 #define MAX_WORLD 16
 #define MAX_ITERS 4096
 
-enum { GATHER, BROADCAST, PRIVATE, ALLGATHER };
+enum { GATHER, BROADCAST, PRIVATE, ALLGATHER, ALLGATHER_PUSH };
 
 /* What the ranks share: a barrier, every rank's buffer addresses and pid,
  * and every rank's per-iteration times. */
@@ -66,6 +71,7 @@ struct Shared {
   _Atomic uint64_t generation;
   pid_t pid[MAX_WORLD];
   char* input[MAX_WORLD];
+  char* output[MAX_WORLD];
   double times[MAX_WORLD][MAX_ITERS];
 };
 
@@ -105,10 +111,36 @@ static int copy_from(int method, pid_t pid, char* remote, char* local, size_t n)
   return 0;
 }
 
+/* allgather-push: copy the own input into the own output in --chunk pieces
+ * (256 KiB by default) and write each piece, still in cache, into every
+ * peer's output with process_vm_writev. */
+static int push_own_part(struct Shared* s, int rank, int world, size_t part, char* output) {
+  size_t step = g_chunk == 0 ? 256 << 10 : g_chunk;
+  char* to = output + part * rank;
+  for (size_t done = 0; done < part; done += step) {
+    size_t n = part - done < step ? part - done : step;
+    memcpy(to + done, s->input[rank] + done, n);
+    for (int k = 1; k < world; ++k) {
+      int peer = (rank + k) % world;
+      for (size_t sent = 0; sent < n;) {
+        struct iovec l = {to + done + sent, n - sent},
+                     r = {s->output[peer] + part * rank + done + sent, n - sent};
+        ssize_t put = process_vm_writev(s->pid[peer], &l, 1, &r, 1, 0);
+        if (put <= 0) {
+          perror("process_vm_writev");
+          return -1;
+        }
+        sent += (size_t)put;
+      }
+    }
+  }
+  return 0;
+}
+
 static int run_rank(struct Shared* s, int rank, int world, int pattern, int method, int touch,
                     long long bytes, int iters, int warmup, char* output) {
   char* mine = s->input[rank];
-  int gathers = pattern == GATHER || pattern == ALLGATHER;
+  int gathers = pattern == GATHER || pattern == ALLGATHER || pattern == ALLGATHER_PUSH;
   size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
   for (int it = 0; it < warmup + iters; ++it) {
     if (touch) {
@@ -117,7 +149,9 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
     barrier(s, world);
     double t0 = bench_now_us();
     int rc = 0;
-    if (gathers) {
+    if (pattern == ALLGATHER_PUSH) {
+      rc = push_own_part(s, rank, world, part, output);
+    } else if (gathers) {
       for (int k = 1; k < world && rc == 0; ++k) {
         int peer = (rank + k) % world;
         rc = copy_from(method, s->pid[peer], s->input[peer], output + part * peer, part);
@@ -146,11 +180,12 @@ int main(int argc, char** argv) {
     if (strcmp(a, "--world") == 0)
       world = atoi(v), ++i;
     else if (strcmp(a, "--pattern") == 0) {
-      pattern = strcmp(v, "gather") == 0      ? GATHER
-                : strcmp(v, "broadcast") == 0 ? BROADCAST
-                : strcmp(v, "private") == 0   ? PRIVATE
-                : strcmp(v, "allgather") == 0 ? ALLGATHER
-                                              : -1;
+      pattern = strcmp(v, "gather") == 0           ? GATHER
+                : strcmp(v, "broadcast") == 0      ? BROADCAST
+                : strcmp(v, "private") == 0        ? PRIVATE
+                : strcmp(v, "allgather") == 0      ? ALLGATHER
+                : strcmp(v, "allgather-push") == 0 ? ALLGATHER_PUSH
+                                                   : -1;
       ++i;
     } else if (strcmp(a, "--method") == 0) {
       method = strcmp(v, "cma") == 0 ? 0 : strcmp(v, "shared") == 0 ? 1 : -1;
@@ -171,11 +206,16 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       fprintf(stderr,
-              "usage: %s [--world N] [--pattern gather|allgather|broadcast|private] [--method cma|shared]\n"
+              "usage: %s [--world N] [--pattern gather|allgather|allgather-push|broadcast|private] "
+              "[--method cma|shared]\n"
               "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES]\n",
               argv[0]);
       return 2;
     }
+  }
+  if (pattern == ALLGATHER_PUSH && method == 1) {
+    fprintf(stderr, "bench_copy_floor: --pattern allgather-push writes with CMA: --method cma\n");
+    return 2;
   }
   if (world < 2 || world > MAX_WORLD || pattern < 0 || method < 0 || nsizes <= 0 || niters <= 0 ||
       (niters != 1 && niters != nsizes)) {
@@ -242,12 +282,13 @@ int main(int argc, char** argv) {
       memset(output, 0, (size_t)bytes);
       s->pid[r] = getpid();
       s->input[r] = input;
+      s->output[r] = output;
       barrier(s, world); /* every address published */
       int rc = run_rank(s, r, world, pattern, method, touch, bytes, iters, warmup, output);
       /* Check what was copied: the first and last byte of every part
        * received (bytes --touch never rewrites: it writes offsets that are
        * multiples of 64). */
-      int gathers = pattern == GATHER || pattern == ALLGATHER;
+      int gathers = pattern == GATHER || pattern == ALLGATHER || pattern == ALLGATHER_PUSH;
       size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
       int nparts = gathers ? world : 1;
       for (int p = 0; p < nparts && rc == 0 && part >= 2; ++p) {
@@ -289,7 +330,8 @@ int main(int argc, char** argv) {
     qsort(slowest, (size_t)iters, sizeof slowest[0], bench_cmp_double);
     double p50 = slowest[iters / 2];
     long long copied = pattern == GATHER ? bytes / world * (world - 1) : bytes;
-    static const char* kPatterns[] = {"gather", "broadcast", "private", "allgather"};
+    static const char* kPatterns[] = {"gather", "broadcast", "private", "allgather",
+                                      "allgather-push"};
     printf(
         "{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
         "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_"

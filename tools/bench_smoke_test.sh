@@ -113,14 +113,15 @@ rc=$?
 [[ $rc -eq 2 ]] || { echo "FAIL: bench-shm-rounds --op gather exited $rc, not 2"; fail=1; }
 check "shm rounds bad op" "$(cat "$errfile")" "unknown --op 'gather'"
 
-# The copy floor: every pattern and method at world 2 and 3 (each run
-# checks the bytes it copied and exits non-zero if they are wrong), and bad
-# usage refused with the reason.
+# The copy floor: every pattern and method at world 2 and 3 (allgather-push
+# over CMA only; each run checks the bytes it copied and exits non-zero if
+# they are wrong), and bad usage refused with the reason.
 floor="${TEST_SRCDIR:-.}/${TEST_WORKSPACE:-muster}/tools/bench-copy-floor"
 [[ -x "$floor" ]] || floor="tools/bench-copy-floor"
 for w in 2 3; do
-  for p in gather allgather broadcast private; do
+  for p in gather allgather allgather-push broadcast private; do
     for m in cma shared; do
+      [[ $p == allgather-push && $m == shared ]] && continue  # CMA only: refused below
       fout="$(timeout 60 "$floor" --world "$w" --pattern "$p" --method "$m" --bytes 64K,1M \
         --iters 20 --chunk 16K 2>"$errfile")"
       rc=$?
@@ -133,7 +134,8 @@ for w in 2 3; do
   done
 done
 for bad in "--iters 5000|over the 4096 timed iterations" "--chunk 4X|--chunk wants one size" \
-  "--bytes 1K,2K --iters 1,2,3|one count, or one per size" "--world 1|bad --world"; do
+  "--bytes 1K,2K --iters 1,2,3|one count, or one per size" "--world 1|bad --world" \
+  "--pattern allgather-push --method shared|writes with CMA: --method cma"; do
   # shellcheck disable=SC2086
   timeout 60 "$floor" ${bad%%|*} >/dev/null 2>"$errfile"
   rc=$?

@@ -26,7 +26,7 @@ namespace {
 inline void CpuRelax() { _mm_pause(); }
 
 // Meta words of the direct paths (RankControl::meta).
-enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr };
+enum SourceWord { kFlags = 0, kPid, kFd, kInode, kOffset, kAddr, kTarget };
 constexpr uint64_t kAcceptMapped = 1, kAcceptCma = 2, kShared = 4, kWroteFirst = 8,
                    kCmaVerified = 16, kRelay = 32, kCmaVerifiedRelayed = 64;
 constexpr int kReachedWord = 0;  // second round: 1 = reached every source
@@ -612,8 +612,8 @@ absl::Status ShmCommunicator::RunDirectWork(Fn work) {
 
 template <typename WriteFirst, typename ReadFirst, typename Work>
 absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
-    const OpSignature& signature, const void* source, size_t bytes, int root, absl::Time deadline,
-    WriteFirst write_first, ReadFirst read_first, Work direct_work) {
+    const OpSignature& signature, const void* source, const void* target, size_t bytes, int root,
+    absl::Time deadline, WriteFirst write_first, ReadFirst read_first, Work direct_work) {
   path_tag_ = 1;
   peer_maps_.Sweep();
   Direct mode = Direct::kSlots;
@@ -643,6 +643,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
         meta[kInode] = shared ? ref.inode : 0;
         meta[kOffset] = shared ? ref.offset : 0;
         meta[kAddr] = reinterpret_cast<uintptr_t>(source);
+        meta[kTarget] = reinterpret_cast<uintptr_t>(target);
       },
       [&] {
         // Every rank computes the same answer from the same words.
@@ -670,6 +671,7 @@ absl::StatusOr<ShmCommunicator::Direct> ShmCommunicator::ExchangeSources(
           PeerSource& p = sources_[j];
           p.pid = static_cast<int32_t>(meta[kPid]);
           p.addr = meta[kAddr];
+          p.target = meta[kTarget];
           if (mode == Direct::kMapped) {
             SharedRef ref;
             ref.pid = p.pid;
@@ -733,6 +735,7 @@ bool ShmCommunicator::PeerWritesHere(int j) const {
   if (j == rank_ || (mode_ != Direct::kCma && mode_ != Direct::kCmaDone)) return false;
   switch (static_cast<CollectiveKind>(current_.kind)) {
     case CollectiveKind::kAllReduce:
+    case CollectiveKind::kAllGather:
       return true;
     case CollectiveKind::kBroadcast:
       return relay_ && rank_ != current_.root;
@@ -777,22 +780,24 @@ absl::Status ShmCommunicator::ReadSource(int j, size_t offset, size_t len, char*
     std::memcpy(dst, p.mapped + offset, len);
     return absl::OkStatus();
   }
-  return CmaCopy(j, offset, len, dst, /*write=*/false);
+  return CmaCopy(j, p.addr + offset, len, dst, /*write=*/false);
 }
 
 absl::Status ShmCommunicator::WriteTarget(int j, size_t offset, size_t len, const char* src) {
   if (write_delay_ != absl::ZeroDuration()) absl::SleepFor(write_delay_);
-  RETURN_IF_ERROR(CmaCopy(j, offset, len, const_cast<char*>(src), /*write=*/true));
+  RETURN_IF_ERROR(
+      CmaCopy(j, sources_[j].target + offset, len, const_cast<char*>(src), /*write=*/true));
   peer_bytes_written_ += len;
   return absl::OkStatus();
 }
 
-absl::Status ShmCommunicator::CmaCopy(int j, size_t offset, size_t len, char* local, bool write) {
+absl::Status ShmCommunicator::CmaCopy(int j, uint64_t remote_addr, size_t len, char* local,
+                                      bool write) {
   const PeerSource& p = sources_[j];
   size_t done = 0;
   while (done < len) {
     iovec mine{local + done, len - done};
-    iovec remote{reinterpret_cast<void*>(p.addr + offset + done), len - done};
+    iovec remote{reinterpret_cast<void*>(remote_addr + done), len - done};
     ssize_t n = write ? ::process_vm_writev(p.pid, &mine, 1, &remote, 1, 0)
                       : ::process_vm_readv(p.pid, &mine, 1, &remote, 1, 0);
     if (n <= 0) {
@@ -946,7 +951,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
       return absl::OkStatus();
     };
     auto mode = ExchangeSources(
-        sig, data, count * es, -1, deadline, [&](char* slot) { copy_in(slot, 0, first_len); },
+        sig, data, data, count * es, -1, deadline, [&](char* slot) { copy_in(slot, 0, first_len); },
         [&] { return small ? reduce_all(0, first_len) : reduce_segment(0, first_len); },
         reduce_own_part);
     if (!mode.ok()) return Finish(mode.status());
@@ -1081,7 +1086,7 @@ absl::Status ShmCommunicator::Broadcast(void* data, size_t count, DType dtype, i
       return absl::OkStatus();
     };
     auto mode = ExchangeSources(
-        sig, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },
+        sig, data, data, count * es, root, deadline, [&](char* slot) { write(slot, 0, first_len); },
         [&] { return read(0, first_len); }, read_root);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
@@ -1142,27 +1147,44 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
   size_t start = 0;
   if (GoesDirect(count * es)) {
     auto gather_sources = [&]() -> absl::Status {
-      // With three or more ranks each starts at the next rank, so that the
-      // ranks read different sources at a time: a read pins the source's
-      // pages under its page-table lock, and all reading rank 0 first made
-      // them queue on it (world 4: 12 % of the time in the kernel's
-      // spinlocks at 4 MiB, 2.5 % after at 16 MiB; 4 MiB 920-1052 ->
-      // 744-1008 us). Two ranks go in rank order: one copies its own input
-      // while the other reads it, which then comes from cache (4 MiB:
-      // 309-361 us against 375-377 with both reading the other first).
+      const size_t part = count * es;
+      char* own = dst + rank_ * part;
+      if (mode_ == Direct::kCma || mode_ == Direct::kCmaDone) {
+        // Over CMA each rank pushes: it copies its input into its part of
+        // its output block by block and writes each block, while it is in
+        // cache, into its part of every peer's output (nobody else writes
+        // part r anywhere). Per rank one read of its input and n writes,
+        // against n reads and n writes when each reads its peers' inputs
+        // (world 2, bench_copy_floor: 10-20 % faster at 4-64 MiB; docs/
+        // benchmarks.md, "all_gather pushes"). Writers start at the next
+        // rank, so they spread over the targets.
+        const bool overlap = own != src && own < src + part && src < own + part;
+        if (overlap) std::memmove(own, src, part);  // block by block could overwrite input
+        for (size_t done = 0; done < part; done += kBlockBytes) {
+          const size_t len = std::min(kBlockBytes, part - done);
+          if (own != src && !overlap) std::memcpy(own + done, src + done, len);
+          for (int k = 1; k < size_; ++k) {
+            RETURN_IF_ERROR(WriteTarget((rank_ + k) % size_, rank_ * part + done, len, own + done));
+          }
+        }
+        return absl::OkStatus();
+      }
+      // Mapped: each rank reads the peers' inputs in place. With three or
+      // more ranks each starts at the next rank, so that the ranks read
+      // different sources at a time.
       for (int k = 0; k < size_; ++k) {
         const int j = size_ > 2 ? (rank_ + 1 + k) % size_ : k;
-        char* to = dst + j * count * es;
+        char* to = dst + j * part;
         if (j != rank_) {
-          RETURN_IF_ERROR(ReadSource(j, 0, count * es, to));
+          RETURN_IF_ERROR(ReadSource(j, 0, part, to));
         } else if (to != src) {
-          std::memmove(to, src, count * es);
+          std::memmove(to, src, part);
         }
       }
       return absl::OkStatus();
     };
     auto mode = ExchangeSources(
-        sig, in, count * es, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
+        sig, in, out, count * es, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
         [&] { return read(0, first_len); }, gather_sources);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
@@ -1277,8 +1299,9 @@ absl::Status ShmCommunicator::ReduceScatter(const void* in, void* out, size_t co
       return absl::OkStatus();
     };
     auto mode = ExchangeSources(
-        sig, in, count * es * size_, -1, deadline, [&](char* slot) { write(slot, 0, first_len); },
-        [&] { return read(0, first_len); }, reduce_own_block);
+        sig, in, nullptr, count * es * size_, -1, deadline,
+        [&](char* slot) { write(slot, 0, first_len); }, [&] { return read(0, first_len); },
+        reduce_own_block);
     if (!mode.ok()) return Finish(mode.status());
     first = nullptr;
     if (*mode == Direct::kSlotsFirstDone) start = first_len;

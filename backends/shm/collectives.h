@@ -56,11 +56,13 @@
 // copies the other ranks' reduced parts from their buffers). Otherwise,
 // above the cross-memory-attach threshold, peers read ordinary buffers with
 // process_vm_readv (one kernel copy, no staging through the slots: "cma").
-// Peers read other ranks' buffers and write their own, with two
+// Peers read other ranks' buffers and write their own, with three
 // exceptions over CMA that write a peer's buffer with process_vm_writev
 // where nobody else touches it: all_reduce (rank r reduces part r of every
 // buffer and writes the result into part r of each, block by block while
-// it is in cache; nobody but rank r touches part r of any buffer), and a
+// it is in cache; nobody but rank r touches part r of any buffer),
+// all_gather (rank r copies its input into part r of its output and writes
+// each block, in cache, into part r of every peer's output), and a
 // relayed broadcast (two ranks, or more ranks than CPUs:
 // rank r owns part r of the result; the root writes its part into every
 // receiver, a receiver reads its part from the root and writes it into
@@ -113,7 +115,7 @@ struct CmaRanges {
 struct DirectOptions {
   // Shared allocations on every rank: peers read them in place.
   size_t mapped_min_bytes = 64 << 10;
-  // Ordinary buffers: peers read (and all_reduce writes) them with
+  // Ordinary buffers: peers read (all_reduce and all_gather write) them with
   // process_vm_readv/writev when the collective's buffer is in its range
   // (all_reduce and broadcast: the buffer; all_gather: each rank's input;
   // reduce_scatter: the whole input). Elsewhere, and for the other
@@ -330,18 +332,20 @@ class ShmCommunicator : public Communicator {
   // Whether this rank offers CMA for the current collective of `bytes`.
   bool OffersCma(size_t bytes) const;
   // The first round of a direct collective: publishes this rank's source
-  // buffer, agrees on the path; `root` >= 0: only the root's buffer is
-  // read. Maps or probes the peers' sources (reached_ says whether it
-  // worked) for the next round. Ranks whose buffer is not read directly
-  // also run write_first(slot) (the slot path's first write); if every
-  // rank did, the round ends with read_first() and returns kSlotsFirstDone.
-  // If every rank offers CMA and CmaVerified, the round ends with
-  // direct_work() instead (no probe) and returns kCmaDone.
+  // buffer and the buffer peers write into over CMA (`target`: the
+  // collective's output; nullptr if nobody writes it), agrees on the path;
+  // `root` >= 0: only the root's buffer is read. Maps or probes the peers'
+  // sources (reached_ says whether it worked) for the next round. Ranks
+  // whose buffer is not read directly also run write_first(slot) (the slot
+  // path's first write); if every rank did, the round ends with
+  // read_first() and returns kSlotsFirstDone. If every rank offers CMA and
+  // CmaVerified, the round ends with direct_work() instead (no probe) and
+  // returns kCmaDone.
   template <typename WriteFirst, typename ReadFirst, typename Work>
   absl::StatusOr<Direct> ExchangeSources(const OpSignature& signature, const void* source,
-                                         size_t bytes, int root, absl::Time deadline,
-                                         WriteFirst write_first, ReadFirst read_first,
-                                         Work direct_work);
+                                         const void* target, size_t bytes, int root,
+                                         absl::Time deadline, WriteFirst write_first,
+                                         ReadFirst read_first, Work direct_work);
   // Whether this rank's probes reached, in an earlier collective that went
   // CMA on every rank, each peer its CMA work touches (Touches) with `root`
   // (-1: every peer) and `relayed`, and those peers' processes are the same.
@@ -355,8 +359,9 @@ class ShmCommunicator : public Communicator {
   template <typename Fn>
   absl::Status RunDirectWork(Fn work);
   // Whether rank j's direct work in the collective in progress writes into
-  // this rank's buffer (CMA all_reduce: every peer its reduced part; a
-  // relayed broadcast: every peer, if this rank is not the root).
+  // this rank's buffer (CMA all_reduce: every peer its reduced part; CMA
+  // all_gather: every peer its input; a relayed broadcast: every peer, if
+  // this rank is not the root).
   bool PeerWritesHere(int j) const;
   // A collective that fails after this rank ran its direct work (round
   // work_round_) returns only once every peer that writes into its buffer
@@ -367,12 +372,12 @@ class ShmCommunicator : public Communicator {
   absl::Status AwaitPeerWrites(absl::Status status);
   // Copies `len` bytes at `offset` of rank j's source to `dst`.
   absl::Status ReadSource(int j, size_t offset, size_t len, char* dst);
-  // Copies `len` bytes from `src` to `offset` of rank j's buffer (the
+  // Copies `len` bytes from `src` to `offset` of rank j's target (the
   // address it published) with process_vm_writev.
   absl::Status WriteTarget(int j, size_t offset, size_t len, const char* src);
   // ReadSource's and WriteTarget's cross-memory copy between `local` and
-  // rank j's published address + `offset`, to the last byte.
-  absl::Status CmaCopy(int j, size_t offset, size_t len, char* local, bool write);
+  // `remote_addr` in rank j's process, to the last byte.
+  absl::Status CmaCopy(int j, uint64_t remote_addr, size_t len, char* local, bool write);
   // Two ranks with a CPU each (a broadcast's root copies too).
   bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
   // Whether a CMA broadcast is relayed (ShmCommunicator's header): two
@@ -436,7 +441,8 @@ class ShmCommunicator : public Communicator {
   // Direct transfers.
   struct PeerSource {
     int32_t pid = 0;
-    uint64_t addr = 0;
+    uint64_t addr = 0;    // its source
+    uint64_t target = 0;  // what peers write over CMA (ExchangeSources)
     const char* mapped = nullptr;
   };
   DirectOptions direct_;

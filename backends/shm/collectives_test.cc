@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <cstdlib>
@@ -562,7 +563,7 @@ TEST_CASE("a relayed CMA broadcast (ranks outnumber CPUs): rank r writes part r 
           // The first broadcast probes (exchange, probe round, release
           // wait); the others work in the exchange round.
           const uint64_t rounds = c.rounds_for_testing() - rounds_before;
-          if (rounds != 2 + world - 1) {
+          if (rounds != static_cast<uint64_t>(2 + world - 1)) {
             errors.Add(absl::StrCat("rank ", r, ": ", rounds, " rounds, want ", 1 + world));
           }
         });
@@ -624,14 +625,68 @@ TEST_CASE("a CMA all_reduce: each rank reduces its part and writes it into every
   }
 }
 
+TEST_CASE("a CMA all_gather: each rank writes its input into its part of every peer's output") {
+  // World 2-4, counts from one element to several 256 KiB blocks, separate
+  // and in-place buffers (input = the rank's own part of the output), heap
+  // (CMA: pushed) and shared (mapped: read in place), each on fresh
+  // communicators: the first call probes, the second works in the exchange
+  // round. Outputs start poisoned, so a part nobody wrote shows.
+  for (bool mapped : {false, true}) {
+    for (int world = 2; world <= 4; ++world) {
+      for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{300001}}) {
+        INFO((mapped ? "mapped" : "cma") << " world " << world << " count " << count);
+        Errors errors;
+        RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+          c.set_direct_options(Force(mapped ? Path::kMapped : Path::kCma));
+          const int r = c.rank(), n = c.size();
+          auto value = [](int rank, size_t i) { return static_cast<int32_t>(i * 5 + rank * 1000); };
+          for (int call = 0; call < 4; ++call) {
+            const bool in_place = call >= 2;
+            std::string tag = absl::StrCat("rank ", r, " call ", call, in_place ? " in place" : "");
+            Buffer out(mapped, count * n * sizeof(int32_t), 4);
+            Buffer separate(mapped, count * sizeof(int32_t), 4);
+            if (!out.ok() || !separate.ok()) return errors.Add("allocation failed");
+            auto* o = reinterpret_cast<int32_t*>(out.data());
+            std::fill(o, o + count * n, -1);
+            int32_t* in = in_place ? o + r * count : reinterpret_cast<int32_t*>(separate.data());
+            for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
+            const uint64_t written = c.peer_bytes_written_for_testing();
+            absl::Status s = c.AllGather(in, o, count, DType::kInt32, Soon());
+            if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
+            for (size_t i = 0; i < count * n; ++i) {
+              const int32_t want = value(static_cast<int>(i / count), i % count);
+              if (o[i] != want) {
+                errors.Add(absl::StrCat(tag, ": element ", i, " is ", o[i], ", want ", want));
+                break;
+              }
+            }
+            if (std::string(c.last_path()) != (mapped ? "mapped" : "cma")) {
+              errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
+            }
+            // Over CMA the rank's input into each of the n - 1 peers.
+            const uint64_t want = mapped ? 0 : (n - 1) * count * sizeof(int32_t);
+            if (c.peer_bytes_written_for_testing() - written != want) {
+              errors.Add(absl::StrCat(tag, ": wrote ", c.peer_bytes_written_for_testing() - written,
+                                      " bytes into peers, want ", want));
+            }
+          }
+        });
+        INFO(errors.first);
+        CHECK(errors.count == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("a collective failing while a peer writes into the rank's buffer waits for the write") {
   // Rank 1 is slow to write (a descheduled writer); rank 0's deadline
   // passes while it waits for rank 1 to finish. Rank 0 must not hand its
   // buffer back before rank 1's write landed: all_reduce (rank 1 writes its
-  // reduced part into rank 0's buffer) and a two-rank broadcast from rank 1
-  // (the root writes half of rank 0's result).
+  // reduced part into rank 0's buffer), all_gather (rank 1 writes its
+  // input into rank 0's output) and a two-rank broadcast from rank 1 (the
+  // root writes half of rank 0's result).
   constexpr absl::Duration kWriteDelay = absl::Seconds(1);
-  for (const char* op : {"all_reduce", "broadcast"}) {
+  for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
     INFO(op);
     const size_t count = 1000;
     std::vector<absl::Status> status(2);
@@ -652,6 +707,11 @@ TEST_CASE("a collective failing while a peer writes into the rank's buffer waits
         status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
         // Rank 1's part, [count / 2, count), reduced.
         landed[r] = v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
+      } else if (std::string(op) == "all_gather") {
+        std::vector<int32_t> out(2 * count, -1);
+        status[r] = c.AllGather(v.data(), out.data(), count, DType::kInt32, deadline);
+        // Rank 1's part of the output, rank 1's input.
+        landed[r] = out[2 * count - 1] == static_cast<int32_t>(count - 1 + 1000);
       } else {
         status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
         // The root's half, [0, count / 2).
