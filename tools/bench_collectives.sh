@@ -37,7 +37,9 @@
 #                 the doc block is then the "zero-copy" one (see below)
 #   --ops, --sizes, --iters  override the ops, sizes (bytes, K/M suffixes) and
 #                 iterations (one per size) of every system
-#   --repeats     full passes, the three systems taking turns within each pass;
+#   --repeats     full passes, the three systems taking turns within each pass
+#                 (muster and Open MPI back to back, which goes first
+#                 alternating between passes, then gloo);
 #                 the table shows the median over the passes (default 3)
 #   --max-load    first wait (up to 10 min) until the 1-minute load average is
 #                 below L (default: do not wait)
@@ -270,12 +272,15 @@ else
   }
   common=(--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)
   failed=0
-  systems=(muster)
-  ((shared)) && systems+=(muster-shared)
-  systems+=(gloo mpi)
   loads=(idle)
   ((hog > 0)) && loads+=(hog)
   for ((pass = 1; pass <= repeats; pass++)); do
+    # muster and Open MPI back to back (the ratios compare them: the
+    # machine drifts less between them than across gloo's longer run), the
+    # first of the two alternating between passes; then the others.
+    if ((pass % 2 == 1)); then systems=(muster mpi); else systems=(mpi muster); fi
+    ((shared)) && systems+=(muster-shared)
+    systems+=(gloo)
     for w in $worlds; do
       for load in "${loads[@]}"; do
         for system in "${systems[@]}"; do run_system "$pass" "$w" "$load" "$system"; done
