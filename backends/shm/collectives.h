@@ -380,6 +380,11 @@ class ShmCommunicator : public Communicator {
   absl::Status CmaCopy(int j, uint64_t remote_addr, size_t len, char* local, bool write);
   // Two ranks with a CPU each (a broadcast's root copies too).
   bool PairWithCpus() const { return size_ == 2 && !wait_.oversubscribed; }
+  // Whether a CMA all_gather whose ranks each own `part_bytes` pushes
+  // (AllGather) rather than reads its peers' inputs: always when every rank
+  // has a CPU; with more ranks than CPUs, parts up to 1 MiB. The same on
+  // every rank (wait_ and the count are).
+  bool PushesAllGather(size_t part_bytes) const;
   // Whether a CMA broadcast is relayed (ShmCommunicator's header): two
   // ranks, or more ranks than CPUs; not three or more ranks with a CPU
   // each, where every receiver reads the root's whole buffer.

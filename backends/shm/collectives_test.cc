@@ -627,17 +627,22 @@ TEST_CASE("a CMA all_reduce: each rank reduces its part and writes it into every
 
 TEST_CASE("a CMA all_gather: each rank writes its input into its part of every peer's output") {
   // World 2-4, counts from one element to several 256 KiB blocks, separate
-  // and in-place buffers (input = the rank's own part of the output), heap
-  // (CMA: pushed) and shared (mapped: read in place), each on fresh
-  // communicators: the first call probes, the second works in the exchange
-  // round. Outputs start poisoned, so a part nobody wrote shows.
-  for (bool mapped : {false, true}) {
+  // and in-place buffers (input = the rank's own part of the output): heap
+  // buffers with a CPU per rank (CMA, pushed), heap buffers with more ranks
+  // than CPUs (pushed up to 1 MiB parts, read above: 300001 elements),
+  // shared buffers (mapped: read in place). Each on fresh communicators:
+  // the first call probes, the second works in the exchange round. Outputs
+  // start poisoned, so a part nobody wrote shows.
+  enum Variant { kCpuEach, kOversubscribed, kMapped };
+  for (Variant variant : {kCpuEach, kOversubscribed, kMapped}) {
+    const bool mapped = variant == kMapped;
     for (int world = 2; world <= 4; ++world) {
       for (size_t count : {size_t{1}, size_t{3}, size_t{1001}, size_t{300001}}) {
-        INFO((mapped ? "mapped" : "cma") << " world " << world << " count " << count);
+        INFO("variant " << variant << " world " << world << " count " << count);
         Errors errors;
         RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
           c.set_direct_options(Force(mapped ? Path::kMapped : Path::kCma));
+          c.set_wait_policy(WaitPolicy::For(world, variant == kOversubscribed ? 1 : world));
           const int r = c.rank(), n = c.size();
           auto value = [](int rank, size_t i) { return static_cast<int32_t>(i * 5 + rank * 1000); };
           for (int call = 0; call < 4; ++call) {
@@ -663,8 +668,10 @@ TEST_CASE("a CMA all_gather: each rank writes its input into its part of every p
             if (std::string(c.last_path()) != (mapped ? "mapped" : "cma")) {
               errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
             }
-            // Over CMA the rank's input into each of the n - 1 peers.
-            const uint64_t want = mapped ? 0 : (n - 1) * count * sizeof(int32_t);
+            // Pushed: the rank's input into each of the n - 1 peers.
+            const bool pushed =
+                variant == kCpuEach || (variant == kOversubscribed && count * 4 <= (1u << 20));
+            const uint64_t want = pushed ? (n - 1) * count * sizeof(int32_t) : 0;
             if (c.peer_bytes_written_for_testing() - written != want) {
               errors.Add(absl::StrCat(tag, ": wrote ", c.peer_bytes_written_for_testing() - written,
                                       " bytes into peers, want ", want));
