@@ -734,7 +734,7 @@ absl::Status ShmCommunicator::DirectRound(absl::Time deadline, bool* fallback, F
 bool ShmCommunicator::PushesAllGather(size_t part_bytes) const {
   // Four ranks on two vCPUs, in turns with reading (docs/benchmarks.md,
   // "all_gather pushes"): pushing 64 KiB-1 MiB parts took 0.76-0.89x the
-  // time, 4 MiB parts 1.09x.
+  // time; 4 MiB parts 1.09x in one set of rounds, even in a later one.
   return !wait_.oversubscribed || part_bytes <= (size_t{1} << 20);
 }
 
