@@ -23,6 +23,9 @@
  *                        pieces (default 256 KiB) and writes each piece,
  *                        still in cache, into its part of every peer's
  *                        output with process_vm_writev (--method cma only);
+ *                        --nt: the own copy with non-temporal stores (past
+ *                        the caches; x86-64 only), each piece then pushed
+ *                        from the input, which the copy just read;
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
  *                        (`bytes`; no other core's data: the reference).
@@ -58,6 +61,13 @@
 
 #include "bench_c_util.h"
 
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#define HAVE_NT_STORES 1
+#else
+#define HAVE_NT_STORES 0
+#endif
+
 #define MAX_LIST 32
 #define MAX_WORLD 16
 #define MAX_ITERS 4096
@@ -90,6 +100,25 @@ static void barrier(struct Shared* s, int world) {
 
 /* Bytes per copy call (--chunk; 0: the whole part in one call). */
 static size_t g_chunk = 0;
+/* --nt: allgather-push's own copy with non-temporal stores. */
+static int g_nt = 0;
+
+/* memcpy with non-temporal stores from the first 16-byte aligned byte of
+ * `dst` (allgather-push --nt; the caller checked HAVE_NT_STORES). */
+static void copy_nt(char* dst, const char* src, size_t n) {
+#if HAVE_NT_STORES
+  size_t i = (16 - ((uintptr_t)dst & 15)) & 15;
+  if (i > n) i = n;
+  memcpy(dst, src, i);
+  for (; i + 16 <= n; i += 16) {
+    _mm_stream_si128((__m128i*)(dst + i), _mm_loadu_si128((const __m128i*)(src + i)));
+  }
+  memcpy(dst + i, src + i, n - i);
+  _mm_sfence();
+#else
+  memcpy(dst, src, n);
+#endif
+}
 
 static int copy_from(int method, pid_t pid, char* remote, char* local, size_t n) {
   while (n > 0 && method == 1) {
@@ -119,11 +148,17 @@ static int push_own_part(struct Shared* s, int rank, int world, size_t part, cha
   char* to = output + part * rank;
   for (size_t done = 0; done < part; done += step) {
     size_t n = part - done < step ? part - done : step;
-    memcpy(to + done, s->input[rank] + done, n);
+    const char* in = s->input[rank] + done;
+    if (g_nt) {
+      copy_nt(to + done, in, n);
+    } else {
+      memcpy(to + done, in, n);
+    }
+    const char* from = g_nt ? in : to + done; /* what is in cache */
     for (int k = 1; k < world; ++k) {
       int peer = (rank + k) % world;
       for (size_t sent = 0; sent < n;) {
-        struct iovec l = {to + done + sent, n - sent},
+        struct iovec l = {(char*)from + sent, n - sent},
                      r = {s->output[peer] + part * rank + done + sent, n - sent};
         ssize_t put = process_vm_writev(s->pid[peer], &l, 1, &r, 1, 0);
         if (put <= 0) {
@@ -194,6 +229,8 @@ int main(int argc, char** argv) {
       nsizes = bench_parse_list(v, sizes, MAX_LIST), ++i;
     else if (strcmp(a, "--iters") == 0)
       niters = bench_parse_list(v, iters_list, MAX_LIST), ++i;
+    else if (strcmp(a, "--nt") == 0)
+      g_nt = 1;
     else if (strcmp(a, "--touch") == 0)
       touch = 1;
     else if (strcmp(a, "--chunk") == 0) {
@@ -212,6 +249,10 @@ int main(int argc, char** argv) {
               argv[0]);
       return 2;
     }
+  }
+  if (g_nt && (pattern != ALLGATHER_PUSH || !HAVE_NT_STORES)) {
+    fprintf(stderr, "bench_copy_floor: --nt is for --pattern allgather-push on x86-64\n");
+    return 2;
   }
   if (pattern == ALLGATHER_PUSH && method == 1) {
     fprintf(stderr, "bench_copy_floor: --pattern allgather-push writes with CMA: --method cma\n");
@@ -335,9 +376,9 @@ int main(int argc, char** argv) {
     printf(
         "{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
         "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_"
-        "rank\":%.4g}\n",
+        "rank\":%.4g,\"nt\":%s}\n",
         world, kPatterns[pattern], method == 1 ? "shared" : "cma", touch ? "true" : "false", bytes,
-        g_chunk, iters, p50, copied, copied / p50 / 1e3);
+        g_chunk, iters, p50, copied, copied / p50 / 1e3, g_nt ? "true" : "false");
     fflush(stdout);
     munmap(s, sizeof *s);
     if (shared_inputs != NULL) munmap(shared_inputs, (size_t)bytes * world);
