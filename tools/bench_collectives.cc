@@ -22,6 +22,7 @@
 #include "backends/shm/reduce.h"
 #include "backends/shm/segment.h"
 #include "backends/shm/trace.h"
+#include "common/cpus.h"
 #include "common/json.h"
 #include "muster/shared_buffer.h"
 #include "muster/world.h"
@@ -525,14 +526,8 @@ int RunCollectivesBench(const CollectivesBenchOptions& o) {
   }
   if (o.pin == "rank") {
     // Before Init, so that every thread of this rank inherits it.
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    ::sched_getaffinity(0, sizeof(allowed), &allowed);
-    std::vector<int> cpus;
-    for (int c = 0; c < CPU_SETSIZE; ++c) {
-      if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-    }
-    if (!cpus.empty()) {
+    const std::vector<int> cpus = AllowedCpus();
+    if (!cpus.empty() && cpus[options->local_rank % cpus.size()] < CPU_SETSIZE) {
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(cpus[options->local_rank % cpus.size()], &one);

@@ -31,6 +31,7 @@
 #include "absl/time/time.h"
 #include "backends/shm/collectives.h"
 #include "backends/shm/segment.h"
+#include "common/cpus.h"
 #include "common/flags.h"
 
 namespace {
@@ -59,13 +60,8 @@ struct Options {
 // One rank's whole run; returns its exit status.
 int RunRank(const Options& o, const std::string& name, int rank) {
   if (o.bind == "cores") {
-    cpu_set_t allowed;
-    CPU_ZERO(&allowed);
-    if (::sched_getaffinity(0, sizeof(allowed), &allowed) == 0) {
-      std::vector<int> cpus;
-      for (int c = 0; c < CPU_SETSIZE; ++c) {
-        if (CPU_ISSET(c, &allowed)) cpus.push_back(c);
-      }
+    const std::vector<int> cpus = muster::AllowedCpus();
+    if (!cpus.empty() && cpus[rank % cpus.size()] < CPU_SETSIZE) {
       cpu_set_t one;
       CPU_ZERO(&one);
       CPU_SET(cpus[rank % cpus.size()], &one);

@@ -27,6 +27,7 @@
 #include "absl/strings/str_cat.h"
 #include "backends/communicator_testing.h"
 #include "backends/shm/shared_memory.h"
+#include "common/cpus.h"
 
 namespace muster {
 namespace {
@@ -1252,10 +1253,10 @@ TEST_CASE("a rank that waits publishes its CPU; ranks sharing one CPU still comp
   REQUIRE(owner.ok());
   CHECK((*owner)->rank(0).cpu.load() == -1);  // unknown until a rank waits
   CHECK((*owner)->rank(1).cpu.load() == -1);
-  cpu_set_t allowed;
-  REQUIRE(sched_getaffinity(0, sizeof(allowed), &allowed) == 0);
-  int cpu = 0;
-  while (!CPU_ISSET(cpu, &allowed)) ++cpu;
+  const std::vector<int> allowed = AllowedCpus();
+  REQUIRE(!allowed.empty());
+  const int cpu = allowed[0];
+  REQUIRE(cpu < CPU_SETSIZE);
   std::vector<std::unique_ptr<GroupSegment>> maps;
   std::vector<std::unique_ptr<ShmCommunicator>> comms;
   for (int r = 0; r < 2; ++r) {
@@ -1302,13 +1303,9 @@ TEST_CASE("a rank waiting for a peer inside the collective spins past its first 
   // shared with a busy process would hand that process a time slice. A
   // sleep is a voluntary context switch of rank 0's thread; rank 0 starts
   // each collective 5 ms late, so its first arrival never waits.
-  cpu_set_t allowed;
-  REQUIRE(sched_getaffinity(0, sizeof(allowed), &allowed) == 0);
-  std::vector<int> cpus;
-  for (int cpu = 0; cpu < CPU_SETSIZE && cpus.size() < 2; ++cpu) {
-    if (CPU_ISSET(cpu, &allowed)) cpus.push_back(cpu);
-  }
-  if (cpus.size() < 2 || std::thread::hardware_concurrency() < 2) {
+  std::vector<int> cpus = AllowedCpus();
+  if (cpus.size() > 2) cpus.resize(2);
+  if (cpus.size() < 2 || cpus[1] >= CPU_SETSIZE || std::thread::hardware_concurrency() < 2) {
     WARN("skipped: needs two CPUs");
     return;
   }
@@ -1444,10 +1441,9 @@ TEST_CASE(
 TEST_CASE("four ranks sharing one CPU hand it over and complete every barrier and all_reduce") {
   // Every wait here is for a rank that cannot run while the waiter holds
   // the CPU: the waiter must yield it (it never needs to sleep for long).
-  cpu_set_t allowed;
-  REQUIRE(sched_getaffinity(0, sizeof(allowed), &allowed) == 0);
-  int cpu = 0;
-  while (cpu < CPU_SETSIZE && !CPU_ISSET(cpu, &allowed)) ++cpu;
+  const std::vector<int> allowed = AllowedCpus();
+  REQUIRE(!allowed.empty());
+  const int cpu = allowed[0];
   REQUIRE(cpu < CPU_SETSIZE);
   constexpr int kIters = 2000;
   Errors errors;
