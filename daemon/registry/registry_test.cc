@@ -537,6 +537,7 @@ TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
   REQUIRE(::sched_getaffinity(0, sizeof(all), &all) == 0);
   const std::vector<int> allowed = AllowedCpus();
   REQUIRE(!allowed.empty());
+  REQUIRE(allowed[0] < CPU_SETSIZE);  // `one` is a cpu_set_t
   cpu_set_t one;
   CPU_ZERO(&one);
   CPU_SET(allowed[0], &one);
