@@ -62,7 +62,8 @@ class Communicator {
   // In place at the root.
   virtual absl::Status Reduce(void* data, size_t count, DType dtype, ReduceOp op, double scale,
                               int root, absl::Time deadline) = 0;
-  // `out`: size()*count elements, rank i's at offset i*count.
+  // `out`: size()*count elements, rank i's at offset i*count. `in` is apart
+  // from `out` or is `out` + rank()*count (in place).
   virtual absl::Status AllGather(const void* in, void* out, size_t count, DType dtype,
                                  absl::Time deadline) = 0;
   virtual absl::Status Gather(const void* in, void* out, size_t count, DType dtype, int root,

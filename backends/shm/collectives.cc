@@ -1167,11 +1167,9 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
         // the time, the all_gather 0.91-0.99x; docs/benchmarks.md,
         // "all_gather pushes"). Writers start at the next rank, so they
         // spread over the targets.
-        const bool overlap = own != src && own < src + part && src < own + part;
-        if (overlap) std::memmove(own, src, part);  // block by block could overwrite input
         for (size_t done = 0; done < part; done += kBlockBytes) {
           const size_t len = std::min(kBlockBytes, part - done);
-          if (own != src && !overlap) std::memcpy(own + done, src + done, len);
+          if (own != src) std::memcpy(own + done, src + done, len);
           for (int k = 1; k < size_; ++k) {
             RETURN_IF_ERROR(WriteTarget((rank_ + k) % size_, rank_ * part + done, len, own + done));
           }
@@ -1189,7 +1187,7 @@ absl::Status ShmCommunicator::AllGather(const void* in, void* out, size_t count,
         if (j != rank_) {
           RETURN_IF_ERROR(ReadSource(j, 0, part, to));
         } else if (to != src) {
-          std::memmove(to, src, part);
+          std::memcpy(to, src, part);
         }
       }
       return absl::OkStatus();

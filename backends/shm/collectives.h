@@ -235,7 +235,9 @@ class ShmCommunicator : public Communicator {
   // In place at the root; other ranks' `data` is unchanged.
   absl::Status Reduce(void* data, size_t count, DType dtype, ReduceOp op, double scale, int root,
                       absl::Time deadline) override;
-  // `out` holds size()*count elements, rank i's input at offset i*count.
+  // `out` holds size()*count elements, rank i's input at offset i*count;
+  // `in` as Communicator::AllGather says (peers may read it while this rank
+  // writes `out`).
   absl::Status AllGather(const void* in, void* out, size_t count, DType dtype,
                          absl::Time deadline) override;
   // `out` (size()*count elements) is used at the root only.

@@ -72,6 +72,8 @@ EXPECTED_ERRORS = {
     "broadcast_root_outside": r"root rank 8 is outside the group \(size 3\)",
     "send_to_rank_outside": r"rank 8 is outside the group \(size 3\)",
     "all_gather_wrong_count": r"expects 3 output tensors \(the group size\), got 1",
+    "all_gather_into_tensor_overlap": r"INVALID_ARGUMENT: all_gather_into_tensor: the input "
+    r"overlaps the output but is not this rank's part of it",
 }
 
 
@@ -84,6 +86,15 @@ def test_bad_arguments_raise_and_leave_the_group_working(errors, case):
         assert r["error"].startswith(("RuntimeError", "DistBackendError", "ValueError")), r
         assert re.search(EXPECTED_ERRORS[case], r["error"]), r
         assert works(r["after"]), r
+
+
+def test_all_gather_into_tensor_in_place_is_not_an_overlap(errors):
+    got = by_rank(errors, "all_gather_in_place")
+    assert sorted(got) == list(range(WORLD))
+    want = [float(k // 2 + 1) for k in range(2 * WORLD)]
+    for r in got.values():
+        assert r["error"] is None, r
+        assert r["got"] == want, r
 
 
 def test_wait_timeout_while_a_peer_is_late(errors):

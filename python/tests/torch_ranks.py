@@ -641,10 +641,20 @@ def mode_errors(musterctl):
         "broadcast_root_outside": lambda: dist.broadcast(torch.ones(2), src=WORLD + 5),
         "send_to_rank_outside": lambda: dist.send(torch.ones(2), dst=WORLD + 5),
         "all_gather_wrong_count": lambda: dist.all_gather([torch.zeros(2)], torch.ones(2)),
+        # The input overlaps the output, one element before it: not any
+        # rank's own part (in place), so every rank refuses it.
+        "all_gather_into_tensor_overlap": lambda: (lambda buf: dist.all_gather_into_tensor(
+            buf[1:1 + 2 * WORLD], buf[:2]))(torch.zeros(2 * WORLD + 1)),
     }
     for name, fn in bad.items():
         r = attempt(fn)
         report("bad_argument", case=name, error=r.get("error"), after=attempt(works))
+    # In place, the one overlap all_gather_into_tensor takes: the input is
+    # this rank's part of the output.
+    out = torch.full((2 * WORLD,), -1.0)
+    out[2 * RANK:2 * RANK + 2] = RANK + 1.0
+    r = attempt(lambda: dist.all_gather_into_tensor(out, out[2 * RANK:2 * RANK + 2]))
+    report("all_gather_in_place", error=r.get("error"), got=out.tolist())
 
     # Work.wait(timeout) while a peer is late; the collective goes on.
     dist.barrier()

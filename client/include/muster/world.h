@@ -200,7 +200,9 @@ class ProcessGroup {
   std::shared_ptr<Work> Reduce(Tensor tensor, int root, ReduceOp op = ReduceOp::kSum);
   // outputs[i] receives rank i's input.
   std::shared_ptr<Work> AllGather(std::vector<Tensor> outputs, Tensor input);
-  // `output` holds size() * input.count elements.
+  // `output` holds size() * input.count elements. `input` is apart from
+  // `output` or is exactly this rank's part of it (in place); any other
+  // overlap fails with INVALID_ARGUMENT.
   std::shared_ptr<Work> AllGatherIntoTensor(Tensor output, Tensor input);
   // c10d's all_gather_coalesced: output_lists[i][j] receives rank j's
   // inputs[i]; one collective for all the tensors (dtypes may differ).
