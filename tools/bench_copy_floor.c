@@ -28,7 +28,10 @@
  *                        from the input, which the copy just read;
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
- *                        (`bytes`; no other core's data: the reference).
+ *                        (`bytes`; no other core's data: the reference, and
+ *                        the least memory traffic any all_gather of `bytes`
+ *                        into a separate output has per rank); --nt: with
+ *                        non-temporal stores (x86-64 only).
  * --method cma (default): the copies are process_vm_readv calls on the
  * peer's heap buffer, one kernel copy (what Open MPI's vader BTL and
  * muster's CMA path do); --method shared: the inputs live in one shared
@@ -100,11 +103,12 @@ static void barrier(struct Shared* s, int world) {
 
 /* Bytes per copy call (--chunk; 0: the whole part in one call). */
 static size_t g_chunk = 0;
-/* --nt: allgather-push's own copy with non-temporal stores. */
+/* --nt: allgather-push's own copy, or the private copy, with non-temporal
+ * stores. */
 static int g_nt = 0;
 
 /* memcpy with non-temporal stores from the first 16-byte aligned byte of
- * `dst` (allgather-push --nt; the caller checked HAVE_NT_STORES). */
+ * `dst` (--nt; the caller checked HAVE_NT_STORES). */
 static void copy_nt(char* dst, const char* src, size_t n) {
 #if HAVE_NT_STORES
   size_t i = (16 - ((uintptr_t)dst & 15)) & 15;
@@ -194,6 +198,8 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
       if (pattern == ALLGATHER) memcpy(output + part * rank, mine, part);
     } else if (pattern == BROADCAST) {
       if (rank != 0) rc = copy_from(method, s->pid[0], s->input[0], output, part);
+    } else if (g_nt) {
+      copy_nt(output, mine, part);
     } else {
       memcpy(output, mine, part);
     }
@@ -245,13 +251,14 @@ int main(int argc, char** argv) {
       fprintf(stderr,
               "usage: %s [--world N] [--pattern gather|allgather|allgather-push|broadcast|private] "
               "[--method cma|shared]\n"
-              "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES]\n",
+              "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES] [--nt]\n",
               argv[0]);
       return 2;
     }
   }
-  if (g_nt && (pattern != ALLGATHER_PUSH || !HAVE_NT_STORES)) {
-    fprintf(stderr, "bench_copy_floor: --nt is for --pattern allgather-push on x86-64\n");
+  if (g_nt && ((pattern != ALLGATHER_PUSH && pattern != PRIVATE) || !HAVE_NT_STORES)) {
+    fprintf(stderr,
+            "bench_copy_floor: --nt is for --pattern allgather-push or private on x86-64\n");
     return 2;
   }
   if (pattern == ALLGATHER_PUSH && method == 1) {

@@ -133,18 +133,21 @@ for w in 2 3; do
     done
   done
 done
-# --nt: the push with non-temporal own copies (x86-64), checked like the rest.
+# --nt: the push's own copies and the private copy with non-temporal stores
+# (x86-64), checked like the rest.
 if [[ $(uname -m) == x86_64 ]]; then
-  fout="$(timeout 60 "$floor" --world 2 --pattern allgather-push --nt --bytes 64K,1M --iters 20 \
-    2>"$errfile")"
-  rc=$?
-  [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor --nt exited $rc"; cat "$errfile"; fail=1; }
-  check "copy floor --nt" "$fout" '"pattern":"allgather-push".*"bytes":1048576.*"nt":true\}$'
+  for p in allgather-push private; do
+    fout="$(timeout 60 "$floor" --world 2 --pattern $p --nt --bytes 64K,1M --iters 20 \
+      2>"$errfile")"
+    rc=$?
+    [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor $p --nt exited $rc"; cat "$errfile"; fail=1; }
+    check "copy floor $p --nt" "$fout" "\"pattern\":\"$p\".*\"bytes\":1048576.*\"nt\":true\\}\$"
+  done
 fi
 for bad in "--iters 5000|over the 4096 timed iterations" "--chunk 4X|--chunk wants one size" \
   "--bytes 1K,2K --iters 1,2,3|one count, or one per size" "--world 1|bad --world" \
   "--pattern allgather-push --method shared|writes with CMA: --method cma" \
-  "--pattern allgather --nt|--nt is for --pattern allgather-push"; do
+  "--pattern allgather --nt|--nt is for --pattern allgather-push or private"; do
   # shellcheck disable=SC2086
   timeout 60 "$floor" ${bad%%|*} >/dev/null 2>"$errfile"
   rc=$?
