@@ -238,7 +238,9 @@ int muster_reduce(muster_group* group, const muster_tensor* tensor, int root, in
 /* outputs[i] receives group rank i's input; n must be the group size. */
 int muster_all_gather(muster_group* group, const muster_tensor* outputs, size_t n,
                       const muster_tensor* input, muster_work** work);
-/* output holds size * input->count elements. */
+/* output holds size * input->count elements; input is apart from output or
+ * is this rank's part of it (in place): any other overlap is
+ * MUSTER_INVALID_ARGUMENT. */
 int muster_all_gather_into_tensor(muster_group* group, const muster_tensor* output,
                                   const muster_tensor* input, muster_work** work);
 /* outputs[i * size + j] receives group rank j's inputs[i] (n inputs). */
