@@ -126,9 +126,12 @@ struct DirectOptions {
   // to 2x), all_reduce from 16 KiB (1.5-2.6x the slots' speed at 16
   // KiB-1 MiB; at 8 KiB even), broadcast from 32 KiB to under 1 MiB (from 1
   // MiB the slots, whose copy in and copy out overlap, were as fast or
-  // faster: 1.4x at 64 MiB).
+  // faster: 1.4x at 64 MiB); all_gather up to 16 MiB per rank: from 32 MiB
+  // of output the slots copy out with non-temporal stores, and with parts
+  // of 32 MiB they took 0.80x the CMA push's time ("the least an all_gather
+  // copies").
   CmaRanges cma{
-      {16 << 10, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, SIZE_MAX}, {64 << 10, SIZE_MAX}};
+      {16 << 10, SIZE_MAX}, {32 << 10, (1 << 20) - 1}, {16 << 10, 16 << 20}, {64 << 10, SIZE_MAX}};
   // Broadcast in a group of two ranks with a CPU each, instead of
   // cma.broadcast, relayed (ShmCommunicator's header): the root writes half
   // of the receiver's result while the receiver reads the other half, two
