@@ -489,11 +489,13 @@ std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
   // The input is apart from the output or is exactly this rank's part of it
   // (in place). Any other overlap would have this rank overwrite input that
   // its peers may still be reading (as MPI_Allgather, only in place aliases).
+  // (A non-member has no part; its call is refused further on.)
   const char* in_begin = static_cast<const char*>(in.data);
   const char* out_begin = static_cast<const char*>(out.data);
-  const char* own_part = out_begin + static_cast<size_t>(rank()) * in.bytes();
-  if (in.bytes() > 0 && in_begin != own_part && in_begin < out_begin + out.bytes() &&
-      out_begin < in_begin + in.bytes()) {
+  const char* own_part =
+      rank() >= 0 ? out_begin + static_cast<size_t>(rank()) * in.bytes() : nullptr;
+  if (own_part != nullptr && in.bytes() > 0 && in_begin != own_part &&
+      in_begin < out_begin + out.bytes() && out_begin < in_begin + in.bytes()) {
     return Failed(absl::InvalidArgumentError(absl::StrCat(
         "all_gather_into_tensor: the input overlaps the output but is not this rank's part of "
         "it (rank ",
