@@ -335,6 +335,8 @@ TEST_CASE(
       {CollectiveKind::kAllGather, 8 << 10, "slots"},
       {CollectiveKind::kAllGather, 16 << 10, "cma"},
       {CollectiveKind::kAllGather, (4 << 20) + 64, "cma"},
+      {CollectiveKind::kAllGather, 16 << 20, "cma"},
+      {CollectiveKind::kAllGather, (16 << 20) + 64, "slots"},
       {CollectiveKind::kReduceScatter, 32 << 10, "slots"},
       {CollectiveKind::kReduceScatter, 64 << 10, "cma"},
       {CollectiveKind::kReduceScatter, (16 << 20) + 64, "cma"},
@@ -626,6 +628,20 @@ TEST_CASE("a CMA all_reduce: each rank reduces its part and writes it into every
   }
 }
 
+// Whether `out` holds n parts of `count` elements, element i of part j
+// value(j, i); the first wrong element goes into `errors` under `tag`.
+template <typename Value>
+void CheckGathered(const int32_t* out, size_t count, int n, const Value& value,
+                   const std::string& tag, Errors& errors) {
+  for (size_t i = 0; i < count * n; ++i) {
+    const int32_t want = value(static_cast<int>(i / count), i % count);
+    if (out[i] != want) {
+      errors.Add(absl::StrCat(tag, ": element ", i, " is ", out[i], ", want ", want));
+      return;
+    }
+  }
+}
+
 TEST_CASE("a CMA all_gather: each rank writes its input into its part of every peer's output") {
   // World 2-4, counts from one element to several 256 KiB blocks, separate
   // and in-place buffers (input = the rank's own part of the output): heap
@@ -659,13 +675,7 @@ TEST_CASE("a CMA all_gather: each rank writes its input into its part of every p
             const uint64_t written = c.peer_bytes_written_for_testing();
             absl::Status s = c.AllGather(in, o, count, DType::kInt32, Soon());
             if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
-            for (size_t i = 0; i < count * n; ++i) {
-              const int32_t want = value(static_cast<int>(i / count), i % count);
-              if (o[i] != want) {
-                errors.Add(absl::StrCat(tag, ": element ", i, " is ", o[i], ", want ", want));
-                break;
-              }
-            }
+            CheckGathered(o, count, n, value, tag, errors);
             if (std::string(c.last_path()) != (mapped ? "mapped" : "cma")) {
               errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
             }
@@ -710,13 +720,7 @@ TEST_CASE("a slot all_gather of 32 MiB or more, copied out past the cache, is ex
         for (size_t i = 0; i < count; ++i) in[i] = value(r, i);
         absl::Status s = c.AllGather(in, o, count, DType::kInt32, Soon());
         if (!s.ok()) errors.Add(absl::StrCat(tag, ": ", s.ToString()));
-        for (size_t i = 0; i < count * n; ++i) {
-          const int32_t want = value(static_cast<int>(i / count), i % count);
-          if (o[i] != want) {
-            errors.Add(absl::StrCat(tag, ": element ", i, " is ", o[i], ", want ", want));
-            break;
-          }
-        }
+        CheckGathered(o, count, n, value, tag, errors);
         if (std::string(c.last_path()) != "slots") {
           errors.Add(absl::StrCat(tag, ": path ", c.last_path()));
         }
