@@ -11,7 +11,7 @@
 #                                   [--no-build] [--no-doc] [--keep DIR] [--quick]
 #                                   [--shared] [--ops LIST] [--sizes LIST] [--iters LIST]
 #                                   [--hog N [--hog-cpu C]] [--muster-bind cores|none]
-#                                   [--cpuset CPUS] [--muster-node-cpus N]
+#                                   [--cpuset CPUS] [--muster-node-cpus N] [--plan]
 #        tools/bench_collectives.sh --report DIR [--no-doc]
 #   --worlds      world sizes (default "2 4")
 #   --hog N       CPU contention: every system also runs each pass with N
@@ -49,6 +49,9 @@
 #                 (meta.env) in DIR
 #   --report DIR  run nothing: make the table again from a --keep directory
 #   --quick       a short run (small sizes, few iterations, one pass, no doc)
+#   --plan        print the order of the runs the other options ask for, one
+#                 "PASS WORLD LOAD SYSTEM" line each, and exit (nothing is
+#                 built or run)
 #
 # Needs: Bazel (muster-bench, muster-run), /usr/bin/python3 with torch, and
 # Open MPI (mpicc, mpirun: `tools/setup.sh --bench` installs them).
@@ -78,6 +81,7 @@ hog_cpu=""
 muster_bind=none
 cpuset=""
 node_cpus=""
+plan_only=0
 while (($#)); do
   case "$1" in
     --worlds) worlds="$2"; shift 2 ;;
@@ -97,7 +101,8 @@ while (($#)); do
     --muster-bind) muster_bind="$2"; shift 2 ;;
     --cpuset) cpuset="$2"; doc=0; shift 2 ;;
     --muster-node-cpus) node_cpus="$2"; doc=0; shift 2 ;;
-    -h|--help) sed -n '2,57p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --plan) plan_only=1; shift ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "bench_collectives: unknown argument $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -113,6 +118,14 @@ if ((quick)); then
 fi
 [[ $muster_bind == cores || $muster_bind == none ]] ||
   { echo "bench_collectives: --muster-bind takes cores or none, not '$muster_bind'" >&2; exit 2; }
+[[ $repeats =~ ^[1-9][0-9]*$ ]] ||
+  { echo "bench_collectives: --repeats takes a count of 1 or more, not '$repeats'" >&2; exit 2; }
+for w in $worlds; do
+  if [[ ! $w =~ ^[0-9]+$ ]] || ((w < 2)); then
+    echo "bench_collectives: --worlds takes world sizes of 2 or more, not '$w'" >&2; exit 2
+  fi
+done
+[[ -n ${worlds// /} ]] || { echo "bench_collectives: --worlds is empty" >&2; exit 2; }
 [[ $hog =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog takes a count, not '$hog'" >&2; exit 2; }
 if [[ -n $hog_cpu ]]; then
   [[ $hog_cpu =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog-cpu takes a CPU number, not '$hog_cpu'" >&2; exit 2; }
@@ -128,6 +141,30 @@ fi
 PY=/usr/bin/python3
 OPT=bazel-out/k8-opt/bin/tools
 say() { echo "bench_collectives: $*" >&2; }
+
+# The order of the runs, one "PASS WORLD LOAD SYSTEM" line each. muster and
+# Open MPI run back to back (the ratios compare them: the machine drifts less
+# between them than across gloo's longer run), the first of the two
+# alternating between passes; then the others. In each world the idle runs
+# come before the runs beside the busy processes.
+plan() {
+  local pass w load system systems loads=(idle)
+  ((hog > 0)) && loads+=(hog)
+  for ((pass = 1; pass <= repeats; pass++)); do
+    if ((pass % 2 == 1)); then systems=(muster mpi); else systems=(mpi muster); fi
+    ((shared)) && systems+=(muster-shared)
+    systems+=(gloo)
+    for w in $worlds; do
+      for load in "${loads[@]}"; do
+        for system in "${systems[@]}"; do echo "$pass $w $load $system"; done
+      done
+    done
+  done
+}
+if ((plan_only)); then
+  plan
+  exit 0
+fi
 
 if [[ -n $report ]]; then
   [[ -f $report/results.jsonl && -f $report/meta.env ]] ||
@@ -272,20 +309,10 @@ else
   }
   common=(--op "$OPS" --bytes "$SIZES" --iters "$ITERS" --dtype "$DTYPE" --verify)
   failed=0
-  loads=(idle)
-  ((hog > 0)) && loads+=(hog)
-  for ((pass = 1; pass <= repeats; pass++)); do
-    # muster and Open MPI back to back (the ratios compare them: the
-    # machine drifts less between them than across gloo's longer run), the
-    # first of the two alternating between passes; then the others.
-    if ((pass % 2 == 1)); then systems=(muster mpi); else systems=(mpi muster); fi
-    ((shared)) && systems+=(muster-shared)
-    systems+=(gloo)
-    for w in $worlds; do
-      for load in "${loads[@]}"; do
-        for system in "${systems[@]}"; do run_system "$pass" "$w" "$load" "$system"; done
-      done
-    done
+  mapfile -t runs < <(plan)
+  for run in "${runs[@]}"; do
+    read -r pass w load system <<<"$run"
+    run_system "$pass" "$w" "$load" "$system"
   done
   load_end="$(cut -d' ' -f1-3 /proc/loadavg)"
   elapsed=$((SECONDS - t_start))
