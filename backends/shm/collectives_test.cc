@@ -702,7 +702,7 @@ TEST_CASE("a slot all_gather of 32 MiB or more, copied out past the cache, is ex
   // off alignment, parts of an odd element count (so every part but the
   // first starts off alignment too, and ends with a tail), separate and
   // in place.
-  for (int world = 2; world <= 3; ++world) {
+  for (int world = 2; world <= 4; ++world) {
     const size_t count = (size_t{32} << 20) / sizeof(int32_t) / world + 3;
     INFO("world " << world << " count " << count);
     Errors errors;
