@@ -126,6 +126,8 @@ for w in $worlds; do
   fi
 done
 [[ -n ${worlds// /} ]] || { echo "bench_collectives: --worlds is empty" >&2; exit 2; }
+[[ -z $report ]] || ((!plan_only)) ||
+  { echo "bench_collectives: --plan is for a run; --report DIR runs nothing" >&2; exit 2; }
 [[ $hog =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog takes a count, not '$hog'" >&2; exit 2; }
 if [[ -n $hog_cpu ]]; then
   [[ $hog_cpu =~ ^[0-9]+$ ]] || { echo "bench_collectives: --hog-cpu takes a CPU number, not '$hog_cpu'" >&2; exit 2; }

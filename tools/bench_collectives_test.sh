@@ -2,7 +2,8 @@
 # Test of tools/bench_collectives.sh without running a benchmark:
 # - --plan: the order of the runs (muster and Open MPI back to back, the
 #   first of the two alternating between passes, gloo after them, idle before
-#   hog in each world), and the refusal of bad --repeats and --worlds;
+#   hog in each world), and the refusal of bad --repeats and --worlds and of
+#   --plan with --report;
 # - --report on a --keep directory written here: medians over the passes,
 #   busbw rescaled to the median p50, the ratios, each target met, missed or
 #   not measured, and a result that failed --verify named.
@@ -61,7 +62,8 @@ if [[ $got != "$want" ]]; then
 fi
 for bad in "--repeats 0|--repeats takes a count of 1 or more, not '0'" \
   "--worlds 2,4|--worlds takes world sizes of 2 or more, not '2,4'" \
-  "--worlds 1|--worlds takes world sizes of 2 or more, not '1'"; do
+  "--worlds 1|--worlds takes world sizes of 2 or more, not '1'" \
+  "--report $tmp|--plan is for a run; --report DIR runs nothing"; do
   args="${bad%%|*}"
   # shellcheck disable=SC2086
   err="$(bash "$script" --plan $args 2>&1 >/dev/null)"
