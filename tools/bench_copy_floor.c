@@ -26,12 +26,22 @@
  *                        --nt: the own copy with non-temporal stores (past
  *                        the caches; x86-64 only), each piece then pushed
  *                        from the input, which the copy just read;
+ *   --pattern allreduce  a uint32 sum all_reduce (wrapping) in place, as
+ *                        muster's CMA path makes it: rank r owns part r of
+ *                        the buffer (bytes/N); per --chunk block (default 256 KiB) it
+ *                        reads every peer's block with process_vm_readv
+ *                        into a cached buffer, adds it into its own, and
+ *                        writes the sum into every peer's buffer with
+ *                        process_vm_writev (--method cma only);
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
  *                        (`bytes`; no other core's data: the reference, and
  *                        the least memory traffic any all_gather of `bytes`
  *                        into a separate output has per rank); --nt: with
  *                        non-temporal stores (x86-64 only).
+ * --nt with --pattern allgather (--method cma): each peer's part read in
+ * --chunk blocks (default 256 KiB) into a cached buffer, then copied into
+ * the output with non-temporal stores, and the own part copied with them.
  * --method cma (default): the copies are process_vm_readv calls on the
  * peer's heap buffer, one kernel copy (what Open MPI's vader BTL and
  * muster's CMA path do); --method shared: the inputs live in one shared
@@ -43,7 +53,8 @@
  * --iters: one count for every size, or one per size; at most 4096.
  * Prints one JSON line per size: p50_us (median of the slowest rank's
  * times), copied bytes per rank and their GB/s (1e9 B/s) at the p50. Each
- * rank checks bytes of what it received; a wrong byte or a failed copy
+ * rank checks bytes of what it received (allreduce: the sums at both ends
+ * of every part); a wrong byte or a failed copy
  * fails the run (exit 1; the other ranks are killed), bad usage exits 2.
  */
 #define _GNU_SOURCE
@@ -75,7 +86,7 @@
 #define MAX_WORLD 16
 #define MAX_ITERS 4096
 
-enum { GATHER, BROADCAST, PRIVATE, ALLGATHER, ALLGATHER_PUSH };
+enum { GATHER, BROADCAST, PRIVATE, ALLGATHER, ALLGATHER_PUSH, ALLREDUCE };
 
 /* What the ranks share: a barrier, every rank's buffer addresses and pid,
  * and every rank's per-iteration times. */
@@ -125,6 +136,22 @@ static void copy_nt(char* dst, const char* src, size_t n) {
 }
 
 static int copy_from(int method, pid_t pid, char* remote, char* local, size_t n) {
+  if (g_nt && method == 0) { /* --pattern allgather --nt: through the cache */
+    static char block[256 << 10];
+    size_t step_max = g_chunk == 0 || g_chunk > sizeof block ? sizeof block : g_chunk;
+    while (n > 0) {
+      size_t step = step_max > n ? n : step_max;
+      struct iovec l = {block, step}, r = {remote, step};
+      ssize_t got = process_vm_readv(pid, &l, 1, &r, 1, 0);
+      if (got <= 0) {
+        perror("process_vm_readv");
+        return -1;
+      }
+      copy_nt(local, block, (size_t)got);
+      local += got, remote += got, n -= (size_t)got;
+    }
+    return 0;
+  }
   while (n > 0 && method == 1) {
     size_t step = g_chunk == 0 || g_chunk > n ? n : g_chunk;
     memcpy(local, remote, step);
@@ -176,11 +203,64 @@ static int push_own_part(struct Shared* s, int rank, int world, size_t part, cha
   return 0;
 }
 
+/* CMA in full: the kernel caps one call's bytes. */
+static int cma_all(int write, pid_t pid, char* local, char* remote, size_t n) {
+  while (n > 0) {
+    struct iovec l = {local, n}, r = {remote, n};
+    ssize_t done =
+        write ? process_vm_writev(pid, &l, 1, &r, 1, 0) : process_vm_readv(pid, &l, 1, &r, 1, 0);
+    if (done <= 0) {
+      perror(write ? "process_vm_writev" : "process_vm_readv");
+      return -1;
+    }
+    local += done, remote += done, n -= (size_t)done;
+  }
+  return 0;
+}
+
+/* own[i] += add[i] (wrapping), 16 bytes at a time where SSE2 allows. */
+static void add_u32(uint32_t* own, const uint32_t* add, size_t n) {
+  size_t i = 0;
+#if HAVE_NT_STORES
+  for (; i + 4 <= n; i += 4) {
+    __m128i sum = _mm_add_epi32(_mm_loadu_si128((const __m128i*)(own + i)),
+                                _mm_loadu_si128((const __m128i*)(add + i)));
+    _mm_storeu_si128((__m128i*)(own + i), sum);
+  }
+#endif
+  for (; i < n; ++i) own[i] += add[i];
+}
+
+/* allreduce: sum part `rank` of every rank's buffer block by block into the
+ * own buffer and write each summed block into every peer's buffer. */
+static int allreduce_own_part(struct Shared* s, int rank, int world, size_t part) {
+  static uint32_t peer_block[(256 << 10) / sizeof(uint32_t)];
+  size_t step = g_chunk == 0 || g_chunk > sizeof peer_block ? sizeof peer_block : g_chunk;
+  step -= step % sizeof(uint32_t);
+  size_t off = part * rank;
+  for (size_t done = 0; done < part; done += step) {
+    size_t n = part - done < step ? part - done : step;
+    uint32_t* own = (uint32_t*)(s->input[rank] + off + done);
+    for (int k = 1; k < world; ++k) {
+      int peer = (rank + k) % world;
+      if (cma_all(0, s->pid[peer], (char*)peer_block, s->input[peer] + off + done, n) != 0) {
+        return -1;
+      }
+      add_u32(own, peer_block, n / sizeof(uint32_t));
+    }
+    for (int k = 1; k < world; ++k) {
+      int peer = (rank + k) % world;
+      if (cma_all(1, s->pid[peer], (char*)own, s->input[peer] + off + done, n) != 0) return -1;
+    }
+  }
+  return 0;
+}
+
 static int run_rank(struct Shared* s, int rank, int world, int pattern, int method, int touch,
                     long long bytes, int iters, int warmup, char* output) {
   char* mine = s->input[rank];
   int gathers = pattern == GATHER || pattern == ALLGATHER || pattern == ALLGATHER_PUSH;
-  size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
+  size_t part = gathers || pattern == ALLREDUCE ? (size_t)(bytes / world) : (size_t)bytes;
   for (int it = 0; it < warmup + iters; ++it) {
     if (touch) {
       for (size_t i = 0; i < part; i += 64) mine[i] = (char)(it + i);
@@ -190,12 +270,18 @@ static int run_rank(struct Shared* s, int rank, int world, int pattern, int meth
     int rc = 0;
     if (pattern == ALLGATHER_PUSH) {
       rc = push_own_part(s, rank, world, part, output);
+    } else if (pattern == ALLREDUCE) {
+      rc = allreduce_own_part(s, rank, world, part);
     } else if (gathers) {
       for (int k = 1; k < world && rc == 0; ++k) {
         int peer = (rank + k) % world;
         rc = copy_from(method, s->pid[peer], s->input[peer], output + part * peer, part);
       }
-      if (pattern == ALLGATHER) memcpy(output + part * rank, mine, part);
+      if (pattern == ALLGATHER && g_nt) {
+        copy_nt(output + part * rank, mine, part);
+      } else if (pattern == ALLGATHER) {
+        memcpy(output + part * rank, mine, part);
+      }
     } else if (pattern == BROADCAST) {
       if (rank != 0) rc = copy_from(method, s->pid[0], s->input[0], output, part);
     } else if (g_nt) {
@@ -226,6 +312,7 @@ int main(int argc, char** argv) {
                 : strcmp(v, "private") == 0        ? PRIVATE
                 : strcmp(v, "allgather") == 0      ? ALLGATHER
                 : strcmp(v, "allgather-push") == 0 ? ALLGATHER_PUSH
+                : strcmp(v, "allreduce") == 0      ? ALLREDUCE
                                                    : -1;
       ++i;
     } else if (strcmp(a, "--method") == 0) {
@@ -249,20 +336,28 @@ int main(int argc, char** argv) {
       ++i;
     } else {
       fprintf(stderr,
-              "usage: %s [--world N] [--pattern gather|allgather|allgather-push|broadcast|private] "
+              "usage: %s [--world N] [--pattern "
+              "gather|allgather|allgather-push|allreduce|broadcast|private] "
               "[--method cma|shared]\n"
               "          [--bytes LIST] [--iters LIST] [--touch] [--chunk BYTES] [--nt]\n",
               argv[0]);
       return 2;
     }
   }
-  if (g_nt && ((pattern != ALLGATHER_PUSH && pattern != PRIVATE) || !HAVE_NT_STORES)) {
+  if (g_nt && ((pattern != ALLGATHER_PUSH && pattern != PRIVATE && pattern != ALLGATHER) ||
+               (pattern == ALLGATHER && method == 1) || !HAVE_NT_STORES)) {
     fprintf(stderr,
-            "bench_copy_floor: --nt is for --pattern allgather-push or private on x86-64\n");
+            "bench_copy_floor: --nt is for --pattern allgather-push, private or allgather "
+            "--method cma on x86-64\n");
     return 2;
   }
-  if (pattern == ALLGATHER_PUSH && method == 1) {
-    fprintf(stderr, "bench_copy_floor: --pattern allgather-push writes with CMA: --method cma\n");
+  if ((pattern == ALLGATHER_PUSH || pattern == ALLREDUCE) && method == 1) {
+    fprintf(stderr, "bench_copy_floor: --pattern %s writes with CMA: --method cma\n",
+            pattern == ALLREDUCE ? "allreduce" : "allgather-push");
+    return 2;
+  }
+  if (pattern == ALLREDUCE && touch) {
+    fprintf(stderr, "bench_copy_floor: --touch would change the sums --pattern allreduce checks\n");
     return 2;
   }
   if (world < 2 || world > MAX_WORLD || pattern < 0 || method < 0 || nsizes <= 0 || niters <= 0 ||
@@ -273,6 +368,13 @@ int main(int argc, char** argv) {
         "--iters (one count, or one per size)\n",
         MAX_WORLD, MAX_LIST);
     return 2;
+  }
+  for (int k = 0; pattern == ALLREDUCE && k < nsizes; ++k) {
+    if (sizes[k] % (4 * world) != 0) {
+      fprintf(stderr, "bench_copy_floor: --pattern allreduce wants --bytes a multiple of 4 x %d\n",
+              world);
+      return 2;
+    }
   }
   for (int k = 0; k < niters; ++k) {
     if (iters_list[k] > MAX_ITERS) {
@@ -339,6 +441,23 @@ int main(int argc, char** argv) {
       int gathers = pattern == GATHER || pattern == ALLGATHER || pattern == ALLGATHER_PUSH;
       size_t part = gathers ? (size_t)(bytes / world) : (size_t)bytes;
       int nparts = gathers ? world : 1;
+      if (pattern == ALLREDUCE) {
+        /* Every element starts as 0x01010101 x (r + 1) on rank r: after the
+         * first all_reduce it is their sum, after each later one world
+         * times the last (wrapping). Check the ends of every rank's part. */
+        uint32_t want = 0;
+        for (int q = 0; q < world; ++q) want += 0x01010101u * (uint32_t)(q + 1);
+        for (int it = 1; it < warmup + iters; ++it) want *= (uint32_t)world;
+        const uint32_t* sums = (const uint32_t*)input;
+        size_t per_part = (size_t)bytes / world / sizeof(uint32_t);
+        for (int p = 0; p < world && rc == 0; ++p) {
+          if (sums[per_part * p] != want || sums[per_part * (p + 1) - 1] != want) {
+            fprintf(stderr, "bench_copy_floor: rank %d: the sums of part %d are wrong\n", r, p);
+            rc = 1;
+          }
+        }
+        nparts = 0;
+      }
       for (int p = 0; p < nparts && rc == 0 && part >= 2; ++p) {
         if (pattern == GATHER && p == r) continue; /* its own part: not copied */
         if (pattern == BROADCAST && r == 0) break; /* the root copies nothing */
@@ -377,9 +496,12 @@ int main(int argc, char** argv) {
     }
     qsort(slowest, (size_t)iters, sizeof slowest[0], bench_cmp_double);
     double p50 = slowest[iters / 2];
-    long long copied = pattern == GATHER ? bytes / world * (world - 1) : bytes;
-    static const char* kPatterns[] = {"gather", "broadcast", "private", "allgather",
-                                      "allgather-push"};
+    /* allreduce: what each rank reads and writes with CMA. */
+    long long copied = pattern == GATHER      ? bytes / world * (world - 1)
+                       : pattern == ALLREDUCE ? 2 * (bytes / world) * (world - 1)
+                                              : bytes;
+    static const char* kPatterns[] = {"gather",    "broadcast",      "private",
+                                      "allgather", "allgather-push", "allreduce"};
     printf(
         "{\"world\":%d,\"pattern\":\"%s\",\"method\":\"%s\",\"touch\":%s,\"bytes\":%lld,"
         "\"chunk\":%zu,\"iters\":%d,\"p50_us\":%.4g,\"copied_bytes_per_rank\":%lld,\"gbps_per_"

@@ -133,10 +133,21 @@ for w in 2 3; do
     done
   done
 done
-# --nt: the push's own copies and the private copy with non-temporal stores
-# (x86-64), checked like the rest.
+# The all_reduce floor (CMA only; bytes a multiple of 4 x world): each run
+# checks the sums every rank ends with.
+for w in 2 3; do
+  fout="$(timeout 60 "$floor" --world "$w" --pattern allreduce --bytes 48K,768K --iters 20 \
+    --chunk 16K 2>"$errfile")"
+  rc=$?
+  [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor $w allreduce exited $rc"; cat "$errfile"; fail=1; }
+  check "copy floor $w allreduce" "$fout" \
+    "^\\{\"world\":$w,\"pattern\":\"allreduce\",\"method\":\"cma\",.*\"bytes\":786432,\"chunk\":16384,\"iters\":20,\"p50_us\":[0-9.e+]+"
+done
+# --nt: the push's own copies, the private copy and the all_gather read
+# through a cached block with non-temporal stores (x86-64), checked like the
+# rest.
 if [[ $(uname -m) == x86_64 ]]; then
-  for p in allgather-push private; do
+  for p in allgather-push private allgather; do
     fout="$(timeout 60 "$floor" --world 2 --pattern $p --nt --bytes 64K,1M --iters 20 \
       2>"$errfile")"
     rc=$?
@@ -147,7 +158,11 @@ fi
 for bad in "--iters 5000|over the 4096 timed iterations" "--chunk 4X|--chunk wants one size" \
   "--bytes 1K,2K --iters 1,2,3|one count, or one per size" "--world 1|bad --world" \
   "--pattern allgather-push --method shared|writes with CMA: --method cma" \
-  "--pattern allgather --nt|--nt is for --pattern allgather-push or private"; do
+  "--pattern allgather --method shared --nt|--nt is for --pattern allgather-push, private or allgather --method cma" \
+  "--pattern gather --nt|--nt is for --pattern allgather-push, private or allgather --method cma" \
+  "--pattern allreduce --method shared|--pattern allreduce writes with CMA" \
+  "--pattern allreduce --touch|--touch would change the sums" \
+  "--world 3 --pattern allreduce --bytes 64K|a multiple of 4 x 3"; do
   # shellcheck disable=SC2086
   timeout 60 "$floor" ${bad%%|*} >/dev/null 2>"$errfile"
   rc=$?
