@@ -28,11 +28,12 @@
  *                        from the input, which the copy just read;
  *   --pattern allreduce  a uint32 sum all_reduce (wrapping) in place, as
  *                        muster's CMA path makes it: rank r owns part r of
- *                        the buffer (bytes/N); per --chunk block (default 256 KiB) it
- *                        reads every peer's block with process_vm_readv
- *                        into a cached buffer, adds it into its own, and
- *                        writes the sum into every peer's buffer with
- *                        process_vm_writev (--method cma only);
+ *                        the buffer (bytes/N); per --chunk block (default
+ *                        256 KiB) it reads every peer's block with
+ *                        process_vm_readv into a cached buffer, adds it
+ *                        into its own, and writes the sum into every
+ *                        peer's buffer with process_vm_writev (--method
+ *                        cma only);
  *   --pattern broadcast  every rank but 0 copies rank 0's input (`bytes`);
  *   --pattern private    each rank copies its own input to its output
  *                        (`bytes`; no other core's data: the reference, and
