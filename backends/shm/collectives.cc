@@ -269,8 +269,7 @@ bool ShmCommunicator::SharesCpuWithLate(std::atomic<uint64_t> RankControl::*fiel
   for (int j = 0; j < size_; ++j) {
     if (j == rank_) continue;
     const RankControl& other = segment_->rank(j);
-    if ((other.*field).load(std::memory_order_acquire) < target &&
-        other.cpu.load(std::memory_order_relaxed) == cpu) {
+    if (!Reached(j, field, target) && other.cpu.load(std::memory_order_relaxed) == cpu) {
       return true;
     }
   }
@@ -312,9 +311,7 @@ bool ShmCommunicator::GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t
                              uint64_t round) {
   AnnounceGivingUp(round);
   bool all = true;
-  for (int j = 0; j < size_ && all; ++j) {
-    all = (segment_->rank(j).*field).load(std::memory_order_seq_cst) >= target;
-  }
+  for (int j = 0; j < size_ && all; ++j) all = Reached(j, field, target);
   // Every member there after all: the wait sees them on its next look (and
   // a wait for arrivals then takes the round's decision).
   if (all) return false;
@@ -358,6 +355,13 @@ absl::Status ShmCommunicator::LocalAbortStatus() const {
                                                  group_name_, "': ", local.message()));
 }
 
+bool ShmCommunicator::Reached(int j, std::atomic<uint64_t> RankControl::*field,
+                              uint64_t target) const {
+  const RankControl& other = segment_->rank(j);
+  if ((other.*field).load(std::memory_order_seq_cst) >= target) return true;
+  return field == &RankControl::released && other.arrived.load(std::memory_order_seq_cst) > target;
+}
+
 absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                                       absl::Time deadline, const char* what) {
   // Waiting for arrivals at round `target` decides that round; a wait for
@@ -370,7 +374,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     uint32_t epoch = segment_->header().epoch.load(std::memory_order_acquire);
     bool all = true;
     for (int j = 0; j < size_; ++j) {
-      if ((segment_->rank(j).*field).load(std::memory_order_seq_cst) < target) {
+      if (!Reached(j, field, target)) {
         all = false;
         break;
       }
@@ -427,9 +431,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       if (!GiveUp(field, target, round)) continue;  // it completed
       std::vector<int> missing;
       for (int j = 0; j < size_; ++j) {
-        if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) {
-          missing.push_back(global_ranks_[j]);
-        }
+        if (!Reached(j, field, target)) missing.push_back(global_ranks_[j]);
       }
       std::string message = absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
                                          "' timed out waiting for ranks ",
@@ -454,7 +456,7 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
     segment_->SleepUnless(epoch, std::max<int64_t>(sleep_us, 1), [&] {
       if (segment_->aborted() || segment_->locally_aborted()) return true;
       for (int j = 0; j < size_; ++j) {
-        if ((segment_->rank(j).*field).load(std::memory_order_acquire) < target) return false;
+        if (!Reached(j, field, target)) return false;
       }
       return true;
     });
@@ -601,6 +603,18 @@ absl::Status ShmCommunicator::Chunked(const OpSignature* signature, size_t count
 }
 
 bool ShmCommunicator::GoesDirect(size_t bytes) const {
+  switch (static_cast<CollectiveKind>(current_.kind)) {
+    case CollectiveKind::kAllReduce:
+    case CollectiveKind::kBroadcast:
+    case CollectiveKind::kAllGather:
+    case CollectiveKind::kReduceScatter:
+      break;
+    default:
+      // No direct path (reduce, gather, ...): the thresholds must not choose
+      // their lanes or slots either, for they may differ between ranks and
+      // these kinds carry no path tag to catch that.
+      return false;
+  }
   return size_ > 1 && bytes > 0 && (bytes >= direct_.mapped_min_bytes || OffersCma(bytes));
 }
 
@@ -945,10 +959,13 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
     // benchmarks.md, "all_reduce owners write their part").
     // Ranks 0 and 1 accumulate in their own buffer: for ops whose combine
     // is exactly commutative, c1 op c0 == c0 op c1, so rank 1 may start
-    // from its own contribution (one pass less over its part).
-    bool commutative = op == ReduceOp::kSum || op == ReduceOp::kAvg || op == ReduceOp::kPremulSum ||
-                       op == ReduceOp::kProduct || op == ReduceOp::kBand || op == ReduceOp::kBor ||
-                       op == ReduceOp::kBxor;
+    // from its own contribution (one pass less over its part). Not
+    // PREMUL_SUM on 16-bit floats: the first contribution's scaled value is
+    // rounded to 16 bits on its own, a later one's only within the sum.
+    const bool half_width = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+    bool commutative = op == ReduceOp::kSum || op == ReduceOp::kAvg ||
+                       (op == ReduceOp::kPremulSum && !half_width) || op == ReduceOp::kProduct ||
+                       op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
     bool in_own = rank_ == 0 || (rank_ == 1 && commutative);
     size_t part_off;
     size_t part_len = Part(count, size_, rank_, &part_off);

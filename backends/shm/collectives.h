@@ -14,7 +14,10 @@
 // and skips steps (1) and (5): a rank in round k saw every rank arrive at
 // k-1, so each finished reading round k-2, the last to use that lane (and
 // the signature words of that parity); a slot round after lane rounds
-// publishes the release of round k-1 before it waits for the others'. A
+// publishes the release of round k-1 before it waits for the others', and
+// counts a rank that arrived at k or later as released (it finished k-1:
+// a rank in a lane round k, a mismatched call, publishes no release, and
+// both then reach the signature check). A
 // small round writes the line its peers spin on once (arrived), not twice.
 // Waiting spins briefly (not at all for a rank last seen on the waiter's
 // CPU: it cannot run while the waiter spins; with more ranks than CPUs it
@@ -27,7 +30,11 @@
 // on the round as below, so peers do not run its work) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
-// never complete). A collective fails on every member or on none. A member
+// never complete). A collective fails on every member or on none (one
+// known gap: a deadline that expires just as the last peer releases a
+// direct collective's buffer fails it on the rank that timed out while a
+// rank that saw every release returns OK; the segment is then aborted, so
+// every later collective fails on all). A member
 // that gives up on a round (its deadline, an abort, a failed read) first
 // publishes so (its gave_up word), fences, looks at the others again, and
 // unless they all arrived after all decides the round failed in the
@@ -73,7 +80,8 @@
 // slots, so mixed cases (some buffers shared, some not) stay correct. The
 // first round also carries whether a rank takes the direct path, so ranks
 // configured with different thresholds fail with FAILED_PRECONDITION
-// instead of misreading each other.
+// instead of misreading each other; the other kinds (reduce, gather, ...)
+// ignore the thresholds altogether.
 //
 // Thread-compatible: one thread drives a communicator at a time (the SDK
 // runs each group's collectives on one executor thread, in order); Abort is
@@ -424,7 +432,13 @@ class ShmCommunicator : public Communicator {
   absl::Status Aborted() const;
   // The collective in progress failed by this process's local abort.
   absl::Status LocalAbortStatus() const;
-  // Waits until rank j's `field` >= target for every j.
+  // Whether rank j's `field` is at `target` or past it. For releases, a
+  // rank that arrived at a later round counts too: it finished every round
+  // before that one, and lane rounds publish no release (so a slot round
+  // after a lane round, against a lane round on another rank, reaches the
+  // signature check rather than waiting out its deadline).
+  bool Reached(int j, std::atomic<uint64_t> RankControl::*field, uint64_t target) const;
+  // Waits until Reached(j, field, target) for every j.
   absl::Status WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                        absl::Time deadline, const char* what);
   absl::Status CheckRoot(int root) const;

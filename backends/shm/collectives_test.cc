@@ -26,6 +26,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "backends/communicator_testing.h"
+#include "backends/shm/reduce.h"
 #include "backends/shm/shared_memory.h"
 #include "common/cpus.h"
 
@@ -1170,23 +1171,162 @@ TEST_CASE("in-place reduce_scatter (output = own block of the input) is right on
 
 TEST_CASE(
     "ranks with different direct-path thresholds fail with FAILED_PRECONDITION, not garbage") {
-  std::vector<absl::Status> results(2);
-  std::vector<char> usable(2);
-  RunRanks(2, 4096, [&](ShmCommunicator& c) {
-    if (c.rank() == 0) c.set_direct_options(Force(Path::kCma));
-    if (c.rank() == 1) c.set_direct_options(Force(Path::kSlots));
-    std::vector<float> v(1000, 1);
-    results[c.rank()] = c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Soon());
-    usable[c.rank()] = c.Barrier(Soon()).ok();
-  });
-  CHECK(results[0].code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(results[1].code() == absl::StatusCode::kFailedPrecondition);
-  CHECK(std::string(results[0].message()) ==
-        "all_reduce #1(float32, count 1000, SUM) on group 'g': rank 10 takes the direct path but "
-        "rank 11 the slot path (MUSTER_SHM_MAPPED_MIN_BYTES / MUSTER_SHM_CMA_MIN_BYTES differ "
-        "between ranks)");
-  CHECK(usable[0]);
-  CHECK(usable[1]);
+  // As the group's first collective, and after a barrier (a lane round,
+  // which publishes no release: the direct rank's exchange round is a slot
+  // round, the other's 8 bytes go through a lane).
+  for (bool after_barrier : {false, true}) {
+    std::vector<absl::Status> results(2);
+    std::vector<char> usable(2);
+    std::vector<absl::Duration> took(2);
+    RunRanks(2, 4096, [&](ShmCommunicator& c) {
+      if (c.rank() == 0) c.set_direct_options(Force(Path::kCma));
+      if (c.rank() == 1) c.set_direct_options(Force(Path::kSlots));
+      if (after_barrier) usable[c.rank()] = c.Barrier(Soon()).ok();
+      std::vector<float> v(2, 1);
+      absl::Time start = absl::Now();
+      results[c.rank()] =
+          c.AllReduce(v.data(), v.size(), DType::kFloat32, ReduceOp::kSum, 1, Soon());
+      took[c.rank()] = absl::Now() - start;
+      usable[c.rank()] = (usable[c.rank()] || !after_barrier) && c.Barrier(Soon()).ok();
+    });
+    INFO("after a barrier: " << after_barrier << "; " << results[0].ToString() << "; "
+                             << results[1].ToString());
+    CHECK(results[0].code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(results[1].code() == absl::StatusCode::kFailedPrecondition);
+    CHECK(std::string(results[0].message()) ==
+          absl::StrCat("all_reduce #", after_barrier ? 2 : 1,
+                       "(float32, count 2, SUM) on group 'g': rank 10 takes the direct path "
+                       "but rank 11 the slot path (MUSTER_SHM_MAPPED_MIN_BYTES / "
+                       "MUSTER_SHM_CMA_MIN_BYTES differ between ranks)"));
+    for (int r = 0; r < 2; ++r) CHECK(took[r] < absl::Seconds(5));  // not at the deadline
+    CHECK(usable[0]);
+    CHECK(usable[1]);
+  }
+}
+
+TEST_CASE(
+    "a slot-round collective against a lane-round one after a lane round fails "
+    "FAILED_PRECONDITION at once on every rank, not at the deadline") {
+  // The round before is a barrier (lanes: no release published). One rank
+  // then calls a barrier (lanes) while the others call a 1 MiB all_reduce
+  // (slots), or the other way round; every rank must reach the signature
+  // check and fail it, and the group stays usable.
+  for (int world = 2; world <= 4; ++world) {
+    for (bool odd_in_lanes : {true, false}) {
+      std::vector<absl::Status> results(world);
+      std::vector<absl::Duration> took(world);
+      std::vector<char> usable(world);
+      RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(Path::kSlots));
+        const bool before = c.Barrier(Soon()).ok();
+        const bool odd = c.rank() == world - 1;
+        std::vector<float> v(256 << 10, 1);
+        absl::Time start = absl::Now();
+        results[c.rank()] = odd == odd_in_lanes ? c.Barrier(Soon())
+                                                : c.AllReduce(v.data(), v.size(), DType::kFloat32,
+                                                              ReduceOp::kSum, 1, Soon());
+        took[c.rank()] = absl::Now() - start;
+        usable[c.rank()] = before && c.Barrier(Soon()).ok();
+      });
+      for (int r = 0; r < world; ++r) {
+        INFO("world " << world << ", the last rank in lanes: " << odd_in_lanes << ", rank " << r
+                      << ": " << results[r].ToString());
+        CHECK(results[r].code() == absl::StatusCode::kFailedPrecondition);
+        CHECK(absl::StrContains(results[r].message(), "do not match"));
+        CHECK(absl::StrContains(results[r].message(), "barrier #2"));
+        CHECK(absl::StrContains(results[r].message(), "all_reduce #2(float32, count 262144, SUM)"));
+        CHECK(took[r] < absl::Seconds(5));
+        CHECK(usable[r]);
+      }
+    }
+  }
+}
+
+TEST_CASE("reduce and gather ignore the direct-path thresholds (which may differ between ranks)") {
+  // Rank 0 would go direct from 1 byte, rank 1 never: reduce and gather
+  // have no direct path, so both take the same lanes or slots and the root
+  // gets the right data (600 bytes: a lane; 64 KiB: slots), after a lane
+  // round and as the group's first collective.
+  for (size_t count : {size_t{150}, size_t{16384}}) {
+    for (bool after_barrier : {false, true}) {
+      Errors errors;
+      RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+        c.set_direct_options(Force(c.rank() == 0 ? Path::kExchange : Path::kSlots));
+        if (after_barrier && !c.Barrier(Soon()).ok()) return errors.Add("barrier");
+        std::vector<int32_t> in(count), out(2 * count, -1);
+        for (size_t i = 0; i < count; ++i) in[i] = static_cast<int32_t>(i * 2 + c.rank());
+        std::vector<int32_t> sum(in);
+        absl::Status s = c.Reduce(sum.data(), count, DType::kInt32, ReduceOp::kSum, 1, 0, Soon());
+        if (!s.ok()) return errors.Add(absl::StrCat("rank ", c.rank(), " reduce: ", s.ToString()));
+        s = c.Gather(in.data(), out.data(), count, DType::kInt32, 0, Soon());
+        if (!s.ok()) return errors.Add(absl::StrCat("rank ", c.rank(), " gather: ", s.ToString()));
+        if (c.rank() != 0) return;
+        for (size_t i = 0; i < count; ++i) {
+          if (sum[i] != static_cast<int32_t>(4 * i + 1)) {
+            return errors.Add(absl::StrCat("reduce element ", i, " = ", sum[i]));
+          }
+          for (int j = 0; j < 2; ++j) {
+            if (out[j * count + i] != static_cast<int32_t>(i * 2 + j)) {
+              return errors.Add(
+                  absl::StrCat("gather element ", j * count + i, " = ", out[j * count + i]));
+            }
+          }
+        }
+      });
+      INFO("count " << count << ", after a barrier " << after_barrier << ": " << errors.first);
+      CHECK(errors.count == 0);
+    }
+  }
+}
+
+TEST_CASE("16-bit PREMUL_SUM all_reduce combines in rank order on every path, bitwise") {
+  // A 16-bit PREMUL_SUM is not exactly commutative (the first scaled
+  // contribution is rounded to 16 bits alone, later ones within the sum),
+  // so no rank may start from its own contribution.
+  const size_t count = 64 << 10;  // 128 KiB: direct under the forced paths
+  const double scale = 0.1;
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    auto to16 = [&](float f) {
+      return dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+    };
+    for (int world = 2; world <= 4; ++world) {
+      std::vector<std::vector<uint16_t>> inputs(world, std::vector<uint16_t>(count));
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < count; ++i) inputs[r][i] = to16(1.0f + 2.0f * r + (i % 7) * 0.25f);
+      }
+      std::vector<uint16_t> want(count);
+      ReduceInit(want.data(), inputs[0].data(), count, dtype, ReduceOp::kPremulSum, scale);
+      for (int r = 1; r < world; ++r) {
+        ReduceInto(want.data(), inputs[r].data(), count, dtype, ReduceOp::kPremulSum, scale);
+      }
+      ReduceFinish(want.data(), count, dtype, ReduceOp::kPremulSum, world);
+      for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
+        Errors errors;
+        RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+          c.set_direct_options(Force(path));
+          Buffer buf(path == Path::kMapped, count * 2, 0);
+          if (!buf.ok()) return errors.Add("no buffer");
+          std::memcpy(buf.data(), inputs[c.rank()].data(), count * 2);
+          absl::Status s =
+              c.AllReduce(buf.data(), count, dtype, ReduceOp::kPremulSum, scale, Soon());
+          if (!s.ok()) return errors.Add(absl::StrCat("rank ", c.rank(), ": ", s.ToString()));
+          if (std::strcmp(c.last_path(), PathName(path)) != 0) {
+            return errors.Add(absl::StrCat("rank ", c.rank(), " took ", c.last_path()));
+          }
+          const uint16_t* got = reinterpret_cast<const uint16_t*>(buf.data());
+          for (size_t i = 0; i < count; ++i) {
+            if (got[i] != want[i]) {
+              return errors.Add(absl::StrCat("rank ", c.rank(), " element ", i, " = 0x",
+                                             absl::Hex(got[i]), ", want 0x", absl::Hex(want[i])));
+            }
+          }
+        });
+        INFO(DTypeName(dtype) << " world " << world << " " << PathName(path) << ": "
+                              << errors.first);
+        CHECK(errors.count == 0);
+      }
+    }
+  }
 }
 
 TEST_CASE("a rank arriving after the others gave up fails too, at once, naming why") {
@@ -1258,6 +1398,37 @@ TEST_CASE("a segment aborted because its daemon goes away fails waiters with UNA
   CHECK(std::string(s.message()) ==
         "barrier #1 on group 'g' aborted: musterd (pid 7) is shutting down");
   GroupSegment::Unlink(name);
+}
+
+TEST_CASE("racing aborts leave one aborter's whole reason, with that aborter's kind") {
+  // Two members abort at the same moment with reasons that fill the field;
+  // what waiters read must be one of them, whole, and its own kind.
+  const std::string shutting(500, 'u'), broke(500, 'a');
+  int mixed = 0;
+  for (int run = 0; run < 200; ++run) {
+    std::string name = UniqueName();
+    auto seg = GroupSegment::Create(name, 2, 4096);
+    REQUIRE(seg.ok());
+    std::atomic<int> ready{0};
+    auto abort = [&](const std::string& reason, AbortKind kind) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) {
+      }
+      (*seg)->Abort(reason, kind);
+    };
+    std::thread a(abort, std::cref(shutting), AbortKind::kUnavailable);
+    std::thread b(abort, std::cref(broke), AbortKind::kAborted);
+    a.join();
+    b.join();
+    absl::Status s = (*seg)->AbortStatus("c");
+    const bool whole =
+        s.code() == absl::StatusCode::kUnavailable
+            ? std::string(s.message()) == "c: " + shutting
+            : s.code() == absl::StatusCode::kAborted && std::string(s.message()) == "c: " + broke;
+    if (!whole) ++mixed;
+    GroupSegment::Unlink(name);
+  }
+  CHECK(mixed == 0);
 }
 
 TEST_CASE("a local abort wakes this process's waiting rank at once; the segment stays up") {

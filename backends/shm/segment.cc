@@ -16,8 +16,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -191,22 +193,48 @@ MailboxHeader& GroupSegment::mailbox(int from, int to) {
                                            stride * (static_cast<uint64_t>(from) * nranks() + to));
 }
 
+namespace {
+
+// The abort word while the first aborter writes its reason: concurrent
+// aborters lose the claim and write nothing, so the reason is one
+// aborter's, whole, and matches the kind published after it.
+constexpr uint32_t kAbortClaimed = 0xffffffffu;
+
+}  // namespace
+
 void GroupSegment::Abort(const std::string& reason, AbortKind kind) {
   uint32_t expected = 0;
-  // Reason first, then the flag (readers acquire the flag, then read it).
   static_assert(sizeof(header_->abort_reason) > 1, "");
-  if (header_->aborted.load(std::memory_order_acquire) == 0) {
+  if (header_->aborted.compare_exchange_strong(expected, kAbortClaimed,
+                                               std::memory_order_acq_rel)) {
     std::strncpy(header_->abort_reason, reason.c_str(), sizeof(header_->abort_reason) - 1);
-    header_->aborted.compare_exchange_strong(expected, static_cast<uint32_t>(kind),
-                                             std::memory_order_acq_rel);
+    header_->aborted.store(static_cast<uint32_t>(kind), std::memory_order_release);
   }
   Wake();
 }
 
+uint32_t GroupSegment::SettledAbortWord() const {
+  // The claimer is a few stores from publishing the kind; only one that
+  // died in between leaves the claim (after 100 ms: read as ABORTED).
+  absl::Time give_up = absl::InfiniteFuture();
+  for (int i = 0;; ++i) {
+    uint32_t word = header_->aborted.load(std::memory_order_acquire);
+    if (word != kAbortClaimed) return word;
+    if (i < 1000) {
+      std::this_thread::yield();
+    } else if (give_up == absl::InfiniteFuture()) {
+      give_up = absl::Now() + absl::Milliseconds(100);
+    } else if (absl::Now() >= give_up) {
+      return word;
+    } else {
+      absl::SleepFor(absl::Microseconds(50));
+    }
+  }
+}
+
 absl::Status GroupSegment::AbortStatus(absl::string_view context) const {
   std::string message = absl::StrCat(context, ": ", abort_reason());
-  if (header_->aborted.load(std::memory_order_acquire) ==
-      static_cast<uint32_t>(AbortKind::kUnavailable)) {
+  if (SettledAbortWord() == static_cast<uint32_t>(AbortKind::kUnavailable)) {
     return absl::UnavailableError(message);
   }
   return absl::AbortedError(message);
@@ -228,6 +256,9 @@ absl::Status GroupSegment::local_abort_status() const {
 }
 
 std::string GroupSegment::abort_reason() const {
+  if (SettledAbortWord() == kAbortClaimed) {
+    return "(the aborting process stopped before it recorded why)";
+  }
   return std::string(header_->abort_reason,
                      strnlen(header_->abort_reason, sizeof(header_->abort_reason)));
 }

@@ -59,7 +59,8 @@ struct alignas(64) RankControl {
   // all_reduce), one per parity, on this line: read with `arrived`.
   alignas(8) char word_lane[2][8];
   // Last slot round this rank finished reading (lane rounds do not set it:
-  // nobody waits for their readers; the next slot round sets it first). On
+  // nobody waits for their readers; the next slot round sets it first, and
+  // a waiter counts `arrived` at a later round as a release). On
   // a line of its own: storing it does not take the line above from the
   // peers that spin on `arrived`.
   alignas(64) std::atomic<uint64_t> released;
@@ -100,7 +101,7 @@ struct alignas(64) SegmentHeader {
   uint64_t slots_offset;
   uint64_t mailbox_bytes;  // ring capacity of each mailbox
   uint64_t mailboxes_offset;
-  std::atomic<uint32_t> aborted;  // 0, or the AbortKind
+  std::atomic<uint32_t> aborted;  // 0, the AbortKind, or claimed (being recorded)
   // The futex word and its sleepers, on a line of their own (the line above
   // is read on every poll): bumped only when someone sleeps (WakeSleepers),
   // or on every Wake.
@@ -188,9 +189,12 @@ class GroupSegment {
                                           sizeof(TraceRingHeader));
   }
 
-  // Sets the abort flag (first reason wins) and wakes every waiter.
+  // Sets the abort flag (the first aborter's reason and kind win, whole)
+  // and wakes every waiter.
   void Abort(const std::string& reason, AbortKind kind = AbortKind::kAborted);
   bool aborted() const { return header_->aborted.load(std::memory_order_acquire) != 0; }
+  // The first aborter's reason (waits out an abort being recorded). Only
+  // when aborted().
   std::string abort_reason() const;
   // The failure a waiter reports for the shared abort: `context`: reason,
   // ABORTED or UNAVAILABLE by the abort's kind. Only when aborted().
@@ -229,6 +233,8 @@ class GroupSegment {
 
  private:
   GroupSegment(std::string name, void* base, size_t bytes);
+  // The abort word once an abort being recorded is (its kind; 0 if none).
+  uint32_t SettledAbortWord() const;
   void FutexWait(uint32_t seen, int64_t timeout_us);
   // The sleeper's side of WakeSleepers' fence.
   static void FenceAllWakers();
