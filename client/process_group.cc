@@ -1446,13 +1446,21 @@ std::shared_ptr<Work> ProcessGroup::Impl::SubmitP2P(bool send, Tensor t, int pee
   }
   p2p->Post(send, *group_rank, tag, t.data, t.bytes(), now + timeout_,
             [work, this, trace_id](absl::Status s, int source) {
-              if (!s.ok()) s = Explain(std::move(s));
+              // Cancelled because this group is being destroyed: not a sign
+              // that musterd went away (Explain waits up to a second for
+              // that, for every pending operation in turn).
+              if (!s.ok() && !Destroying()) s = Explain(std::move(s));
               if (trace_ != nullptr) {
                 trace_->Finished(trace_id, static_cast<int>(s.code()), TraceClockNanos());
               }
               Work::Impl::Of(*work).Complete(std::move(s), source >= 0 ? ranks_[source] : -1);
             });
   return work;
+}
+
+bool ProcessGroup::Impl::Destroying() const {
+  absl::MutexLock lock(&exec_mu_);
+  return stopping_;
 }
 
 absl::Status ProcessGroup::Impl::SessionStatus() const {

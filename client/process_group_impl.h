@@ -266,6 +266,9 @@ class ProcessGroup::Impl {
   // gone; may wait up to 1 s to learn that).
   absl::Status SessionStatus() const;
   absl::Status Explain(absl::Status status) const;
+  // Whether the destructor has begun (pending operations are then being
+  // cancelled).
+  bool Destroying() const;
   Backend* backend_for(Device device) const {
     return device == Device::kCpu ? cpu_backend_.get() : cuda_backend_.get();
   }
@@ -296,7 +299,7 @@ class ProcessGroup::Impl {
   std::shared_ptr<GpuPath> gpu_ ABSL_GUARDED_BY(gpu_mu_);  // created on first use
 
   // The executor: one thread running this group's collectives in order.
-  absl::Mutex exec_mu_;
+  mutable absl::Mutex exec_mu_;
   // What waits on exec_mu_'s state waits here, not in Mutex::Await: a
   // condition waiter on the mutex made every unlock take absl's slow path
   // (evaluating it), three times per collective. Signalled when a

@@ -13,6 +13,11 @@
 //   destroy NAME               DestroyProcessGroup
 //   keepwork NAME              all_reduce on NAME, drop the group (destroying
 //                              it), then Wait() and IsCompleted() on the Work
+//   droprecvs NAME N           N receives from the next member of NAME (tag
+//                              77, never sent), then drop the group
+//                              (destroying it): prints cancelled= (Works
+//                              failed CANCELLED "... was destroyed") and
+//                              destroy_ms= (how long the drop took)
 //   backend NAME               register a third-party backend NAME (cpu)
 //   groupb NAME R,R,.. BACKEND NewGroup with a backend config
 //   store                      set/get through World::store()
@@ -60,6 +65,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -325,6 +331,34 @@ int main(int argc, char** argv) {
       absl::Status again = work->Wait(absl::Seconds(1));
       report(step, first.ok() ? again : first,
              absl::StrCat("completed=", work->IsCompleted(), " sum=", data[0]));
+    } else if (cmd == "droprecvs") {
+      auto it = groups.find(words[1]);
+      int n = 0;
+      if (it == groups.end() || words.size() < 3 || !absl::SimpleAtoi(words[2], &n)) {
+        report(step, absl::InvalidArgumentError("usage: droprecvs NAME N"), "");
+        continue;
+      }
+      const int peer = (it->second->rank() + 1) % it->second->size();
+      std::vector<std::vector<float>> buffers(n, std::vector<float>(4));
+      std::vector<std::shared_ptr<muster::Work>> works;
+      for (auto& b : buffers) {
+        works.push_back(it->second->IRecv({b.data(), b.size(), muster::DType::kFloat32}, peer, 77));
+      }
+      absl::Time start = absl::Now();
+      groups.erase(it);  // the last reference: the ProcessGroup is destroyed
+      const int64_t destroy_ms = absl::ToInt64Milliseconds(absl::Now() - start);
+      int cancelled = 0;
+      absl::Status other;
+      for (auto& w : works) {
+        absl::Status s = w->Wait(absl::Seconds(5));
+        if (s.code() == absl::StatusCode::kCancelled &&
+            absl::StrContains(s.message(), "was destroyed")) {
+          ++cancelled;
+        } else if (other.ok()) {
+          other = s.ok() ? absl::InternalError("a receive completed") : s;
+        }
+      }
+      report(step, other, absl::StrCat("cancelled=", cancelled, " destroy_ms=", destroy_ms));
     } else if (cmd == "destroy") {
       auto it = groups.find(words[1]);
       report(step,

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <cctype>
 #include <fstream>
 #include <map>
 
@@ -379,6 +380,28 @@ TEST_CASE("musterctl abort fails a job's pending operations with the operator's 
   CHECK(absl::StrContains(out, "rank 1: failures ok job aborted: maintenance window"));
   Ctl(*daemon, {"abort", "nosuchjob"}, &code);
   CHECK(code == 1);
+}
+
+TEST_CASE("destroying a group cancels its pending receives at once, not a second each") {
+  // Each rank posts five receives nobody sends to, then drops the group.
+  // Every receive fails CANCELLED; the destroy does not wait, per pending
+  // receive, for signs that musterd went away (1 s each before).
+  auto daemon = StartDaemon();
+  Job job(*daemon, "drop", 2);
+  for (int r = 0; r < 2; ++r) job.Start(r, "init;group pair 0,1;droprecvs pair 5");
+  std::string out = job.WaitAll();
+  INFO(out);
+  for (int r = 0; r < 2; ++r) {
+    const std::string line =
+        absl::StrCat("rank ", r, ": droprecvs pair 5 ok cancelled=5 destroy_ms=");
+    size_t at = out.find(line);
+    REQUIRE(at != std::string::npos);
+    int64_t ms = -1;
+    std::string digits;
+    for (size_t i = at + line.size(); i < out.size() && std::isdigit(out[i]); ++i) digits += out[i];
+    REQUIRE(absl::SimpleAtoi(digits, &ms));
+    CHECK(ms < 2500);
+  }
 }
 
 TEST_CASE("a Work outlives its group: Wait after the group was destroyed returns its status") {

@@ -26,7 +26,11 @@
 // ProcessGroup (a group's destructor fails the Works still queued on it).
 //
 // Thread-safety: World and ProcessGroup methods are thread-safe. Group
-// creation must happen in the same order on every rank (as in c10d).
+// creation must happen in the same order on every rank (as in c10d). Do
+// not let a group's last handle go (destroying it) while another thread
+// is still inside Wait() on one of its Works that has not completed: that
+// waiter may run the group's queue and would touch a destroyed group. (The
+// C API keeps the group alive while any of its Works is held.)
 #ifndef MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
 #define MUSTER_CLIENT_INCLUDE_MUSTER_WORLD_H_
 
