@@ -163,6 +163,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     frontend.max_connections = options.store.max_connections;
     frontend.token = options.store.token;
     frontend.allow_unauthenticated = options.store.allow_unauthenticated;
+    frontend.max_unauthenticated_connections = options.store.max_unauthenticated_connections;
+    frontend.auth_timeout = options.store.auth_timeout;
     ASSIGN_OR_RETURN(daemon->frontend_, StoreFrontend::Start(frontend, daemon->etcd_store_));
     daemon->store_service_ = std::make_unique<StoreService>(
         daemon->etcd_store_, options.store.limits, daemon->access_.get());

@@ -28,6 +28,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "common/store_wire.h"
 #include "daemon/store/etcd/etcd_store.h"
 #include "daemon/store/store_frontend.h"
@@ -691,6 +692,112 @@ TEMPLATE_TEST_CASE("queues over PyTorch 2.x's wire protocol", "[etcd][queue]", M
   CHECK(absl::Now() - cancelled_at < absl::Seconds(2));
   CHECK(c.Len("jobs") == 0);
 }
+// A TCP connection to 127.0.0.1:port (-1 if refused).
+int RawConnect(int port) {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closes `fd` within `limit` (reading and dropping what
+// it sends meanwhile); closes `fd` either way.
+bool ClosedWithin(int fd, absl::Duration limit) {
+  const absl::Time until = absl::Now() + limit;
+  bool closed = fd < 0;
+  while (!closed && absl::Now() < until) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 50) <= 0) continue;
+    char buf[256];
+    closed = ::recv(fd, buf, sizeof(buf), 0) <= 0;
+  }
+  if (fd >= 0) ::close(fd);
+  return closed;
+}
+
+TEST_CASE(
+    "the etcd front-end with a token refuses torch clients at their first bytes, closes "
+    "idle ones at the auth timeout, and idle ones do not keep token holders out",
+    "[etcd]") {
+  REQUIRE(Cluster().available);
+  StoreFrontendOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  options.token = "front-token";
+  options.auth_timeout = absl::Seconds(2);  // a newcomer replaces one idle for 0.5 s
+  options.max_unauthenticated_connections = 2;
+  options.max_connections = 1;
+  auto started = StoreFrontend::Start(options, NewEtcdStore(FreshPrefix()));
+  REQUIRE(started.ok());
+  const int port = (*started)->port();
+
+  // A 1.13 SET declaring a 16 MiB value, 26 bytes of it sent: closed at
+  // once, nothing of it buffered.
+  int torch = RawConnect(port);
+  REQUIRE(torch >= 0);
+  std::string set;
+  wire::PutU8(&set, 0);
+  wire::PutBytes(&set, "k");
+  wire::PutU64(&set, 16 << 20);
+  set += "12345678";
+  REQUIRE(::send(torch, set.data(), set.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(set.size()));
+  CHECK(ClosedWithin(torch, absl::Seconds(2)));
+
+  // Two idle connections fill the unauthenticated pool: a third, 0.1 s
+  // later, is refused at accept.
+  int idle1 = RawConnect(port);
+  absl::SleepFor(absl::Milliseconds(50));
+  int idle2 = RawConnect(port);
+  absl::SleepFor(absl::Milliseconds(100));
+  CHECK(ClosedWithin(RawConnect(port), absl::Seconds(1)));
+  // Later a token holder replaces the oldest idle one and gets in
+  // (max_connections counts only authenticated connections); the other is
+  // closed at the auth timeout.
+  absl::SleepFor(absl::Milliseconds(500));
+  TcpStoreOptions to;
+  to.port = port;
+  to.token = "front-token";
+  auto holder = TcpStore::Connect(to);
+  REQUIRE(holder.ok());
+  CHECK((*holder)->Set("front", "ok").ok());
+  CHECK(*(*holder)->Get("front") == "ok");
+  CHECK(ClosedWithin(idle1, absl::Milliseconds(200)));
+  CHECK(ClosedWithin(idle2, absl::Seconds(3)));
+}
+
+TEST_CASE("the etcd front-end: a CANCEL_WAIT sent together with its WAIT cancels it", "[etcd]") {
+  // Both in one segment: the wait must not block on a key nobody sets (the
+  // watcher of waiting sockets sees only input that arrives later).
+  REQUIRE(Cluster().available);
+  StoreFrontendOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  auto started = StoreFrontend::Start(options, NewEtcdStore(FreshPrefix()));
+  REQUIRE(started.ok());
+  int fd = RawConnect((*started)->port());
+  REQUIRE(fd >= 0);
+  std::string bytes;
+  wire::PutU8(&bytes, 0);  // VALIDATE
+  wire::PutU32(&bytes, wire::kValidateMagic);
+  wire::PutU8(&bytes, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kWait));
+  wire::PutKeyList(&bytes, {"never-set"});
+  wire::PutU8(&bytes, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kCancelWait));
+  REQUIRE(::send(fd, bytes.data(), bytes.size(), MSG_NOSIGNAL) ==
+          static_cast<ssize_t>(bytes.size()));
+  pollfd p{fd, POLLIN, 0};
+  REQUIRE(::poll(&p, 1, 3000) == 1);
+  char reply = 0x7f;
+  CHECK(::recv(fd, &reply, 1, 0) == 1);
+  CHECK(reply == static_cast<char>(wire::kWaitCanceled));
+  ::close(fd);
+}
+
 }  // namespace
 }  // namespace muster
 

@@ -24,6 +24,10 @@ class Reader {
   uint64_t total() const { return total_; }
   // After kNeedMore: the input size below which retrying is pointless.
   size_t needed() const { return needed_; }
+  bool dry() const { return dry_; }
+  // The fields still to come after the one being read take at least
+  // `bytes` (their length prefixes): a kNeedMore asks for them too.
+  void ExpectAfter(uint64_t bytes) { after_ = bytes; }
 
   Step U8(uint8_t* v) {
     if (pos_ + 1 > input_.size()) return NeedMore(1);
@@ -102,7 +106,7 @@ class Reader {
 
  private:
   Step NeedMore(uint64_t bytes) {
-    needed_ = pos_ + bytes;
+    needed_ = pos_ + bytes + after_;
     return Step::kNeedMore;
   }
 
@@ -113,6 +117,7 @@ class Reader {
   size_t pos_ = 0;
   size_t needed_ = 0;
   uint64_t total_;
+  uint64_t after_ = 0;
 };
 
 #define STEP(expr)                        \
@@ -158,14 +163,25 @@ Step ParseBody(wire::Op op, Reader& r, StoreRequest* req) {
       STEP(r.KeyList(&req->keys));
       return r.I64(&req->number);
     case Op::kMultiSet: {
+      // A dry run keeps nothing, and when it runs out it asks for the
+      // length prefixes of every pair still to come as well: a MULTI_SET
+      // arriving a field at a time is parsed again only once they are all
+      // there (or a declared length is), not once per field (quadratic in
+      // its up to 131072 pairs, all on the store's loop).
       uint64_t n;
       STEP(r.Count(&n));
-      req->keys.resize(n);
-      req->values.resize(n);
-      for (uint64_t i = 0; i < n; ++i) {
-        STEP(r.Key(&req->keys[i]));
-        STEP(r.Value(&req->values[i]));
+      std::string skipped;
+      if (!r.dry()) {
+        req->keys.resize(n);
+        req->values.resize(n);
       }
+      for (uint64_t i = 0; i < n; ++i) {
+        r.ExpectAfter((n - i) * 16 - 8);
+        STEP(r.Key(r.dry() ? &skipped : &req->keys[i]));
+        r.ExpectAfter((n - i - 1) * 16);
+        STEP(r.Value(r.dry() ? &skipped : &req->values[i]));
+      }
+      r.ExpectAfter(0);
       return Step::kOk;
     }
     case Op::kNumKeys:
@@ -273,6 +289,17 @@ RequestParser::Result RequestParser::ContinueKeyList(absl::string_view input, St
   dialect_ = resume_dialect_;
   ++parsed_;
   return Result::kRequest;
+}
+
+wire::Dialect RequestParser::TorchDialectOf(absl::string_view input) {
+  if (input.empty() || static_cast<uint8_t>(input[0]) == wire::kAuthByte) {
+    return wire::Dialect::kUnknown;
+  }
+  if (input[0] != 0) return wire::Dialect::kTorch113;
+  if (input.size() < 5) return wire::Dialect::kUnknown;
+  uint32_t magic;
+  std::memcpy(&magic, input.data() + 1, 4);
+  return magic == wire::kValidateMagic ? wire::Dialect::kTorch2 : wire::Dialect::kTorch113;
 }
 
 RequestParser::Result RequestParser::Next(absl::string_view input, StoreRequest* request,

@@ -46,6 +46,12 @@ class RequestParser {
 
   static constexpr uint64_t kResumableKeys = 256;
 
+  // The torch dialect a connection's first bytes show: kTorch2 (VALIDATE)
+  // or kTorch113; kUnknown for a native client (AUTH) or too few bytes to
+  // tell VALIDATE from a 1.13 SET. For refusing a torch client that must
+  // authenticate before its request is buffered.
+  static wire::Dialect TorchDialectOf(absl::string_view input);
+
   // Key lists longer than `resumable_keys` parse incrementally (see Next).
   explicit RequestParser(const wire::StoreLimits& limits, uint64_t resumable_keys = kResumableKeys)
       : limits_(limits), resumable_keys_(resumable_keys) {}

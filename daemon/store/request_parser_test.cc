@@ -341,6 +341,79 @@ TEST_CASE("a declared value length is known before its bytes arrive (min_needed)
   CHECK(parser.min_needed() == 1 + 8 + 1 + 8 + (16u << 20));
 }
 
+TEST_CASE("a MULTI_SET arriving a field at a time is not parsed again per field") {
+  // 4096 pairs of empty keys and values, fed 8 bytes (one length field) at
+  // a time. Once the count is in, the parser asks for every pair's length
+  // prefixes (min_needed), so it parses the request again only when they
+  // can all be there: a handful of parses, not one per field (8192, each
+  // from the start: quadratic).
+  constexpr int64_t kPairs = 4096;
+  std::string stream = Validate();
+  const size_t validate_bytes = stream.size();
+  wire::PutU8(&stream, 11);  // MULTI_SET
+  wire::PutI64(&stream, kPairs);
+  for (int64_t i = 0; i < 2 * kPairs; ++i) wire::PutBytes(&stream, "");
+  RequestParser p(wire::StoreLimits{});
+  std::string buffer = stream.substr(0, validate_bytes);
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  REQUIRE(p.Next(buffer, &req, &used, &err) == RequestParser::Result::kRequest);
+  buffer.erase(0, used);
+  int parses = 0;
+  bool done = false;
+  for (size_t fed = validate_bytes; fed < stream.size() && !done;) {
+    const size_t n = fed == validate_bytes ? 9 : std::min<size_t>(8, stream.size() - fed);
+    buffer.append(stream, fed, n);
+    fed += n;
+    if (buffer.size() >= p.min_needed()) ++parses;  // Next looks at the bytes
+    auto r = p.Next(buffer, &req, &used, &err);
+    REQUIRE(r != RequestParser::Result::kError);
+    if (fed == validate_bytes + 9) CHECK(p.min_needed() == 1 + 8 + 16 * kPairs);
+    done = r == RequestParser::Result::kRequest;
+  }
+  REQUIRE(done);
+  CHECK(req.op == Op::kMultiSet);
+  CHECK(req.keys.size() == static_cast<size_t>(kPairs));
+  CHECK(req.values.size() == static_cast<size_t>(kPairs));
+  CHECK(used == stream.size() - validate_bytes);
+  CHECK(parses <= 3);
+}
+
+TEST_CASE("a MULTI_SET's min_needed never asks for more than the request holds") {
+  // Keys and values of different lengths, fed a byte at a time: whatever
+  // the parser has seen, what it asks for fits in the whole request, and
+  // the request parses once it is all there.
+  std::string stream = Validate();
+  const size_t validate_bytes = stream.size();
+  wire::PutU8(&stream, 11);  // MULTI_SET
+  wire::PutI64(&stream, 5);
+  for (int i = 0; i < 5; ++i) {
+    wire::PutBytes(&stream, std::string(i * 7, 'k'));
+    wire::PutBytes(&stream, std::string((4 - i) * 5, 'v'));
+  }
+  RequestParser p(wire::StoreLimits{});
+  StoreRequest req;
+  size_t used = 0;
+  std::string err;
+  REQUIRE(p.Next(stream.substr(0, validate_bytes), &req, &used, &err) ==
+          RequestParser::Result::kRequest);
+  const size_t request_bytes = stream.size() - validate_bytes;
+  RequestParser::Result r = RequestParser::Result::kNeedMore;
+  for (size_t n = 1; n <= request_bytes; ++n) {
+    r = p.Next(absl::string_view(stream).substr(validate_bytes, n), &req, &used, &err);
+    INFO("after " << n << " of " << request_bytes << " bytes");
+    REQUIRE(r != RequestParser::Result::kError);
+    if (r == RequestParser::Result::kRequest) break;
+    CHECK(p.min_needed() <= request_bytes);
+    CHECK(p.min_needed() > n);
+  }
+  REQUIRE(r == RequestParser::Result::kRequest);
+  CHECK(used == request_bytes);
+  CHECK(req.keys[4] == std::string(28, 'k'));
+  CHECK(req.values[0] == std::string(20, 'v'));
+}
+
 TEST_CASE("long key lists parse key by key within a key budget, the same as in one go") {
   std::vector<std::string> keys;
   for (int i = 0; i < 1000; ++i) keys.push_back("key/" + std::to_string(i));

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <functional>
@@ -60,6 +61,16 @@ absl::StatusOr<int> ListenOn(const std::string& address, int port, int* bound_po
   return fd;
 }
 
+// SO_RCVTIMEO: a blocking recv on `fd` fails EAGAIN after `timeout`
+// (at least 1 ms; zero clears it).
+bool SetReceiveTimeout(int fd, absl::Duration timeout) {
+  timeval tv{};
+  if (timeout > absl::ZeroDuration()) {
+    tv = absl::ToTimeval(std::max(timeout, absl::Milliseconds(1)));
+  }
+  return ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0;
+}
+
 bool SendAll(int fd, const std::string& bytes) {
   size_t off = 0;
   while (off < bytes.size()) {
@@ -78,11 +89,23 @@ struct StoreFrontend::Connection {
   sockaddr_storage peer{};
   std::thread thread;
   std::atomic<bool> done{false};
+  // With a token, until the peer authenticates (or is allowed without).
+  std::atomic<bool> authenticating{false};
+  // Closed to admit a newcomer (the unauthenticated pool was full): counts
+  // in neither pool while its thread ends.
+  std::atomic<bool> replaced{false};
+  absl::Time accepted;
   WaitCancel* wait = nullptr;  // guarded by StoreFrontend::mu_
 };
 
 absl::StatusOr<std::unique_ptr<StoreFrontend>> StoreFrontend::Start(
     StoreFrontendOptions options, std::shared_ptr<BlockingStore> store) {
+  if (options.max_unauthenticated_connections == 0) {
+    return absl::InvalidArgumentError("--store-max-unauthenticated-connections must be positive");
+  }
+  if (options.auth_timeout <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("--store-auth-timeout-seconds must be positive");
+  }
   std::unique_ptr<StoreFrontend> f(new StoreFrontend(std::move(options), std::move(store)));
   ASSIGN_OR_RETURN(f->listen_fd_,
                    ListenOn(f->options_.listen_address, f->options_.port, &f->port_));
@@ -171,32 +194,83 @@ void StoreFrontend::AcceptLoop() {
     if (c->fd < 0) continue;
     int one = 1;
     ::setsockopt(c->fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    const bool pending =
+        !options_.token.empty() && !options_.allow_unauthenticated.Contains(c->peer);
     absl::MutexLock lock(&mu_);
+    uint64_t authenticating = 0, authenticated = 0;
     for (auto it = conns_.begin(); it != conns_.end();) {
       if ((*it)->done.load()) {
         (*it)->thread.join();
         ::close((*it)->fd);
         it = conns_.erase(it);
       } else {
+        authenticating += (*it)->authenticating.load() && !(*it)->replaced.load() ? 1 : 0;
+        authenticated += !(*it)->authenticating.load() && !(*it)->replaced.load() ? 1 : 0;
         ++it;
       }
     }
-    if (conns_.size() >= options_.max_connections) {
+    c->accepted = absl::Now();
+    if (pending && authenticating >= options_.max_unauthenticated_connections &&
+        !ReplaceOldestUnauthenticated(c->accepted)) {
+      MLOG(WARNING) << "store: refusing a connection past --store-max-unauthenticated-connections="
+                    << options_.max_unauthenticated_connections
+                    << " (connections that have not authenticated yet)";
+      ::close(c->fd);
+      continue;
+    }
+    if (!pending && authenticated >= options_.max_connections) {
       MLOG(WARNING) << "store: refusing a connection past --store-max-connections="
                     << options_.max_connections;
       ::close(c->fd);
       continue;
     }
+    c->authenticating.store(pending);
     Connection* raw = c.get();
     conns_.push_back(std::move(c));
     raw->thread = std::thread([this, raw] {
       connections_.fetch_add(1);
       Serve(raw);
+      raw->authenticating.store(false);  // out of the unauthenticated pool
       connections_.fetch_sub(1);
       ::shutdown(raw->fd, SHUT_RDWR);
       raw->done.store(true);
     });
   }
+}
+
+bool StoreFrontend::ReplaceOldestUnauthenticated(absl::Time now) {
+  Connection* oldest = nullptr;
+  for (const auto& c : conns_) {
+    if (c->done.load() || !c->authenticating.load() || c->replaced.load()) continue;
+    if (oldest == nullptr || c->accepted < oldest->accepted) oldest = c.get();
+  }
+  // No muster client takes this long to authenticate: the oldest is idle
+  // or hostile, and a newcomer may be a token holder.
+  const absl::Duration patience = std::min(options_.auth_timeout / 4, absl::Seconds(1));
+  if (oldest == nullptr || now - oldest->accepted < patience) return false;
+  MLOG(WARNING) << "store: closing a connection unauthenticated for "
+                << absl::FormatDuration(now - oldest->accepted)
+                << " to admit a new one: --store-max-unauthenticated-connections="
+                << options_.max_unauthenticated_connections << " reached";
+  oldest->replaced.store(true);
+  ::shutdown(oldest->fd, SHUT_RDWR);  // its thread's recv returns: it ends
+  return true;
+}
+
+bool StoreFrontend::Authenticated(Connection* c) {
+  absl::MutexLock lock(&mu_);
+  if (c->replaced.load()) return false;
+  if (!c->authenticating.load()) return true;
+  uint64_t authenticated = 0;
+  for (const auto& other : conns_) {
+    if (!other->done.load() && !other->authenticating.load() && !other->replaced.load()) {
+      ++authenticated;
+    }
+  }
+  if (authenticated >= options_.max_connections) return false;
+  if (!SetReceiveTimeout(c->fd, absl::ZeroDuration())) return false;
+  c->authenticating.store(false);
+  return true;
 }
 
 // Thread (one per connection): reads requests, runs them, writes replies.
@@ -207,6 +281,7 @@ void StoreFrontend::Serve(Connection* c) {
   std::string expected_proof;
   bool authenticated = false;
   bool may_skip_auth = options_.token.empty() || options_.allow_unauthenticated.Contains(c->peer);
+  const absl::Time auth_deadline = absl::Now() + options_.auth_timeout;
   BlockingStore& store = *store_;
 
   auto native = [&] { return parser.dialect() == wire::Dialect::kNative; };
@@ -235,6 +310,16 @@ void StoreFrontend::Serve(Connection* c) {
   // `block` runs the blocking call with the connection's WaitCancel.
   auto blocking =
       [&](const std::function<absl::Status(WaitCancel*)>& block) -> std::optional<absl::Status> {
+    // Input that came with the request cancels it as input arriving during
+    // the wait does (the watcher sees only what comes next): a 1.13
+    // client's next request (it gave up), a 2.x CANCEL_WAIT sent right
+    // behind its WAIT.
+    if (!in.empty() && (parser.dialect() == wire::Dialect::kTorch113 ||
+                        (parser.dialect() == wire::Dialect::kTorch2 &&
+                         static_cast<uint8_t>(in[0]) ==
+                             *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kCancelWait)))) {
+      return std::nullopt;
+    }
     WaitCancel cancel;
     {
       absl::MutexLock lock(&mu_);
@@ -292,8 +377,27 @@ void StoreFrontend::Serve(Connection* c) {
     }
     if (r == RequestParser::Result::kNeedMore || r == RequestParser::Result::kYield) {
       if (r == RequestParser::Result::kYield) continue;
+      if (!authenticated && !may_skip_auth) {
+        // Until it authenticates the peer has what is left of auth_timeout;
+        // a torch client (which cannot) is refused at its first bytes.
+        if (parser.dialect() == wire::Dialect::kUnknown &&
+            RequestParser::TorchDialectOf(in) != wire::Dialect::kUnknown) {
+          return (void)fail(absl::PermissionDeniedError(
+              "unauthenticated client refused: the store requires a token (--store-token-file)"));
+        }
+        const absl::Duration left = auth_deadline - absl::Now();
+        if (left <= absl::ZeroDuration() || !SetReceiveTimeout(c->fd, left)) {
+          MLOG(WARNING) << "store: closing a connection not authenticated within "
+                        << "--store-auth-timeout-seconds="
+                        << absl::ToDoubleSeconds(options_.auth_timeout);
+          return;
+        }
+      }
       ssize_t n = ::recv(c->fd, buf, sizeof(buf), 0);
       if (n < 0 && errno == EINTR) continue;
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK) && !authenticated && !may_skip_auth) {
+        continue;  // the auth deadline, above
+      }
       if (n <= 0) return;
       in.append(buf, static_cast<size_t>(n));
       continue;
@@ -332,6 +436,10 @@ void StoreFrontend::Serve(Connection* c) {
         }
       }
       authenticated = true;
+      if (!Authenticated(c)) {
+        return (void)fail(absl::ResourceExhaustedError(
+            absl::StrCat("--store-max-connections=", options_.max_connections, " reached")));
+      }
       wire::PutU64(&body, options_.limits.max_key_bytes);
       wire::PutU64(&body, options_.limits.max_value_bytes);
       wire::PutU64(&body, options_.limits.max_keys_per_request);

@@ -16,6 +16,14 @@
 // error reply). Queue commands (PyTorch 2.8+) go to BlockingStore's queue
 // calls; WAIT and CHECK count a non-empty queue of a key's name as present.
 //
+// With a token, a connection that has not authenticated counts toward
+// max_unauthenticated_connections, not max_connections, and is closed at
+// auth_timeout; when that pool is full a newcomer replaces its oldest
+// connection if that one has been trying for min(auth_timeout / 4, 1 s),
+// else it is refused at accept; a torch client not in
+// allow_unauthenticated is refused at its first bytes, before anything it
+// declares is buffered.
+//
 // Thread-safety: Start/Stop/port are thread-safe; one thread accepts, one
 // thread per connection serves it, one watches waiting connections' sockets
 // (all owned by the front-end, joined by Stop).
@@ -32,6 +40,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "common/store_wire.h"
 #include "daemon/store/blocking_store.h"
 #include "daemon/store/cidr.h"
@@ -42,11 +51,16 @@ struct StoreFrontendOptions {
   std::string listen_address = "0.0.0.0";
   int port = 29500;  // 0 picks a free port
   wire::StoreLimits limits;
+  // Authenticated connections (and all of them without a token).
   uint64_t max_connections = 4096;
   // Non-empty: native clients must prove it; torch clients only from
-  // allow_unauthenticated.
+  // allow_unauthenticated (others are refused at their first bytes).
   std::string token;
   CidrSet allow_unauthenticated;
+  // With a token: connections still authenticating, counted apart (so idle
+  // ones cannot keep token holders out), and how long one may take.
+  uint64_t max_unauthenticated_connections = 128;
+  absl::Duration auth_timeout = absl::Seconds(10);
 };
 
 class StoreFrontend {
@@ -65,6 +79,12 @@ class StoreFrontend {
   StoreFrontend(StoreFrontendOptions options, std::shared_ptr<BlockingStore> store);
   void AcceptLoop();
   void Serve(Connection* c);
+  // The unauthenticated pool is full: closes its oldest connection if it
+  // has been authenticating for longer than min(auth_timeout / 4, 1 s).
+  bool ReplaceOldestUnauthenticated(absl::Time now) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // `c` proved the token: it leaves the unauthenticated pool. False if
+  // max_connections authenticated connections are open already.
+  bool Authenticated(Connection* c);
   // While a connection's wait blocks, the watcher thread watches its socket:
   // input or a close cancels the wait. Unwatch says whether that happened.
   absl::Status Watch(int fd, WaitCancel* cancel);

@@ -854,6 +854,17 @@ class StoreServer::Impl : public StoreServer::Loop {
       size_t consumed = 0;
       std::string error;
       absl::string_view input(c.in.data() + c.in_off, c.in.size() - c.in_off);
+      // A peer that must authenticate may only start the native handshake:
+      // a torch client is refused at its first bytes, before its partial
+      // request is charged (and its buffer reserved) what it declares.
+      if (!c.authenticated && !c.unauthenticated_allowed &&
+          c.parser.dialect() == wire::Dialect::kUnknown) {
+        if (wire::Dialect torch = RequestParser::TorchDialectOf(input);
+            torch != wire::Dialect::kUnknown) {
+          RefuseUnauthenticated(c, torch);
+          break;
+        }
+      }
       RequestParser::Result r =
           c.parser.Next(input, &request, &consumed, &error, &parse_keys_left_);
       if (r == RequestParser::Result::kNeedMore) break;
@@ -1096,7 +1107,10 @@ class StoreServer::Impl : public StoreServer::Loop {
     } else {
       c.wait_id = kv_.Wait(c.wait_keys, [this, id] { resumed_.push_back(id); });
       if (c.wait_id == 0) {
-        FinishWait(c, /*timed_out=*/false);
+        // Met at once: ProcessInput, which runs this request, goes on to
+        // the next one itself (resuming from here would recurse once per
+        // pipelined wait, and enough of them overflow the stack).
+        FinishWait(c, /*timed_out=*/false, /*resume_input=*/false);
         return;
       }
     }
@@ -1110,7 +1124,9 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
   }
 
-  void FinishWait(Connection& c, bool timed_out) {
+  // Ends `c`'s wait and answers it; then, with `resume_input`, runs the
+  // requests buffered behind it (not when called from inside ProcessInput).
+  void FinishWait(Connection& c, bool timed_out, bool resume_input = true) {
     WaitKind kind = c.wait_kind;
     if (kind == WaitKind::kNone) return;  // cancelled meanwhile
     std::vector<std::string> keys = std::move(c.wait_keys);
@@ -1133,7 +1149,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     FreeLater(std::move(keys));  // a long list is freed in chunks
     Recharge(c);
-    if (!c.closing) ProcessInput(c);
+    if (resume_input && !c.closing) ProcessInput(c);
   }
 
   // Handles the native handshake (see common/store_wire.h) and admits torch
@@ -1186,14 +1202,18 @@ class StoreServer::Impl : public StoreServer::Loop {
       return false;  // the handshake is fully handled
     }
     if (!c.unauthenticated_allowed) {
-      Reject(c, absl::PermissionDeniedError(absl::StrCat(
-                    "unauthenticated ", wire::DialectName(c.parser.dialect()),
-                    " client refused: the store requires a token (--store-token-file) and ",
-                    "this peer is not in --store-allow-unauthenticated")));
+      RefuseUnauthenticated(c, c.parser.dialect());
       return false;
     }
     c.authenticated = true;
     return true;
+  }
+
+  void RefuseUnauthenticated(Connection& c, wire::Dialect dialect) {
+    Reject(c, absl::PermissionDeniedError(absl::StrCat(
+                  "unauthenticated ", wire::DialectName(dialect),
+                  " client refused: the store requires a token (--store-token-file) and ",
+                  "this peer is not in --store-allow-unauthenticated")));
   }
 
   // The dispatcher's view of one connection, for one request or wait.

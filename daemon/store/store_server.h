@@ -17,7 +17,8 @@
 //
 // Authentication (with a token): native clients run the challenge-response
 // of common/store_wire.h; torch clients are admitted by address
-// (allow_unauthenticated) at accept, or refused at their first request.
+// (allow_unauthenticated) at accept, or refused at their first bytes
+// (before a partial request is charged what it declares).
 // Until it authenticates, a connection counts toward
 // max_unauthenticated_connections, not max_connections, and is closed at
 // auth_timeout; when that pool is full, a new connection replaces the oldest

@@ -347,5 +347,68 @@ TEST_CASE("a 16 MiB SET and its GET sent together are handled in separate iterat
   std::filesystem::remove_all(dir);
 }
 
+TEST_CASE("a long pipeline of WAITs met at once is answered in a loop, not a recursion") {
+  // A 2.x client parked on a WAIT keeps what it sends next buffered; here
+  // 60,000 more WAITs for the same key. When the key is set, the first wait
+  // ends and each buffered one is met at once: they used to be answered one
+  // nested call deeper each, and this many overflowed the loop's stack
+  // (the daemon crashed). Every one gets its STOP_WAITING, and the server
+  // goes on serving.
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  StoreServer& s = **server;
+  constexpr int kWaits = 60000;
+  std::string validate;
+  validate.push_back(0);
+  wire::PutU32(&validate, wire::kValidateMagic);
+  std::string wait;
+  wire::PutU8(&wait, *wire::CommandByte(wire::Dialect::kTorch2, wire::Op::kWait));
+  wire::PutKeyList(&wait, {"x"});
+  Raw a(s.port());
+  a.Send(validate + wait);
+  REQUIRE(Eventually([&] { return s.stats().memory_bytes >= 128; }));  // parked
+  std::string more;
+  for (int i = 0; i < kWaits; ++i) more += wait;
+  a.Send(more);
+  // All of it buffered (charged) before the key is set: the old code then
+  // answered every wait one call deeper.
+  REQUIRE(Eventually([&] { return s.stats().memory_bytes >= more.size(); }));
+  Raw writer(s.port());
+  writer.Send(Set113("x", "1"));
+  std::string replies = a.Read(kWaits + 1);
+  REQUIRE(replies.size() == static_cast<size_t>(kWaits + 1));
+  CHECK(replies == std::string(kWaits + 1, static_cast<char>(wire::kStopWaiting)));
+  std::string get;
+  wire::PutU8(&get, *wire::CommandByte(wire::Dialect::kTorch113, wire::Op::kGet));
+  wire::PutBytes(&get, "x");
+  writer.Send(get);
+  CHECK(writer.Read(9) == std::string("\x01\0\0\0\0\0\0\0"
+                                      "1",
+                                      9));
+}
+
+TEST_CASE("with a token, a torch client not allowed in is refused at its first bytes, uncharged") {
+  // A 1.13 SET declaring a 16 MiB value, 26 bytes of it sent, from a peer
+  // that must authenticate: it used to be charged (and its buffer reserved)
+  // 16 MiB until the auth timeout; now the connection closes at once.
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  options.token = "t0k3n";
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  StoreServer& s = **server;
+  Raw a(s.port());
+  a.Send(Set113("k", std::string(16 << 20, 'v')).substr(0, 26));
+  absl::Time start = absl::Now();
+  CHECK(a.Read(1).empty());  // closed: nothing sent to a torch client
+  CHECK(absl::Now() - start < absl::Seconds(2));
+  CHECK(s.stats().memory_bytes < kIdle);
+  CHECK(s.stats().keys == 0);
+}
+
 }  // namespace
 }  // namespace muster
