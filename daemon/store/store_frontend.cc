@@ -91,9 +91,9 @@ struct StoreFrontend::Connection {
   std::atomic<bool> done{false};
   // With a token, until the peer authenticates (or is allowed without).
   std::atomic<bool> authenticating{false};
-  // Closed to admit a newcomer (the unauthenticated pool was full): counts
-  // in neither pool while its thread ends.
-  std::atomic<bool> replaced{false};
+  // Closed to admit a newcomer (the unauthenticated pool was full), or its
+  // thread is ending: counts in neither pool.
+  std::atomic<bool> leaving{false};
   absl::Time accepted;
   WaitCancel* wait = nullptr;  // guarded by StoreFrontend::mu_
 };
@@ -204,8 +204,8 @@ void StoreFrontend::AcceptLoop() {
         ::close((*it)->fd);
         it = conns_.erase(it);
       } else {
-        authenticating += (*it)->authenticating.load() && !(*it)->replaced.load() ? 1 : 0;
-        authenticated += !(*it)->authenticating.load() && !(*it)->replaced.load() ? 1 : 0;
+        authenticating += (*it)->authenticating.load() && !(*it)->leaving.load() ? 1 : 0;
+        authenticated += !(*it)->authenticating.load() && !(*it)->leaving.load() ? 1 : 0;
         ++it;
       }
     }
@@ -230,7 +230,7 @@ void StoreFrontend::AcceptLoop() {
     raw->thread = std::thread([this, raw] {
       connections_.fetch_add(1);
       Serve(raw);
-      raw->authenticating.store(false);  // out of the unauthenticated pool
+      raw->leaving.store(true);  // out of both pools before `done`
       connections_.fetch_sub(1);
       ::shutdown(raw->fd, SHUT_RDWR);
       raw->done.store(true);
@@ -241,7 +241,7 @@ void StoreFrontend::AcceptLoop() {
 bool StoreFrontend::ReplaceOldestUnauthenticated(absl::Time now) {
   Connection* oldest = nullptr;
   for (const auto& c : conns_) {
-    if (c->done.load() || !c->authenticating.load() || c->replaced.load()) continue;
+    if (c->done.load() || !c->authenticating.load() || c->leaving.load()) continue;
     if (oldest == nullptr || c->accepted < oldest->accepted) oldest = c.get();
   }
   // No muster client takes this long to authenticate: the oldest is idle
@@ -252,18 +252,18 @@ bool StoreFrontend::ReplaceOldestUnauthenticated(absl::Time now) {
                 << absl::FormatDuration(now - oldest->accepted)
                 << " to admit a new one: --store-max-unauthenticated-connections="
                 << options_.max_unauthenticated_connections << " reached";
-  oldest->replaced.store(true);
+  oldest->leaving.store(true);
   ::shutdown(oldest->fd, SHUT_RDWR);  // its thread's recv returns: it ends
   return true;
 }
 
 bool StoreFrontend::Authenticated(Connection* c) {
   absl::MutexLock lock(&mu_);
-  if (c->replaced.load()) return false;
+  if (c->leaving.load()) return false;
   if (!c->authenticating.load()) return true;
   uint64_t authenticated = 0;
   for (const auto& other : conns_) {
-    if (!other->done.load() && !other->authenticating.load() && !other->replaced.load()) {
+    if (!other->done.load() && !other->authenticating.load() && !other->leaving.load()) {
       ++authenticated;
     }
   }
