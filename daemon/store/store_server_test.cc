@@ -83,13 +83,19 @@ std::string Set113(const std::string& key, const std::string& value) {
   return s;
 }
 
+// A server on 127.0.0.1, on a free port.
+StoreServerOptions Loopback() {
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  return options;
+}
+
 // Idle connections hold (almost) nothing.
 constexpr uint64_t kIdle = 4096;
 
 TEST_CASE("memory charged for a partial request, a pending reply and a parked wait is given back") {
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
   StoreServer& s = **server;
@@ -193,9 +199,7 @@ TEST_CASE(
     "a failed log flush fails its writers but not readers of durable keys in that iteration") {
   char dir[] = "/tmp/muster_flush_test_XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   options.state_dir = dir;
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
@@ -264,9 +268,7 @@ constexpr absl::Duration kIterationBound = absl::Milliseconds(100);
 #endif
 
 TEST_CASE("a timed-out native WAIT_FOR of 131072 keys names a few and counts them in bounded CPU") {
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
   std::vector<std::string> keys;
@@ -303,9 +305,7 @@ TEST_CASE("a timed-out native WAIT_FOR of 131072 keys names a few and counts the
 TEST_CASE("a 16 MiB SET and its GET sent together are handled in separate iterations") {
   char dir[] = "/tmp/muster_big_set_test_XXXXXX";
   REQUIRE(::mkdtemp(dir) != nullptr);
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   options.state_dir = dir;
   const std::string big(16 << 20, 'b');
   {
@@ -354,9 +354,7 @@ TEST_CASE("a long pipeline of WAITs met at once is answered in a loop, not a rec
   // nested call deeper each, and this many overflowed the loop's stack
   // (the daemon crashed). Every one gets its STOP_WAITING, and the server
   // goes on serving.
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
   StoreServer& s = **server;
@@ -394,9 +392,7 @@ TEST_CASE("with a token, a torch client not allowed in is refused at its first b
   // A 1.13 SET declaring a 16 MiB value, 26 bytes of it sent, from a peer
   // that must authenticate: it used to be charged (and its buffer reserved)
   // 16 MiB until the auth timeout; now the connection closes at once.
-  StoreServerOptions options;
-  options.listen_address = "127.0.0.1";
-  options.port = 0;
+  StoreServerOptions options = Loopback();
   options.token = "t0k3n";
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
