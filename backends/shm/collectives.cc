@@ -276,8 +276,7 @@ bool ShmCommunicator::SharesCpuWithLate(std::atomic<uint64_t> RankControl::*fiel
   return false;
 }
 
-bool ShmCommunicator::Decide(uint64_t round, bool failed) {
-  std::atomic<uint64_t>& outcome = segment_->header().outcome;
+bool ShmCommunicator::Decide(std::atomic<uint64_t>& outcome, uint64_t round, bool failed) {
   uint64_t mine = (round << 1) | (failed ? 1 : 0);
   uint64_t seen = outcome.load(std::memory_order_acquire);
   while ((seen >> 1) < round) {
@@ -291,36 +290,53 @@ bool ShmCommunicator::Decide(uint64_t round, bool failed) {
   return (seen >> 1) == round && (seen & 1) != 0;
 }
 
-bool ShmCommunicator::AnyGaveUp(uint64_t round) const {
-  // seq_cst loads (plain loads on x86) after those of the arrivals: with
-  // GiveUp's store and fence, a member that gives up either is seen here or
-  // sees every arrival seen here.
+bool ShmCommunicator::AnyGaveUp(std::atomic<uint64_t> RankControl::*gave_up, uint64_t round) const {
+  // seq_cst loads (plain loads on x86) after those of the arrivals or
+  // releases: with GiveUp's store and fence, a member that gives up either
+  // is seen here or sees every arrival (release) seen here.
   for (int j = 0; j < size_; ++j) {
-    if (segment_->rank(j).gave_up.load(std::memory_order_seq_cst) >= round) return true;
+    if ((segment_->rank(j).*gave_up).load(std::memory_order_seq_cst) >= round) return true;
   }
   return false;
 }
 
-void ShmCommunicator::AnnounceGivingUp(uint64_t round) {
-  std::atomic<uint64_t>& mine = segment_->rank(rank_).gave_up;
-  if (mine.load(std::memory_order_relaxed) < round) mine.store(round, std::memory_order_seq_cst);
-  std::atomic_thread_fence(std::memory_order_seq_cst);
+void ShmCommunicator::AnnounceGivingUp(std::atomic<uint64_t> RankControl::*gave_up,
+                                       uint64_t round) {
+  std::atomic<uint64_t>& mine = segment_->rank(rank_).*gave_up;
+  if (mine.load(std::memory_order_relaxed) >= round) return;  // and fenced then
+  mine.store(round, std::memory_order_seq_cst);
+  // The peers store their progress and then read the gave_up words with no
+  // fence between (WakeSleepers): a plain fence here would let a peer's
+  // store still sit in its store buffer while this rank looks, and the peer
+  // miss this announcement. FenceAllWakers drains theirs too.
+  segment_->FenceAllWakers();
 }
 
 bool ShmCommunicator::GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target,
-                             uint64_t round) {
-  AnnounceGivingUp(round);
-  bool all = true;
-  for (int j = 0; j < size_ && all; ++j) all = Reached(j, field, target);
+                             uint64_t round, std::vector<int>* missing) {
+  const bool arrivals = field == &RankControl::arrived;
+  AnnounceGivingUp(arrivals ? &RankControl::gave_up : &RankControl::gave_up_release, target);
+  std::vector<int> late;
+  for (int j = 0; j < size_; ++j) {
+    if (!Reached(j, field, target)) late.push_back(global_ranks_[j]);
+  }
   // Every member there after all: the wait sees them on its next look (and
-  // a wait for arrivals then takes the round's decision).
-  if (all) return false;
-  return Decide(round, /*failed=*/true);
+  // takes the decision there).
+  if (late.empty()) return false;
+  if (missing != nullptr) *missing = std::move(late);
+  if (give_up_pause_ != absl::ZeroDuration()) absl::SleepFor(give_up_pause_);
+  if (arrivals) return Decide(segment_->header().outcome, round, /*failed=*/true);
+  // A member that saw every release decided first: the releases it saw show
+  // here on a next look.
+  if (!Decide(segment_->header().release_outcome, target, /*failed=*/true)) return false;
+  AnnounceGivingUp(&RankControl::gave_up, round);
+  Decide(segment_->header().outcome, round, /*failed=*/true);
+  return true;
 }
 
 void ShmCommunicator::FailNextRound() {
-  AnnounceGivingUp(round_ + 1);
-  Decide(round_ + 1, /*failed=*/true);
+  AnnounceGivingUp(&RankControl::gave_up, round_ + 1);
+  Decide(segment_->header().outcome, round_ + 1, /*failed=*/true);
 }
 
 // How long a rank whose round another member failed waits for the reason.
@@ -384,11 +400,21 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       // already (a late arrival): then it failed here too. Only a member
       // that gave up writes the decision; while none did (their gave_up
       // words sit on the lines just read) the round completed.
-      if (arrivals && AnyGaveUp(round) && Decide(round, /*failed=*/false)) return Aborted();
+      if (arrivals) {
+        if (AnyGaveUp(&RankControl::gave_up, round) &&
+            Decide(segment_->header().outcome, round, /*failed=*/false)) {
+          return Aborted();
+        }
+        return absl::OkStatus();
+      }
+      // Releases are decided alike, in their own words.
+      if (target > 0 && AnyGaveUp(&RankControl::gave_up_release, target) &&
+          Decide(segment_->header().release_outcome, target, /*failed=*/false)) {
+        return Aborted();
+      }
       // Every member released, but one failed reading (it decided the next
       // round failed before releasing): not OK here either.
-      if (!arrivals &&
-          segment_->header().outcome.load(std::memory_order_acquire) == ((round << 1) | 1)) {
+      if (segment_->header().outcome.load(std::memory_order_acquire) == ((round << 1) | 1)) {
         return Aborted();
       }
       return absl::OkStatus();
@@ -428,11 +454,8 @@ absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field,
       spin_until = SharesCpuWithLate(field, target) ? now : now + absl::Microseconds(budget_us);
     }
     if (now >= deadline) {
-      if (!GiveUp(field, target, round)) continue;  // it completed
       std::vector<int> missing;
-      for (int j = 0; j < size_; ++j) {
-        if (!Reached(j, field, target)) missing.push_back(global_ranks_[j]);
-      }
+      if (!GiveUp(field, target, round, &missing)) continue;  // it completed
       std::string message = absl::StrCat(DescribeSignature(current_), " on group '", group_name_,
                                          "' timed out waiting for ranks ",
                                          absl::StrJoin(missing, ", "), " to ", what);

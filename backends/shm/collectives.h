@@ -30,20 +30,26 @@
 // on the round as below, so peers do not run its work) or the
 // deadline passes (DEADLINE_EXCEEDED naming the ranks that did not arrive;
 // the segment is then aborted so no rank waits for a collective that can
-// never complete). A collective fails on every member or on none (one
-// known gap: a deadline that expires just as the last peer releases a
-// direct collective's buffer fails it on the rank that timed out while a
-// rank that saw every release returns OK; the segment is then aborted, so
-// every later collective fails on all). A member
+// never complete). A collective fails on every member or on none. A member
 // that gives up on a round (its deadline, an abort, a failed read) first
-// publishes so (its gave_up word), fences, looks at the others again, and
-// unless they all arrived after all decides the round failed in the
-// segment's outcome word (compare-and-swap: the first decision stands). A
-// member that saw every arrival then reads the gave_up words (lines it just
-// read: no extra cache miss) and only if one is set takes the decision,
-// deciding "completed" if nobody did yet; so a round that completes writes
-// nothing shared but the counters, and no member completes a round another
-// failed (one that gave up unseen must see every arrival that was seen). A
+// publishes so (its gave_up word), fences (against every waker: the ranks
+// publish progress with a compiler barrier, GroupSegment::WakeSleepers),
+// looks at the others again, and unless they all arrived after all decides
+// the round failed in the segment's outcome word (compare-and-swap: the
+// first decision stands). A member that saw every arrival then reads the
+// gave_up words (lines it just read: no extra cache miss) and only if one is
+// set takes the decision, deciding "completed" if nobody did yet; so a round
+// that completes writes nothing shared but the counters, and no member
+// completes a round another failed (one that gave up unseen must see every
+// arrival that was seen). Waits for releases (the readers of a round, and
+// a direct collective's end: WaitReaders) are decided the same way in their
+// own words (gave_up_release, beside `released`, and the segment's
+// release_outcome), so a rank whose deadline passes just as the last peer
+// releases either completes with the others or fails with them; a failed
+// release wait of round k also fails round k+1 in the outcome word, so a
+// rank that goes on to round k+1 without waiting for the releases fails
+// there. A member that failed reading decides round k+1 failed before it
+// releases, and a member that saw every release looks at that decision. A
 // member that arrives after the round was failed (a late rank) fails at
 // once with ABORTED and the reason of the member that gave up, and once
 // the segment is aborted every later collective fails at its start. In the first round of every
@@ -224,6 +230,9 @@ class ShmCommunicator : public Communicator {
   // first (a writer descheduled in the middle of its copies).
   void set_write_delay_for_testing(absl::Duration delay) { write_delay_ = delay; }
   const DirectOptions& direct_options() const { return direct_; }
+  // Tests: a rank giving up on a wait sleeps `pause` after it looked at
+  // the others a last time, before it decides (a rank descheduled there).
+  void set_give_up_pause_for_testing(absl::Duration pause) { give_up_pause_ = pause; }
   // Tests: this rank's probes of peers' buffers fail (as process_vm_readv
   // does where the kernel forbids it).
   void fail_cma_probe_for_testing() { fail_cma_probe_ = true; }
@@ -412,19 +421,27 @@ class ShmCommunicator : public Communicator {
   absl::StatusOr<const char*> Source(int j, const char* own, size_t offset, size_t len, char* tmp);
   // Waits until every peer finished reading this rank's buffer.
   absl::Status WaitReaders(absl::Time deadline);
-  // Decides round `round` (the segment's outcome word): completed, or
-  // failed if `failed`, unless it was decided before. Returns whether the
-  // round failed.
-  bool Decide(uint64_t round, bool failed);
-  // Whether some member gave up on round `round` or a later one (only then
-  // does a member that saw every arrival look at the decision).
-  bool AnyGaveUp(uint64_t round) const;
-  // Publishes that this rank gives up on `round` (then fences).
-  void AnnounceGivingUp(uint64_t round);
+  // Decides round `round` in `outcome` (the segment's outcome or
+  // release_outcome word): completed, or failed if `failed`, unless it was
+  // decided before. Returns whether the round failed.
+  bool Decide(std::atomic<uint64_t>& outcome, uint64_t round, bool failed);
+  // Whether some member's `gave_up` word (gave_up or gave_up_release) is at
+  // `round` or past it (only then does a member that saw every arrival, or
+  // every release, look at the decision).
+  bool AnyGaveUp(std::atomic<uint64_t> RankControl::*gave_up, uint64_t round) const;
+  // Publishes that this rank gives up on `round` in its `gave_up` word, then
+  // fences against every waker (GroupSegment::FenceAllWakers: the ranks
+  // publish progress with a compiler barrier only).
+  void AnnounceGivingUp(std::atomic<uint64_t> RankControl::*gave_up, uint64_t round);
   // Gives up waiting for every rank's `field` >= target (deadline, abort):
-  // announces it, then decides round `round` failed unless every rank is
-  // there after all. Returns whether the round failed.
-  bool GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target, uint64_t round);
+  // announces it, then decides it failed unless every rank is there after
+  // all. Arrivals at round `round` (= target) are decided in `outcome`;
+  // releases of round `target` in `release_outcome`, and a failure there
+  // fails round `round` (= target + 1) in `outcome` too. Returns whether the
+  // wait failed; then `missing` (if given) holds the global ranks that were
+  // not there at its last look.
+  bool GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target, uint64_t round,
+              std::vector<int>* missing = nullptr);
   // A read in this round failed: the next round fails on every member.
   void FailNextRound();
   // The status of a round another member failed: the segment's abort, or
@@ -449,10 +466,11 @@ class ShmCommunicator : public Communicator {
   std::string group_name_;
   std::vector<int> global_ranks_;
   uint64_t round_ = 0;
-  Via via_ = Via::kSlots;       // of the round in progress
-  size_t part_offset_ = 0;      // of a kSlotParts round in progress
-  absl::Duration read_delay_;   // set_read_delay_for_testing
-  absl::Duration write_delay_;  // set_write_delay_for_testing
+  Via via_ = Via::kSlots;         // of the round in progress
+  size_t part_offset_ = 0;        // of a kSlotParts round in progress
+  absl::Duration read_delay_;     // set_read_delay_for_testing
+  absl::Duration write_delay_;    // set_write_delay_for_testing
+  absl::Duration give_up_pause_;  // set_give_up_pause_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
   // How WaitAll waits (first_round_ is the collective's first round).

@@ -745,7 +745,7 @@ TEST_CASE("a collective failing while a peer writes into the rank's buffer waits
     const size_t count = 1000;
     std::vector<absl::Status> status(2);
     std::vector<absl::Duration> took(2);
-    std::vector<bool> landed(2, false);
+    std::vector<char> landed(2, false);  // not vector<bool>: the ranks write at once
     RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
       c.set_direct_options(Force(Path::kCma));
       c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
@@ -776,9 +776,60 @@ TEST_CASE("a collective failing while a peer writes into the rank's buffer waits
     INFO("rank 0: " << status[0].ToString() << " after " << took[0]
                     << "; rank 1: " << status[1].ToString());
     CHECK(status[0].code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(absl::StrContains(status[0].message(), "waiting for ranks 11 to finish"));
     CHECK(!status[1].ok());  // the group broke: both fail
     CHECK(took[0] >= kWriteDelay);
     CHECK(landed[0]);
+  }
+}
+
+TEST_CASE(
+    "a deadline passing as the last peer releases: every rank completes, or every rank fails") {
+  // Rank 0's deadline passes while it waits for rank 1 to finish writing
+  // into its buffer; it announces that it gives up, looks once more (rank 1
+  // is still writing), and is descheduled before it decides. Rank 1 then
+  // releases and sees every release: it must not return OK while rank 0
+  // goes on to fail. It sees rank 0's announcement and decides the wait
+  // completed, so rank 0, back, finds the decision taken and completes too.
+  constexpr absl::Duration kWriteDelay = absl::Milliseconds(300);
+  for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
+    INFO(op);
+    const size_t count = 1000;
+    std::vector<absl::Status> status(2), after(2);
+    std::vector<absl::Duration> took(2);
+    std::vector<char> right(2, false);
+    RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+      c.set_direct_options(Force(Path::kCma));
+      c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
+      const int r = c.rank();
+      if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
+      if (r == 0) c.set_give_up_pause_for_testing(absl::Seconds(3));
+      std::vector<int32_t> v(count);
+      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
+      const absl::Time start = absl::Now();
+      const absl::Time deadline = start + (r == 0 ? kWriteDelay / 3 : absl::Seconds(20));
+      if (std::string(op) == "all_reduce") {
+        status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
+        right[r] = v[0] == 1000 && v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
+      } else if (std::string(op) == "all_gather") {
+        std::vector<int32_t> out(2 * count, -1);
+        status[r] = c.AllGather(v.data(), out.data(), count, DType::kInt32, deadline);
+        right[r] = out[0] == 0 && out[2 * count - 1] == static_cast<int32_t>(count - 1 + 1000);
+      } else {
+        status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
+        right[r] = v[0] == 1000 && v[count - 1] == static_cast<int32_t>(count - 1 + 1000);
+      }
+      took[r] = absl::Now() - start;
+      after[r] = c.Barrier(Soon());
+    });
+    INFO("rank 0: " << status[0].ToString() << " after " << took[0]
+                    << "; rank 1: " << status[1].ToString() << " after " << took[1]);
+    CHECK(took[0] >= absl::Seconds(3));  // it did give up, and paused before deciding
+    CHECK(status[0].ok());
+    CHECK(status[1].ok());
+    CHECK(right[0]);
+    CHECK(right[1]);
+    for (int r = 0; r < 2; ++r) CHECK(after[r].ok());
   }
 }
 

@@ -25,7 +25,7 @@
 namespace muster {
 namespace {
 
-constexpr uint32_t kVersion = 7;
+constexpr uint32_t kVersion = 8;
 
 uint64_t RoundUp(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
 
@@ -100,6 +100,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   h->epoch.store(0);
   h->sleepers.store(0);
   h->outcome.store(0);
+  h->release_outcome.store(0);
   std::memset(h->abort_reason, 0, sizeof(h->abort_reason));
   h->trace_records = trace_records;
   h->trace_offset = trace_offset;
@@ -110,6 +111,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     auto* c = new (&controls[i]) RankControl();
     c->arrived.store(0);
     c->released.store(0);
+    c->gave_up_release.store(0);
     c->submitted.store(0);
     c->completed.store(0);
     c->last_round.store(0);

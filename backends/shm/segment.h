@@ -64,6 +64,10 @@ struct alignas(64) RankControl {
   // a line of its own: storing it does not take the line above from the
   // peers that spin on `arrived`.
   alignas(64) std::atomic<uint64_t> released;
+  // The last round whose releases this rank gave up waiting for (0: none),
+  // beside `released`: a waiter that saw every release reads it on the line
+  // it just read (collectives.h: how a round is decided).
+  std::atomic<uint64_t> gave_up_release;
   // The CPU this rank was on when it last waited longer than a moment (-1:
   // not yet): a waiter does not spin for a rank last seen on its own CPU
   // (read only by a waiter that polled a while).
@@ -112,6 +116,10 @@ struct alignas(64) SegmentHeader {
   // arrive (completed) or gave up on it (failed: timeout, abort), so no
   // member completes a round another failed (see collectives.h).
   alignas(64) std::atomic<uint64_t> outcome;
+  // The same for waits for releases: round << 1 | 1 if a member gave up
+  // waiting for the readers of `round` (then round + 1 failed in `outcome`
+  // too), << 1 alone if a member that saw every release decided first.
+  std::atomic<uint64_t> release_outcome;
   char abort_reason[512];
   uint64_t trace_records;  // records per rank's trace ring (0: none)
   uint64_t trace_offset;   // of trace ring 0
@@ -223,6 +231,10 @@ class GroupSegment {
   // itself; should a sleeper's membarrier fail, a wake-up it misses costs
   // at most its sleep's timeout (the collectives sleep <= 1 ms at a time).
   void WakeSleepers();
+  // The other side of WakeSleepers' fence: after it, every progress a
+  // waker published before its last WakeSleepers is visible to this
+  // thread (a sleeper about to sleep; a rank giving up on a round).
+  static void FenceAllWakers();
   template <typename Ready>
   void SleepUnless(uint32_t seen, int64_t timeout_us, Ready ready) {
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -236,8 +248,6 @@ class GroupSegment {
   // The abort word once an abort being recorded is (its kind; 0 if none).
   uint32_t SettledAbortWord() const;
   void FutexWait(uint32_t seen, int64_t timeout_us);
-  // The sleeper's side of WakeSleepers' fence.
-  static void FenceAllWakers();
   std::string name_;
   void* base_;
   size_t bytes_;
