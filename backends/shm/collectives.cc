@@ -308,8 +308,12 @@ void ShmCommunicator::AnnounceGivingUp(std::atomic<uint64_t> RankControl::*gave_
   // The peers store their progress and then read the gave_up words with no
   // fence between (WakeSleepers): a plain fence here would let a peer's
   // store still sit in its store buffer while this rank looks, and the peer
-  // miss this announcement. FenceAllWakers drains theirs too.
-  segment_->FenceAllWakers();
+  // miss this announcement. FenceAllWakers drains theirs too (membarrier;
+  // with release stores on a multi-copy-atomic machine, x86 or ARMv8, every
+  // rank then sees what the peer saw). Where it cannot (no membarrier in
+  // this process, which its peers may have), a store buffer drains in far
+  // less than this sleep, and giving up is rare.
+  if (!segment_->FenceAllWakers()) absl::SleepFor(absl::Milliseconds(1));
 }
 
 bool ShmCommunicator::GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target,
@@ -324,19 +328,21 @@ bool ShmCommunicator::GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t
   // takes the decision there).
   if (late.empty()) return false;
   if (missing != nullptr) *missing = std::move(late);
-  if (give_up_pause_ != absl::ZeroDuration()) absl::SleepFor(give_up_pause_);
   if (arrivals) return Decide(segment_->header().outcome, round, /*failed=*/true);
+  if (release_give_up_pause_ != absl::ZeroDuration()) absl::SleepFor(release_give_up_pause_);
   // A member that saw every release decided first: the releases it saw show
   // here on a next look.
   if (!Decide(segment_->header().release_outcome, target, /*failed=*/true)) return false;
-  AnnounceGivingUp(&RankControl::gave_up, round);
-  Decide(segment_->header().outcome, round, /*failed=*/true);
+  FailRound(round);
   return true;
 }
 
-void ShmCommunicator::FailNextRound() {
-  AnnounceGivingUp(&RankControl::gave_up, round_ + 1);
-  Decide(segment_->header().outcome, round_ + 1, /*failed=*/true);
+void ShmCommunicator::FailRound(uint64_t round) {
+  // No member can see every arrival at `round` (this one will not arrive),
+  // so nobody looks for this gave_up word under a race: no fence for it.
+  std::atomic<uint64_t>& mine = segment_->rank(rank_).gave_up;
+  if (mine.load(std::memory_order_relaxed) < round) mine.store(round, std::memory_order_seq_cst);
+  Decide(segment_->header().outcome, round, /*failed=*/true);
 }
 
 // How long a rank whose round another member failed waits for the reason.
@@ -381,7 +387,8 @@ bool ShmCommunicator::Reached(int j, std::atomic<uint64_t> RankControl::*field,
 absl::Status ShmCommunicator::WaitAll(std::atomic<uint64_t> RankControl::*field, uint64_t target,
                                       absl::Time deadline, const char* what) {
   // Waiting for arrivals at round `target` decides that round; a wait for
-  // releases of round `target` can only fail the next one.
+  // releases of round `target` decides that wait (release_outcome), and
+  // failing it fails the next round too.
   const bool arrivals = field == &RankControl::arrived;
   const uint64_t round = arrivals ? target : target + 1;
   absl::Time spin_until = absl::InfinitePast();
@@ -669,7 +676,7 @@ absl::Status ShmCommunicator::RunDirectWork(Fn work) {
   absl::Status st = work();
   if (!st.ok()) {
     // The others go on to the next round: make them fail too.
-    FailNextRound();
+    FailRound(round_ + 1);
     segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
   }
   return st;
@@ -1054,7 +1061,7 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
                     !st.ok()) {
                   // The others wait for this rank's release (WaitReaders):
                   // the decision tells them it failed.
-                  FailNextRound();
+                  FailRound(round_ + 1);
                   segment_->Abort(absl::StrCat("rank ", global_ranks_[rank_], ": ", st.message()));
                   return st;
                 }

@@ -46,10 +46,12 @@
 // own words (gave_up_release, beside `released`, and the segment's
 // release_outcome), so a rank whose deadline passes just as the last peer
 // releases either completes with the others or fails with them; a failed
-// release wait of round k also fails round k+1 in the outcome word, so a
-// rank that goes on to round k+1 without waiting for the releases fails
-// there. A member that failed reading decides round k+1 failed before it
-// releases, and a member that saw every release looks at that decision. A
+// release wait of round k also fails round k+1 in the outcome word (a rank
+// whose calls do not match and goes on to round k+1 fails there). A member
+// that failed reading decides round k+1 failed before it releases, and a
+// member that saw every release looks at that decision. So a rank whose
+// deadline passed may still return OK, late, when a member that saw
+// everyone there decided first. A
 // member that arrives after the round was failed (a late rank) fails at
 // once with ABORTED and the reason of the member that gave up, and once
 // the segment is aborted every later collective fails at its start. In the first round of every
@@ -230,9 +232,12 @@ class ShmCommunicator : public Communicator {
   // first (a writer descheduled in the middle of its copies).
   void set_write_delay_for_testing(absl::Duration delay) { write_delay_ = delay; }
   const DirectOptions& direct_options() const { return direct_; }
-  // Tests: a rank giving up on a wait sleeps `pause` after it looked at
-  // the others a last time, before it decides (a rank descheduled there).
-  void set_give_up_pause_for_testing(absl::Duration pause) { give_up_pause_ = pause; }
+  // Tests: a rank giving up on a wait for releases sleeps `pause` after it
+  // looked at the others a last time, before it decides (a rank
+  // descheduled there).
+  void set_release_give_up_pause_for_testing(absl::Duration pause) {
+    release_give_up_pause_ = pause;
+  }
   // Tests: this rank's probes of peers' buffers fail (as process_vm_readv
   // does where the kernel forbids it).
   void fail_cma_probe_for_testing() { fail_cma_probe_ = true; }
@@ -442,8 +447,9 @@ class ShmCommunicator : public Communicator {
   // not there at its last look.
   bool GiveUp(std::atomic<uint64_t> RankControl::*field, uint64_t target, uint64_t round,
               std::vector<int>* missing = nullptr);
-  // A read in this round failed: the next round fails on every member.
-  void FailNextRound();
+  // Fails round `round` on every member (a read in the round before failed,
+  // or a wait for its releases): decides it failed in the outcome word.
+  void FailRound(uint64_t round);
   // The status of a round another member failed: the segment's abort, or
   // this process's local abort if that comes first (within a second).
   absl::Status Aborted() const;
@@ -466,11 +472,11 @@ class ShmCommunicator : public Communicator {
   std::string group_name_;
   std::vector<int> global_ranks_;
   uint64_t round_ = 0;
-  Via via_ = Via::kSlots;         // of the round in progress
-  size_t part_offset_ = 0;        // of a kSlotParts round in progress
-  absl::Duration read_delay_;     // set_read_delay_for_testing
-  absl::Duration write_delay_;    // set_write_delay_for_testing
-  absl::Duration give_up_pause_;  // set_give_up_pause_for_testing
+  Via via_ = Via::kSlots;                 // of the round in progress
+  size_t part_offset_ = 0;                // of a kSlotParts round in progress
+  absl::Duration read_delay_;             // set_read_delay_for_testing
+  absl::Duration write_delay_;            // set_write_delay_for_testing
+  absl::Duration release_give_up_pause_;  // set_release_give_up_pause_for_testing
   uint64_t sequence_ = 0;
   OpSignature current_;
   // How WaitAll waits (first_round_ is the collective's first round).

@@ -791,7 +791,8 @@ TEST_CASE(
   // releases and sees every release: it must not return OK while rank 0
   // goes on to fail. It sees rank 0's announcement and decides the wait
   // completed, so rank 0, back, finds the decision taken and completes too.
-  constexpr absl::Duration kWriteDelay = absl::Milliseconds(300);
+  constexpr absl::Duration kWriteDelay = absl::Seconds(1);
+  constexpr absl::Duration kPause = absl::Seconds(3);
   for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
     INFO(op);
     const size_t count = 1000;
@@ -803,11 +804,13 @@ TEST_CASE(
       c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
       const int r = c.rank();
       if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
-      if (r == 0) c.set_give_up_pause_for_testing(absl::Seconds(3));
+      if (r == 0) c.set_release_give_up_pause_for_testing(kPause);
       std::vector<int32_t> v(count);
       for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
       const absl::Time start = absl::Now();
-      const absl::Time deadline = start + (r == 0 ? kWriteDelay / 3 : absl::Seconds(20));
+      // Rank 0's deadline passes after the exchange rounds (which need both
+      // ranks started), while it waits for rank 1's write.
+      const absl::Time deadline = start + (r == 0 ? kWriteDelay * 0.3 : absl::Seconds(20));
       if (std::string(op) == "all_reduce") {
         status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
         right[r] = v[0] == 1000 && v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
@@ -824,7 +827,8 @@ TEST_CASE(
     });
     INFO("rank 0: " << status[0].ToString() << " after " << took[0]
                     << "; rank 1: " << status[1].ToString() << " after " << took[1]);
-    CHECK(took[0] >= absl::Seconds(3));  // it did give up, and paused before deciding
+    // It gave up waiting for the releases, and paused before deciding.
+    CHECK(took[0] >= kPause);
     CHECK(status[0].ok());
     CHECK(status[1].ok());
     CHECK(right[0]);

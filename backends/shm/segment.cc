@@ -307,9 +307,9 @@ void GroupSegment::WakeSleepers() {
   Wake();
 }
 
-void GroupSegment::FenceAllWakers() {
+bool GroupSegment::FenceAllWakers() {
   std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (GlobalMembarrierAvailable()) Membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED);
+  return GlobalMembarrierAvailable() && Membarrier(MEMBARRIER_CMD_GLOBAL_EXPEDITED) == 0;
 }
 
 void GroupSegment::Sleep(uint32_t seen, int64_t timeout_us) {

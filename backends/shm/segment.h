@@ -11,9 +11,9 @@
 // round counters (release/acquire). The header also carries the abort flag
 // and reason, which musterd sets when the group breaks (a member died, the
 // operator aborted it) or when it shuts down, and a rank sets when a
-// collective times out; the outcome of the last round decided (so that a
-// collective fails on every member or on none); a futex word wakes sleeping
-// waiters.
+// collective times out; the outcome of the last round decided and of the
+// last wait for releases decided (so that a collective fails on every
+// member or on none); a futex word wakes sleeping waiters.
 //
 // A GroupSegment object (one process's mapping) also has a process-local
 // abort: this process stops waiting on the segment while the segment is
@@ -48,8 +48,10 @@ namespace muster {
 struct alignas(64) RankControl {
   std::atomic<uint64_t> arrived;  // last round whose data is in this rank's slot or lane
   // The last round this rank gave up on (deadline, abort, a failed read;
-  // 0: none). Written only then, so a round that completes moves nothing
-  // but the counters (collectives.h: how a round is decided).
+  // 0: none), or failed before entering it (it gave up waiting for the
+  // releases of the round before, or failed reading in it). Written only
+  // then, so a round that completes moves nothing but the counters
+  // (collectives.h: how a round is decided).
   std::atomic<uint64_t> gave_up;
   // A first round's OpSignature and path (1 = direct) packed in two words
   // (collectives.cc), one pair per round parity: a round k+1 that need not
@@ -113,8 +115,10 @@ struct alignas(64) SegmentHeader {
   std::atomic<uint32_t> sleepers;  // waiters in futex_wait
   // The outcome of the last round decided: round << 1 | 1 if it failed.
   // A round is decided once, by the first member that saw every member
-  // arrive (completed) or gave up on it (failed: timeout, abort), so no
-  // member completes a round another failed (see collectives.h).
+  // arrive (completed) or gave up on it (failed: timeout, abort), or that
+  // failed it from the round before (a failed read, a failed wait for the
+  // releases), so no member completes a round another failed (see
+  // collectives.h).
   alignas(64) std::atomic<uint64_t> outcome;
   // The same for waits for releases: round << 1 | 1 if a member gave up
   // waiting for the readers of `round` (then round + 1 failed in `outcome`
@@ -234,7 +238,10 @@ class GroupSegment {
   // The other side of WakeSleepers' fence: after it, every progress a
   // waker published before its last WakeSleepers is visible to this
   // thread (a sleeper about to sleep; a rank giving up on a round).
-  static void FenceAllWakers();
+  // Returns false if it could fence only this thread (no membarrier here,
+  // or the call failed): then a registered waker's last store may still
+  // be on its way.
+  static bool FenceAllWakers();
   template <typename Ready>
   void SleepUnless(uint32_t seen, int64_t timeout_us, Ready ready) {
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
