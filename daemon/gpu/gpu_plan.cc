@@ -2,6 +2,9 @@
 
 #include <nccl.h>
 
+#include <algorithm>
+#include <limits>
+
 #include "absl/strings/str_cat.h"
 #include "backends/nccl/nccl_mapping.h"
 
@@ -84,9 +87,25 @@ absl::StatusOr<std::vector<NcclPrimitive>> PlanCollective(const v1::GpuCollectiv
   }
   const DType dtype = static_cast<DType>(request.dtype());
   const size_t es = DTypeSize(dtype);
+  const int n = group_size;
+  // Every size below is a count times the element size, times at most the
+  // group's size (all_to_all: a sum of n splits): a count past this would
+  // wrap, pass the buffer checks and let NCCL run past the buffers.
+  const uint64_t max_count = std::numeric_limits<uint64_t>::max() / es / std::max(n, 1);
+  auto too_large = [&](uint64_t elements, const char* what) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", elements, " of ", DTypeName(dtype),
+                                                   " in a group of ", n,
+                                                   " ranks is too large (bytes overflow)"));
+  };
+  if (request.count() > max_count) return too_large(request.count(), "count");
+  for (uint64_t c : request.send_counts()) {
+    if (c > max_count) return too_large(c, "send count");
+  }
+  for (uint64_t c : request.recv_counts()) {
+    if (c > max_count) return too_large(c, "receive count");
+  }
   const size_t count = request.count();
   const size_t bytes = count * es;
-  const int n = group_size;
   const auto& in = request.inputs();
   const auto& out = request.outputs();
   const bool rooted = request.op() == v1::GPU_BROADCAST || request.op() == v1::GPU_REDUCE ||
