@@ -430,6 +430,24 @@ TEST_CASE("a user sees and aborts only the jobs of its own user; root sees and a
   CHECK(absl::StrContains(daemon->process().Stderr(), "job nobodyjob: aborted by uid 0"));
   (void)(*nobody_rank)->Signal(SIGKILL);
   (void)(*nobody_rank)->Wait(absl::Seconds(10));
+
+  // Nor, now that nobody's job is aborted and its rank gone, does another
+  // user (root here) restart it under the same id as its own: the daemon
+  // keeps it, nobody's, until its grace ends.
+  env["MUSTER_JOB_ID"] = "nobodyjob";
+  env["WORLD_SIZE"] = "1";
+  env["RANK"] = "0";
+  env["MUSTER_GENERATION"] = "7";
+  auto takeover = Run({rank_binary, "init"}, env);
+  REQUIRE(takeover.ok());
+  INFO(takeover->out + takeover->err);
+  CHECK(takeover->exit.code != 0);
+  CHECK(absl::StrContains(takeover->out + takeover->err, "runs as uid 65534"));
+  std::vector<v1::JobInfo> after = Jobs(socket);
+  const v1::JobInfo* kept = FindJob(after, "nobodyjob");
+  REQUIRE(kept != nullptr);
+  CHECK(kept->uid() == 65534);
+  CHECK(kept->state() == "aborted");
   root_rank.Leave();
 }
 

@@ -356,6 +356,15 @@ void Registry::Register(const v1::RegisterRequest& req, const Caller& who, Sessi
       bad = absl::UnavailableError("musterd is shutting down");
     }
     Job* job = bad.ok() ? FindJob(id.job_id()) : nullptr;
+    if (bad.ok() && job != nullptr && job->owner_uid != who.uid) {
+      // Checked before anything below acts on the job: while this daemon
+      // holds it (running, or in its grace after its last rank left, or
+      // aborted) the id is its owner's, and another user neither restarts
+      // it (which would drop its record) nor reports its ranks gone.
+      bad = absl::PermissionDeniedError(
+          absl::StrCat("job '", id.job_id(), "' on this daemon runs as uid ", job->owner_uid,
+                       "; rank ", rank, " runs as ", who.description));
+    }
     if (bad.ok() && job != nullptr) {
       // A holder of this rank that died a moment ago, before its session's
       // end was noticed: it failed (and may be replaced).
