@@ -251,6 +251,8 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   // this daemon's cluster credentials (the token; with --tls-ca, TLS with
   // this daemon's certificate as the client's).
   {
+    registry_options.peer_address_key = options.access.token;
+    registry_options.peers_verified_by_tls = !options.tls_ca_pem.empty();
     std::string token = options.access.token, ca = options.tls_ca_pem;
     std::string cert = options.tls_cert_pem, key = options.tls_key_pem;
     registry_options.peer_trace = [token, ca, cert, key](

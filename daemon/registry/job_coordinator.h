@@ -50,7 +50,9 @@ struct RemoteRank {
   std::string host;
   int64_t pid = 0;
   std::string daemon;
-  // The daemon's TCP gRPC address ("host:port"; "": none), for Trace(gather).
+  // The daemon's TCP gRPC address ("host:port"; "": none), for Trace(gather),
+  // as published: "host:port#proof" where the daemon signs it
+  // (Registry::SetControlAddress).
   std::string control;
 };
 

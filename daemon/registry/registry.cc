@@ -12,6 +12,7 @@
 #include <cstring>
 #include <thread>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "backends/backend.h"
@@ -20,6 +21,7 @@
 #include "common/logging.h"
 #include "common/process.h"
 #include "common/status_macros.h"
+#include "common/store_auth.h"
 #include "muster/types.h"
 #include "proto/state_names.h"
 #include "proto/trace_json.h"
@@ -192,6 +194,36 @@ CollectiveMetrics::Snapshot Registry::collective_metrics() {
   }
   collective_metrics_.Sweep(sources);
   return collective_metrics_.snapshot();
+}
+
+namespace {
+
+// What a daemon signs: its id and its TCP gRPC address.
+std::string PeerAddressProof(const std::string& key, const std::string& daemon,
+                             const std::string& address) {
+  return absl::BytesToHexString(store_auth::HmacSha256(
+      key, absl::StrCat("muster-daemon-address-v1\n", daemon, "\n", address)));
+}
+
+}  // namespace
+
+void Registry::SetControlAddress(const std::string& address) {
+  control_address_ = address;
+  if (!address.empty() && !options_.peer_address_key.empty()) {
+    absl::StrAppend(&control_address_, "#",
+                    PeerAddressProof(options_.peer_address_key, daemon_id_, address));
+  }
+}
+
+std::string Registry::TrustedPeerAddress(const std::string& daemon,
+                                         const std::string& published) const {
+  const size_t hash = published.find('#');
+  std::string address = published.substr(0, hash);
+  if (options_.peers_verified_by_tls) return address;
+  if (hash == std::string::npos || options_.peer_address_key.empty()) return "";
+  const std::string proof = published.substr(hash + 1);
+  const std::string expected = PeerAddressProof(options_.peer_address_key, daemon, address);
+  return store_auth::ProofEquals(proof, expected) ? address : "";
 }
 
 absl::Status Registry::Authorize(const Job& job, const Caller& who) {
@@ -927,7 +959,9 @@ void Registry::FormGroup(std::string job_id, std::string name, int64_t epoch) {
           m->set_node(it->second.host);
           m->set_pid(it->second.pid);
           m->set_daemon(it->second.daemon);
-          m->set_daemon_grpc(it->second.control);
+          // Only an address its daemon signed (the job's user can write
+          // the store): Trace(gather) sends it cluster credentials.
+          m->set_daemon_grpc(TrustedPeerAddress(it->second.daemon, it->second.control));
         }
       }
       AttachSegment(*job, g);
@@ -1739,7 +1773,9 @@ void Registry::TraceGathered(const v1::TraceRequest& request, const Caller& who,
   for (const std::string& d : no_address) {
     local->add_unreachable(absl::StrCat(d,
                                         ": serves no TCP gRPC (musterd without --token-file "
-                                        "or TLS), its members' records are not here"));
+                                        "or TLS), or published an address not signed with "
+                                        "this daemon's cluster token; its members' records "
+                                        "are not here"));
   }
   if (peers.empty()) {
     done(std::move(local));

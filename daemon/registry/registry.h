@@ -118,6 +118,14 @@ struct RegistryOptions {
   std::function<absl::StatusOr<v1::TraceResponse>(
       const std::string& address, const v1::TraceRequest& request, absl::Time deadline)>
       peer_trace;
+  // Trace(gather) sends this daemon's cluster credentials to the addresses
+  // the other daemons published in the job's store, which the job's user can
+  // write. So each daemon signs its address with the cluster token (this
+  // key; HMAC-SHA256), and an address is asked only if its signature holds,
+  // or if `peers_verified_by_tls` (peer_trace checks the server's
+  // certificate against the CA before it sends anything).
+  std::string peer_address_key;
+  bool peers_verified_by_tls = false;
   // Worker threads for store traffic and waits (a few are kept for short
   // tasks, so that waits never starve the arrivals they wait for).
   int max_workers = 64;
@@ -219,8 +227,12 @@ class Registry {
   void TraceGathered(const v1::TraceRequest& request, const Caller& caller, TraceDone done);
   static constexpr absl::Duration kPeerTraceTimeout = absl::Milliseconds(800);
   // This daemon's TCP gRPC address, published with its ranks for peers'
-  // Trace(gather). Set before the first session (never changes after).
-  void SetControlAddress(const std::string& address) { control_address_ = address; }
+  // Trace(gather), signed with options.peer_address_key. Set before the
+  // first session (never changes after).
+  void SetControlAddress(const std::string& address);
+  // Whether Trace(gather) may send credentials to `published`, a peer's
+  // RemoteRank::control: its address, or "" if it may not.
+  std::string TrustedPeerAddress(const std::string& daemon, const std::string& published) const;
 
   struct Counts {
     int sessions = 0;
@@ -381,7 +393,7 @@ class Registry {
   const RegistryOptions options_;
   RegistryObserver* observer_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::string daemon_id_;        // options_.daemon_address or a generated one
-  std::string control_address_;  // SetControlAddress, before any session
+  std::string control_address_;  // SetControlAddress, before any session: as published
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<std::string, int>> sessions_

@@ -15,10 +15,13 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <thread>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
 #include "backends/shm/trace.h"
 #include "common/cpus.h"
@@ -127,7 +130,8 @@ struct Fixture {
   // `shared`: another fixture's store (a second daemon of the same job).
   explicit Fixture(std::string dump_dir = "", std::shared_ptr<NodeLiveness> liveness = nullptr,
                    Fixture* shared = nullptr, std::string hostname = "node-a",
-                   unsigned node_cpus = kNodeCpus) {
+                   unsigned node_cpus = kNodeCpus,
+                   std::function<void(RegistryOptions*)> configure = nullptr) {
     if (shared == nullptr) {
       StoreServerOptions store_options;
       store_options.listen_address = "127.0.0.1";
@@ -156,6 +160,7 @@ struct Fixture {
       access.liveness = liveness;
       return access;
     };
+    if (configure) configure(&options);
     registry = std::make_unique<Registry>(options);
     caller.via = Caller::Via::kUnixSocket;
     caller.uid = ::getuid();
@@ -635,6 +640,89 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   std::remove(path.c_str());
   ::rmdir(dumps.c_str());
   ::rmdir(dir_template);
+}
+
+TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with the cluster key") {
+  // Two daemons of one job (ranks 0 on a, 1 on b). Gathering sends the
+  // cluster credentials to b's address, which b published in the job's
+  // store; the job's user can rewrite that record, so an address counts
+  // only with b's signature under the key the daemons share.
+  std::mutex mu;
+  std::vector<std::string> asked;
+  auto configure = [&](const std::string& daemon) {
+    return [&, daemon](RegistryOptions* o) {
+      o->daemon_address = daemon;
+      o->peer_address_key = "the cluster token";
+      o->peer_trace = [&](const std::string& address, const v1::TraceRequest&,
+                          absl::Time) -> absl::StatusOr<v1::TraceResponse> {
+        std::lock_guard<std::mutex> lock(mu);
+        asked.push_back(address);
+        return v1::TraceResponse();
+      };
+    };
+  };
+  Fixture a("", nullptr, nullptr, "node-a", Fixture::kNodeCpus, configure("daemon-a"));
+  Fixture b("", nullptr, &a, "node-b", Fixture::kNodeCpus, configure("daemon-b"));
+  a.registry->SetControlAddress("10.0.0.1:7001");
+  b.registry->SetControlAddress("10.0.0.2:7002");
+  REQUIRE(a.Register(0, 2).ok());
+  REQUIRE(b.Register(1, 2).ok());
+  auto form = [&](const std::string& name) {
+    Result<absl::StatusOr<v1::GroupInfo>> g0, g1;
+    a.registry->CreateGroup(a.Group(0, {0, 1}, name, absl::Seconds(30)), a.caller, g0.callback());
+    b.registry->CreateGroup(b.Group(1, {0, 1}, name, absl::Seconds(30)), b.caller, g1.callback());
+    REQUIRE(g1.Await().ok());
+    return g0.Await();
+  };
+  auto gather = [&](const std::string& group) {
+    v1::TraceRequest req;
+    req.set_job_id("job");
+    req.set_group(group);
+    req.set_gather(true);
+    Result<absl::StatusOr<v1::TraceResponse>> r;
+    a.registry->TraceGathered(req, a.caller, r.callback());
+    return r.Await();
+  };
+  auto world = form("world");
+  REQUIRE(world.ok());
+  CHECK(world->members(1).daemon_grpc() == "10.0.0.2:7002");
+  REQUIRE(gather("world").ok());
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(asked == std::vector<std::string>{"10.0.0.2:7002"});
+  }
+
+  // The user points rank 1's record at a listener of its own: unsigned, then
+  // with b's signature of b's address.
+  LocalStore store(a.store.get());
+  auto record = store.Get("muster/job/0/rank/1", absl::Seconds(1));
+  REQUIRE(record.ok());
+  std::vector<std::string> fields = absl::StrSplit(*record, '\t');
+  REQUIRE(fields.size() == 4);
+  const std::string proof = fields[3].substr(fields[3].find('#') + 1);
+  CHECK(fields[3] == "10.0.0.2:7002#" + proof);
+  // The signature binds the daemon's id and its address, under the key.
+  CHECK(a.registry->TrustedPeerAddress("daemon-b", fields[3]) == "10.0.0.2:7002");
+  CHECK(a.registry->TrustedPeerAddress("daemon-x", fields[3]).empty());
+  CHECK(a.registry->TrustedPeerAddress("daemon-b", "10.0.0.2:7002#00").empty());
+  CHECK(a.registry->TrustedPeerAddress("daemon-b", "10.0.0.2:7002").empty());
+  int round = 0;
+  for (const std::string& forged : {std::string("attacker:9999"), "attacker:9999#" + proof}) {
+    INFO(forged);
+    fields[3] = forged;
+    REQUIRE(store.Set("muster/job/0/rank/1", absl::StrJoin(fields, "\t")).ok());
+    const std::string name = absl::StrCat("evil", round++);
+    auto evil = form(name);
+    REQUIRE(evil.ok());
+    CHECK(evil->members(1).daemon_grpc().empty());
+    auto trace = gather(name);
+    REQUIRE(trace.ok());
+    REQUIRE(trace->unreachable_size() == 1);
+    CHECK(absl::StrContains(trace->unreachable(0), "daemon-b: serves no TCP gRPC"));
+    CHECK(absl::StrContains(trace->unreachable(0), "not signed with this daemon's cluster token"));
+    std::lock_guard<std::mutex> lock(mu);
+    CHECK(asked.size() == 1);  // nobody asked but the signed address, above
+  }
 }
 
 TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {
