@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/mapping_guard.h"
 
 namespace muster {
 
@@ -50,9 +51,13 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, absl::Duration timeou
 }  // namespace
 
 GpuChannel::GpuChannel(std::string name, Layout* layout, bool owner)
-    : name_(std::move(name)), layout_(layout), owner_(owner) {}
+    : name_(std::move(name)),
+      layout_(layout),
+      owner_(owner),
+      guard_(mapping_guard::Guard(layout, sizeof(Layout))) {}
 
 GpuChannel::~GpuChannel() {
+  mapping_guard::Unguard(guard_);
   ::munmap(layout_, sizeof(Layout));
   if (owner_) ::shm_unlink(name_.c_str());
 }

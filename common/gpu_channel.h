@@ -78,6 +78,7 @@ class GpuChannel {
   std::string name_;
   Layout* layout_;
   bool owner_;
+  int guard_;            // mapping_guard's handle: in musterd, a truncated file reads zeros
   uint32_t served_ = 0;  // daemon side: last request taken
 };
 

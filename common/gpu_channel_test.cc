@@ -2,6 +2,8 @@
 // the shared-memory channel; closing, oversized requests, bad segments.
 #include "common/gpu_channel.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -9,6 +11,7 @@
 #include <thread>
 
 #include "absl/strings/str_cat.h"
+#include "common/mapping_guard.h"
 
 namespace muster {
 namespace {
@@ -106,6 +109,22 @@ TEST_CASE("bad input: oversized requests, missing or foreign segments, no answer
   CHECK(absl::IsUnavailable(GpuChannel::Open("/muster.no.such.channel").status()));
   // Creating over an existing name is refused (no hijacking).
   CHECK_FALSE(GpuChannel::Create((*daemon)->name()).ok());
+}
+
+TEST_CASE("in musterd (mapping_guard), a channel whose user truncated its file reads as empty") {
+  REQUIRE(mapping_guard::Install());
+  auto daemon = GpuChannel::Create(Name("trunc"));
+  REQUIRE(daemon.ok());
+  const int fd = ::shm_open((*daemon)->name().c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  ::close(fd);
+  std::string request;
+  CHECK_FALSE((*daemon)->Poll(&request, absl::Microseconds(10)));  // zeros: nothing submitted
+  CHECK_FALSE((*daemon)->closed());
+  (*daemon)->Complete(absl::OkStatus(), 0);  // writes: into this process's page only
+  (*daemon)->Close();
+  CHECK((*daemon)->closed());
 }
 
 TEST_CASE("a channel for another user's rank belongs to that user, mode 0600") {

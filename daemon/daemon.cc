@@ -17,6 +17,7 @@
 #include "backends/shm/segment.h"
 #include "common/cpus.h"
 #include "common/logging.h"
+#include "common/mapping_guard.h"
 #include "common/status_macros.h"
 #include "common/version.h"
 #include "daemon/access/malformed_request.h"
@@ -188,6 +189,11 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
                        : absl::StrCat(" (durable in ", store_options.state_dir, ")"));
   }
 
+  // The groups' users can resize their segments' files under musterd.
+  if (!mapping_guard::Install()) {
+    MLOG(WARNING) << "cannot install the SIGBUS handler: a user who truncates a group's "
+                     "shared memory stops musterd";
+  }
   if (int stale = GroupSegment::RemoveStale(); stale > 0) {
     MLOG(INFO) << "removed " << stale << " shared-memory segment(s) left by dead daemons";
   }

@@ -6,6 +6,7 @@
 // suite's, run by shm_conformance_test.
 #include "backends/shm/collectives.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -28,7 +29,9 @@
 #include "backends/communicator_testing.h"
 #include "backends/shm/reduce.h"
 #include "backends/shm/shared_memory.h"
+#include "backends/shm/trace.h"
 #include "common/cpus.h"
+#include "common/mapping_guard.h"
 
 namespace muster {
 namespace {
@@ -1751,6 +1754,45 @@ TEST_CASE("a shared allocation too large for the header page is refused, not wra
     CHECK(a.status().code() == absl::StatusCode::kResourceExhausted);
     CHECK(std::string(a.status().message()).find(std::to_string(bytes)) != std::string::npos);
   }
+}
+
+TEST_CASE(
+    "what the group's user writes into the header, or a truncated file, cannot stop musterd") {
+  // musterd maps every group's segment, and the group's user may write the
+  // header or resize the file. The layout is kept from the mapping, and
+  // under mapping_guard (musterd installs it) a page past the file's
+  // end reads zeros instead of raising SIGBUS.
+  REQUIRE(mapping_guard::Install());
+  const std::string name = UniqueName();
+  auto seg = GroupSegment::Create(name, 2, 4096);
+  REQUIRE(seg.ok());
+  GroupSegment& s = **seg;
+  s.rank(1).completed.store(7);
+  s.header().nranks = 200;
+  s.header().slot_bytes = uint64_t{1} << 50;
+  s.header().trace_offset = uint64_t{1} << 46;
+  s.header().trace_records = uint64_t{1} << 40;
+  s.trace_ring(0).capacity.store(~0u);
+  s.trace_ring(0).next.store(~uint64_t{0});
+  CHECK(s.nranks() == 2);
+  CHECK(s.trace_records() == GroupSegment::kDefaultTraceRecords);
+  // A ring whose next id is the last one: read to there and no further (the
+  // records were never written, so none is returned).
+  CHECK(ReadTrace(s, 0, 0).empty());
+  CHECK_FALSE(s.truncated());
+  // A rank of that user opening it now is refused (its layout is wrong).
+  CHECK(absl::IsDataLoss(GroupSegment::Open(name, 2).status()));
+
+  const int fd = ::shm_open(name.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(::ftruncate(fd, 0) == 0);
+  ::close(fd);
+  CHECK(s.rank(1).completed.load() == 0);  // a page past the end: zeros, no SIGBUS
+  CHECK(s.truncated());
+  CHECK(ReadTrace(s, 1, 0).empty());
+  s.Abort("after the truncation");  // writes the header, wakes its futex word
+  CHECK(s.aborted());
+  GroupSegment::Unlink(name);
 }
 
 TEST_CASE("a segment for another user's ranks belongs to that user, mode 0600") {

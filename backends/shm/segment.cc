@@ -20,6 +20,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/mapping_guard.h"
 #include "common/status_macros.h"
 
 namespace muster {
@@ -35,14 +36,20 @@ uint64_t SlotsOffset(int nranks) {
 
 }  // namespace
 
-GroupSegment::GroupSegment(std::string name, void* base, size_t bytes)
-    : name_(std::move(name)), base_(base), bytes_(bytes) {
+bool GroupSegment::truncated() const { return mapping_guard::Replaced(guard_); }
+
+GroupSegment::GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout)
+    : name_(std::move(name)), base_(base), bytes_(bytes), layout_(layout) {
   header_ = static_cast<SegmentHeader*>(base);
   controls_ = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
-  slots_ = static_cast<char*>(base) + header_->slots_offset;
+  slots_ = static_cast<char*>(base) + layout_.slots_offset;
+  guard_ = mapping_guard::Guard(base, bytes);
 }
 
-GroupSegment::~GroupSegment() { ::munmap(base_, bytes_); }
+GroupSegment::~GroupSegment() {
+  mapping_guard::Unguard(guard_);
+  ::munmap(base_, bytes_);
+}
 
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::string& name,
                                                                    int nranks, uint64_t slot_bytes,
@@ -135,7 +142,16 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   }
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
-  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes));
+  Layout layout;
+  layout.nranks = nranks;
+  layout.slot_bytes = slot_bytes;
+  layout.slots_offset = offset;
+  layout.mailbox_bytes = mailbox_bytes;
+  layout.mailboxes_offset = mailboxes_offset;
+  layout.trace_records = trace_records;
+  layout.trace_offset = trace_offset;
+  layout.trace_stride = trace_stride;
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes, layout));
 }
 
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::string& name,
@@ -154,18 +170,33 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
   auto* h = static_cast<SegmentHeader*>(base);
   uint64_t magic =
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
-  if (magic != kMagic || h->version != kVersion || static_cast<int>(h->nranks) != expected_nranks ||
-      h->mailboxes_offset + (sizeof(MailboxHeader) + h->mailbox_bytes) * h->nranks * h->nranks >
-          static_cast<uint64_t>(st.st_size) ||
-      h->trace_records > kMaxTraceRecords ||
-      (h->trace_records > 0 &&
-       (h->trace_stride < sizeof(TraceRingHeader) + sizeof(TraceRecord) * h->trace_records ||
-        h->trace_offset + h->trace_stride * h->nranks > static_cast<uint64_t>(st.st_size)))) {
+  // One copy of the layout, checked, then used (the header stays writable).
+  Layout l;
+  l.nranks = static_cast<int>(h->nranks);
+  l.slot_bytes = h->slot_bytes;
+  l.slots_offset = h->slots_offset;
+  l.mailbox_bytes = h->mailbox_bytes;
+  l.mailboxes_offset = h->mailboxes_offset;
+  l.trace_records = h->trace_records;
+  l.trace_offset = h->trace_offset;
+  l.trace_stride = h->trace_stride;
+  const auto size = static_cast<uint64_t>(st.st_size);
+  const auto n = static_cast<uint64_t>(expected_nranks);
+  if (magic != kMagic || h->version != kVersion || l.nranks != expected_nranks ||
+      expected_nranks < 1 || expected_nranks > kMaxRanks || l.slot_bytes > size ||
+      l.slots_offset != SlotsOffset(expected_nranks) || l.slots_offset + l.slot_bytes * n > size ||
+      l.mailbox_bytes > size || l.mailboxes_offset > size ||
+      l.mailboxes_offset + (sizeof(MailboxHeader) + l.mailbox_bytes) * n * n > size ||
+      l.trace_records > kMaxTraceRecords ||
+      (l.trace_records > 0 &&
+       (l.trace_stride < sizeof(TraceRingHeader) + sizeof(TraceRecord) * l.trace_records ||
+        l.trace_stride > size || l.trace_offset > size ||
+        l.trace_offset + l.trace_stride * n > size))) {
     ::munmap(base, st.st_size);
     return absl::DataLossError(absl::StrCat("shared memory ", name, " is not a ", expected_nranks,
                                             "-rank muster group segment"));
   }
-  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, st.st_size));
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, st.st_size, l));
 }
 
 void GroupSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }
@@ -190,8 +221,8 @@ int GroupSegment::RemoveStale() {
 }
 
 MailboxHeader& GroupSegment::mailbox(int from, int to) {
-  uint64_t stride = sizeof(MailboxHeader) + header_->mailbox_bytes;
-  return *reinterpret_cast<MailboxHeader*>(static_cast<char*>(base_) + header_->mailboxes_offset +
+  uint64_t stride = sizeof(MailboxHeader) + layout_.mailbox_bytes;
+  return *reinterpret_cast<MailboxHeader*>(static_cast<char*>(base_) + layout_.mailboxes_offset +
                                            stride * (static_cast<uint64_t>(from) * nranks() + to));
 }
 

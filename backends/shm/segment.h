@@ -168,15 +168,19 @@ class GroupSegment {
   GroupSegment& operator=(const GroupSegment&) = delete;
 
   const std::string& name() const { return name_; }
-  int nranks() const { return header_->nranks; }
-  uint64_t slot_bytes() const { return header_->slot_bytes; }
+  // The layout (ranks, sizes, offsets) is read from the header once, when
+  // mapped (Open checks it against the file's size), and kept here: the
+  // header is writable by the group's user, and what it says later moves
+  // no pointer of this process.
+  int nranks() const { return layout_.nranks; }
+  uint64_t slot_bytes() const { return layout_.slot_bytes; }
   // SegmentHeader::node_cpus. The creator sets it before it hands the
   // segment's name to any rank; ranks only read it.
   void set_node_cpus(unsigned cpus) { header_->node_cpus = cpus; }
   unsigned node_cpus() const { return header_->node_cpus; }
   SegmentHeader& header() { return *header_; }
   RankControl& rank(int i) { return controls_[i]; }
-  char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * header_->slot_bytes; }
+  char* slot(int i) { return slots_ + static_cast<uint64_t>(i) * layout_.slot_bytes; }
   // Rank i's lane for rounds of parity `parity` (RankControl::lane).
   char* lane(int i, uint64_t parity) { return controls_[i].lane[parity & 1]; }
   static constexpr size_t kLaneBytes = sizeof(RankControl::lane[0]);
@@ -188,13 +192,13 @@ class GroupSegment {
   char* mailbox_data(int from, int to) {
     return reinterpret_cast<char*>(&mailbox(from, to)) + sizeof(MailboxHeader);
   }
-  uint64_t mailbox_bytes() const { return header_->mailbox_bytes; }
+  uint64_t mailbox_bytes() const { return layout_.mailbox_bytes; }
   // Rank i's flight-recorder ring (trace.h): its header, then
   // trace_records() records.
-  uint64_t trace_records() const { return header_->trace_records; }
+  uint64_t trace_records() const { return layout_.trace_records; }
   TraceRingHeader& trace_ring(int i) {
-    return *reinterpret_cast<TraceRingHeader*>(static_cast<char*>(base_) + header_->trace_offset +
-                                               header_->trace_stride * static_cast<uint64_t>(i));
+    return *reinterpret_cast<TraceRingHeader*>(static_cast<char*>(base_) + layout_.trace_offset +
+                                               layout_.trace_stride * static_cast<uint64_t>(i));
   }
   TraceRecord* trace_records(int i) {
     return reinterpret_cast<TraceRecord*>(reinterpret_cast<char*>(&trace_ring(i)) +
@@ -242,6 +246,12 @@ class GroupSegment {
   // or the call failed): then a registered waker's last store may still
   // be on its way.
   static bool FenceAllWakers();
+
+  // Whether a page of this mapping past its file's end was replaced by an
+  // anonymous one (the group's user truncated the file; only in a process
+  // that ran mapping_guard::Install, i.e. musterd).
+  bool truncated() const;
+
   template <typename Ready>
   void SleepUnless(uint32_t seen, int64_t timeout_us, Ready ready) {
     header_->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -251,7 +261,17 @@ class GroupSegment {
   }
 
  private:
-  GroupSegment(std::string name, void* base, size_t bytes);
+  struct Layout {
+    int nranks = 0;
+    uint64_t slot_bytes = 0;
+    uint64_t slots_offset = 0;
+    uint64_t mailbox_bytes = 0;
+    uint64_t mailboxes_offset = 0;
+    uint64_t trace_records = 0;
+    uint64_t trace_offset = 0;
+    uint64_t trace_stride = 0;
+  };
+  GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout);
   // The abort word once an abort being recorded is (its kind; 0 if none).
   uint32_t SettledAbortWord() const;
   void FutexWait(uint32_t seen, int64_t timeout_us);
@@ -259,8 +279,10 @@ class GroupSegment {
   void* base_;
   size_t bytes_;
   SegmentHeader* header_;
+  Layout layout_;
   RankControl* controls_;
   char* slots_;
+  int guard_ = -1;  // mapping_guard's handle for this mapping (-1: none)
   std::atomic<bool> local_abort_{false};
   // std::mutex, not absl::Mutex: ThreadSanitizer cannot see into Debian's
   // Abseil, and the backends' tests run ranks as threads.

@@ -191,8 +191,11 @@ std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t firs
     range->next = next;
   }
   begin = std::max(begin, first);
+  if (kept == 0 || begin > next) return out;
   TraceRecord* records = segment.trace_records(rank);
-  for (uint64_t id = begin; id <= next && kept > 0; ++id) {
+  // From begin to next, both included: at most `kept` ids, and no wrap past
+  // 2^64 - 1 (the ring's header is written by the group's ranks).
+  for (uint64_t id = begin;; ++id) {
     TraceRecord* r = &records[(id - 1) % capacity];
     for (int attempt = 0; attempt < 1000; ++attempt) {
       uint32_t v1 = r->version.load(std::memory_order_acquire);
@@ -225,6 +228,7 @@ std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t firs
       out.push_back(e);
       break;
     }
+    if (id == next) break;
   }
   return out;
 }

@@ -130,6 +130,15 @@ void Registry::ReapLoop() {
     // segment says so; musterd learns it here and keeps the evidence.
     for (auto& [id, job] : jobs_) {
       for (auto& [name, g] : job.groups) {
+        if (g.segment != nullptr && !g.truncation_logged && g.segment->truncated()) {
+          // mapping_guard kept musterd alive; the group's
+          // own ranks cannot go on.
+          g.truncation_logged = true;
+          MLOG(WARNING) << "job " << id << ": group " << name << "'s shared memory "
+                        << g.segment->name()
+                        << " was truncated under musterd (by its user); its pages read as zeros "
+                           "here";
+        }
         if (g.dumped || g.segment == nullptr ||
             g.segment->header().aborted.load(std::memory_order_acquire) !=
                 static_cast<uint32_t>(AbortKind::kAborted)) {

@@ -288,8 +288,9 @@ class Registry {
     // The segment this node's members run collectives on (all members of a
     // node-local group; this node's members of a spanning group).
     std::shared_ptr<GroupSegment> segment;
-    std::vector<int> shm_ranks;  // group rank of each segment rank
-    bool dumped = false;         // its recorder was written since it (re)formed
+    std::vector<int> shm_ranks;      // group rank of each segment rank
+    bool dumped = false;             // its recorder was written since it (re)formed
+    bool truncation_logged = false;  // its user truncated its segment: said once
   };
   struct Job {
     std::string id;

@@ -1,0 +1,80 @@
+#include "common/mapping_guard.h"
+
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+
+namespace muster::mapping_guard {
+namespace {
+
+// An entry is claimed by a compare-and-swap of `begin` from 0 to 1, then
+// filled (end, then begin), and freed by storing 0 before the unmap.
+struct Entry {
+  std::atomic<uintptr_t> begin{0};
+  std::atomic<uintptr_t> end{0};
+  std::atomic<bool> replaced{false};
+};
+constexpr int kEntries = 4096;
+Entry entries[kEntries];
+std::atomic<bool> installed{false};
+struct sigaction before;
+uintptr_t page_bytes = 4096;
+
+void OnSigbus(int, siginfo_t* info, void*) {
+  const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+  for (Entry& e : entries) {
+    const uintptr_t begin = e.begin.load(std::memory_order_acquire);
+    if (begin <= 1 || at < begin || at >= e.end.load(std::memory_order_acquire)) continue;
+    void* page = reinterpret_cast<void*>(at & ~(page_bytes - 1));
+    if (::mmap(page, page_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+               -1, 0) != MAP_FAILED) {
+      e.replaced.store(true, std::memory_order_relaxed);
+      return;  // the access is retried on the new page
+    }
+    break;
+  }
+  // Not a guarded page: returning retries the access under the handler
+  // there was before (by default the process dies of SIGBUS).
+  ::sigaction(SIGBUS, &before, nullptr);
+}
+
+}  // namespace
+
+bool Install() {
+  if (installed.load()) return true;
+  page_bytes = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  struct sigaction action {};
+  action.sa_sigaction = OnSigbus;
+  action.sa_flags = SA_SIGINFO | SA_NODEFER;
+  sigemptyset(&action.sa_mask);
+  if (::sigaction(SIGBUS, &action, &before) != 0) return false;
+  installed.store(true, std::memory_order_release);
+  return true;
+}
+
+int Guard(void* base, size_t bytes) {
+  if (!installed.load(std::memory_order_acquire)) return -1;
+  for (int i = 0; i < kEntries; ++i) {
+    uintptr_t free = 0;
+    if (!entries[i].begin.compare_exchange_strong(free, 1)) continue;
+    entries[i].replaced.store(false, std::memory_order_relaxed);
+    entries[i].end.store(reinterpret_cast<uintptr_t>(base) + bytes, std::memory_order_release);
+    entries[i].begin.store(reinterpret_cast<uintptr_t>(base), std::memory_order_release);
+    return i;
+  }
+  return -1;
+}
+
+void Unguard(int handle) {
+  if (handle >= 0 && handle < kEntries) entries[handle].begin.store(0, std::memory_order_release);
+}
+
+bool Replaced(int handle) {
+  return handle >= 0 && handle < kEntries &&
+         entries[handle].replaced.load(std::memory_order_relaxed);
+}
+
+}  // namespace muster::mapping_guard
