@@ -235,6 +235,24 @@ std::string Registry::TrustedPeerAddress(const std::string& daemon,
   return store_auth::ProofEquals(proof, expected) ? address : "";
 }
 
+absl::Status Registry::TakeWait(const Job& job, const std::string& what) {
+  int& running = waits_by_uid_[job.owner_uid];
+  if (running >= options_.max_waits_per_user) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat(what, " of job '", job.id, "' would be wait ", running + 1,
+                     " for other ranks of uid ", job.owner_uid, " on this daemon (at most ",
+                     options_.max_waits_per_user, " at once: group formations and barriers)"));
+  }
+  ++running;
+  return absl::OkStatus();
+}
+
+void Registry::ReleaseWait(int64_t uid) {
+  absl::MutexLock lock(&mu_);
+  auto it = waits_by_uid_.find(uid);
+  if (it != waits_by_uid_.end() && --it->second <= 0) waits_by_uid_.erase(it);
+}
+
 absl::Status Registry::Authorize(const Job& job, const Caller& who) {
   if (who.MayAccess(job.owner_uid)) return absl::OkStatus();
   return absl::PermissionDeniedError(absl::StrCat("job '", job.id, "' belongs to uid ",
@@ -778,6 +796,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
   std::shared_ptr<JobCoordinator> coordinator;
   std::string spec;
   int64_t epoch = 0;
+  int64_t owner_uid = -1;                    // of the job, for ReleaseWait
   std::vector<std::function<void()>> later;  // outside the lock
   std::vector<GroupDone> immediate;
   absl::StatusOr<v1::GroupInfo> immediate_result = absl::UnknownError("unset");
@@ -810,6 +829,14 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
     if (bad.ok()) {
       spec = GroupSpec(ranks, backend, local_sync);
       epoch = job->ranks[caller].info.epoch();
+      if (job->groups.count(req.name()) == 0 &&
+          static_cast<int>(job->groups.size()) >= options_.max_groups_per_job) {
+        bad = absl::ResourceExhaustedError(absl::StrCat(
+            "job '", job->id, "' holds ", job->groups.size(), " groups on this daemon (at most ",
+            options_.max_groups_per_job, "); destroy those it no longer uses"));
+      }
+    }
+    if (bad.ok()) {
       auto [it, created] = job->groups.try_emplace(req.name());
       Group& g = it->second;
       if (!created && g.info.epoch() > epoch) {
@@ -860,6 +887,12 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
         bad = absl::AlreadyExistsError(
             absl::StrCat("rank ", caller, " already created group '", req.name(), "'"));
       }
+      if (bad.ok() && !g.formed && g.failure.ok() && !g.waiter_started) {
+        bad = TakeWait(*job, absl::StrCat("forming group '", req.name(), "'"));
+        if (!bad.ok() && created) {
+          job->groups.erase(it);  // as if never asked (g is gone: bad stays set)
+        }
+      }
       if (bad.ok()) {
         g.arrived_local.insert(caller);
         if (g.formed || !g.failure.ok()) {
@@ -875,6 +908,7 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
           g.waiter_started = true;
         }
         coordinator = job->coordinator;
+        owner_uid = job->owner_uid;
       }
     }
   }
@@ -890,11 +924,12 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
   // Every caller publishes its own arrival; the first local caller also
   // waits for the others on behalf of all local ranks (fan-in).
   Spawn(WorkerPool::Kind::kShort,
-        [this, coordinator, job_id, name, spec, caller, start_waiter, epoch] {
+        [this, coordinator, job_id, name, spec, caller, start_waiter, epoch, owner_uid] {
           const std::string path = GroupPath(epoch, name);
           absl::Status s = coordinator->PublishGroupSpec(path, name, spec);
           if (s.ok()) s = coordinator->Arrive(path + "/arrived", {caller});
           if (!s.ok()) {
+            if (start_waiter) ReleaseWait(owner_uid);
             std::vector<GroupDone> failed;
             {
               absl::MutexLock lock(&mu_);
@@ -912,8 +947,10 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
             return;
           }
           if (start_waiter) {
-            Spawn(WorkerPool::Kind::kBlocking,
-                  [this, job_id, name, epoch] { FormGroup(job_id, name, epoch); });
+            Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name, epoch, owner_uid] {
+              FormGroup(job_id, name, epoch);
+              ReleaseWait(owner_uid);
+            });
           }
         });
 }
@@ -1001,6 +1038,7 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
   std::vector<int> members;
   absl::Duration timeout;
   bool start_waiter = false;
+  int64_t owner_uid = -1;  // of the job, for ReleaseWait
   std::string path;
   absl::Status bad;
   {
@@ -1039,15 +1077,24 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
                   absl::StrCat("rank ", caller, " already entered barrier ", req.sequence(),
                                " of group '", req.name(), "'"));
             } else {
-              b.arrived.insert(caller);
-              b.waiting[caller] = std::move(done);
-              start_waiter = !b.waiter_started;
-              b.waiter_started = true;
-              coordinator = job->coordinator;
-              members = g.ranks;
-              timeout = TimeoutOf(req.timeout(), g.timeout);
-              path =
-                  absl::StrCat(GroupPath(g.info.epoch(), req.name()), "/barrier/", req.sequence());
+              if (!b.waiter_started) {
+                bad = TakeWait(
+                    *job, absl::StrCat("barrier ", req.sequence(), " on group '", req.name(), "'"));
+              }
+              if (!bad.ok()) {
+                if (b.waiting.empty() && b.arrived.empty()) g.barriers.erase(req.sequence());
+              } else {
+                b.arrived.insert(caller);
+                b.waiting[caller] = std::move(done);
+                start_waiter = !b.waiter_started;
+                b.waiter_started = true;
+                coordinator = job->coordinator;
+                owner_uid = job->owner_uid;
+                members = g.ranks;
+                timeout = TimeoutOf(req.timeout(), g.timeout);
+                path = absl::StrCat(GroupPath(g.info.epoch(), req.name()), "/barrier/",
+                                    req.sequence());
+              }
             }
           }
         }
@@ -1061,27 +1108,30 @@ void Registry::Barrier(const v1::BarrierRequest& req, const Caller& who, StatusD
   std::string job_id = req.caller().job_id();
   std::string name = req.name();
   int64_t seq = req.sequence();
-  Spawn(WorkerPool::Kind::kShort,
-        [this, coordinator, job_id, name, seq, caller, members, timeout, start_waiter, path] {
-          absl::Status s = coordinator->Arrive(path, {caller});
-          if (s.ok() && !start_waiter) return;
-          if (s.ok()) {
-            Spawn(WorkerPool::Kind::kBlocking, [this, job_id, name, seq, members, timeout, path] {
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, name, seq, caller, members, timeout,
+                                   start_waiter, path, owner_uid] {
+    absl::Status s = coordinator->Arrive(path, {caller});
+    if (s.ok() && !start_waiter) return;
+    if (s.ok()) {
+      Spawn(WorkerPool::Kind::kBlocking,
+            [this, job_id, name, seq, members, timeout, path, owner_uid] {
               RunBarrier(job_id, name, seq, members, timeout, path);
+              ReleaseWait(owner_uid);
             });
-            return;
-          }
-          std::vector<StatusDone> failed;
-          {
-            absl::MutexLock lock(&mu_);
-            Job* job = FindJob(job_id);
-            if (job == nullptr || job->groups.count(name) == 0) return;
-            auto& b = job->groups[name].barriers[seq];
-            for (auto& [r, d] : b.waiting) failed.push_back(std::move(d));
-            b.waiting.clear();
-          }
-          for (auto& d : failed) d(s);
-        });
+      return;
+    }
+    if (start_waiter) ReleaseWait(owner_uid);
+    std::vector<StatusDone> failed;
+    {
+      absl::MutexLock lock(&mu_);
+      Job* job = FindJob(job_id);
+      if (job == nullptr || job->groups.count(name) == 0) return;
+      auto& b = job->groups[name].barriers[seq];
+      for (auto& [r, d] : b.waiting) failed.push_back(std::move(d));
+      b.waiting.clear();
+    }
+    for (auto& d : failed) d(s);
+  });
 }
 
 void Registry::RunBarrier(std::string job_id, std::string name, int64_t sequence,

@@ -129,6 +129,13 @@ struct RegistryOptions {
   // Worker threads for store traffic and waits (a few are kept for short
   // tasks, so that waits never starve the arrivals they wait for).
   int max_workers = 64;
+  // Waits for other ranks (a group's formation, a barrier) that one user's
+  // jobs may have running at once on this daemon: each holds one of the
+  // max_workers - 4 threads for blocking work until it ends, so one user
+  // cannot take them all from the others. Beyond it: RESOURCE_EXHAUSTED.
+  int max_waits_per_user = 24;
+  // Groups one job may hold on this daemon.
+  int max_groups_per_job = 4096;
   // How often the flight recorders are swept into the per-op collective
   // metrics (collective_metrics.h; also on every metrics scrape).
   absl::Duration collective_sweep_period = absl::Milliseconds(100);
@@ -334,6 +341,10 @@ class Registry {
   void Spawn(WorkerPool::Kind kind, std::function<void()> fn);
   // Whether `rank` of `job` may join it as described by `request` from
   // `who` (generation, owner, world size, store, a rank already held).
+  // Counts a wait for `job`'s owner, or RESOURCE_EXHAUSTED naming the limit.
+  absl::Status TakeWait(const Job& job, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait TakeWait counted for `uid` ended.
+  void ReleaseWait(int64_t uid);
   static absl::Status ValidateJoin(const Job& job, const v1::RegisterRequest& request,
                                    const Caller& who);
   // Makes waits of `job` re-check why they might give up.
@@ -397,6 +408,9 @@ class Registry {
   std::string control_address_;  // SetControlAddress, before any session: as published
   absl::Mutex mu_;
   std::map<std::string, Job> jobs_ ABSL_GUARDED_BY(mu_);
+  // Waits (formations, barriers) running per job owner's uid
+  // (options_.max_waits_per_user).
+  std::map<int64_t, int> waits_by_uid_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<std::string, int>> sessions_
       ABSL_GUARDED_BY(mu_);  // id -> job, rank
   uint64_t next_session_ ABSL_GUARDED_BY(mu_) = 1;

@@ -725,6 +725,63 @@ TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with t
   }
 }
 
+TEST_CASE("one user's waits for other ranks, and a job's groups, are bounded on a daemon") {
+  // Each formation or barrier that waits for ranks elsewhere holds one of
+  // the daemon's blocking threads: one user's jobs may hold only so many.
+  Fixture f("", nullptr, nullptr, "node-a", Fixture::kNodeCpus, [](RegistryOptions* o) {
+    o->max_waits_per_user = 2;
+    o->max_groups_per_job = 4;
+  });
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  auto world = f.FormPair("world");
+  REQUIRE(world.ok());
+  // Rank 1 never comes to these: rank 0's creation starts each wait.
+  Result<absl::StatusOr<v1::GroupInfo>> a, b, c;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "a", absl::Milliseconds(300)), f.caller, a.callback());
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "b", absl::Seconds(30)), f.caller, b.callback());
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "c", absl::Seconds(30)), f.caller, c.callback());
+  REQUIRE(c.Await().status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(c.value.status().message() ==
+        absl::StrCat("forming group 'c' of job 'job' would be wait 3 for other ranks of uid ",
+                     ::getuid(),
+                     " on this daemon (at most 2 at once: group formations and barriers)"));
+  // A barrier waits too (rank 1 is not in it yet).
+  v1::BarrierRequest barrier;
+  barrier.mutable_caller()->set_job_id("job");
+  barrier.mutable_caller()->set_global_rank(0);
+  barrier.set_name("world");
+  barrier.set_sequence(1);
+  Result<absl::Status> refused;
+  f.registry->Barrier(barrier, f.caller, refused.callback());
+  CHECK(refused.Await().code() == absl::StatusCode::kResourceExhausted);
+
+  // Once "a" timed out its wait is free again, and the refusals left
+  // nothing behind: "c" waits now, and the barrier too once "b" is aborted.
+  CHECK(a.Await().status().code() == absl::StatusCode::kDeadlineExceeded);
+  absl::SleepFor(absl::Milliseconds(200));  // the wait's thread returns after telling "a"
+  Result<absl::StatusOr<v1::GroupInfo>> c2;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "c", absl::Seconds(30)), f.caller, c2.callback());
+  CHECK_FALSE(c2.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+  REQUIRE(f.registry->AbortGroup("job", "b", "make room", Caller::InProcess()).ok());
+  CHECK(b.Await().status().code() == absl::StatusCode::kAborted);
+  absl::SleepFor(absl::Milliseconds(200));
+  Result<absl::Status> waits;
+  f.registry->Barrier(barrier, f.caller, waits.callback());
+  CHECK_FALSE(waits.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
+
+  // The job holds world, a, b and c now: a fifth name is refused.
+  Result<absl::StatusOr<v1::GroupInfo>> d;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "d", absl::Seconds(30)), f.caller, d.callback());
+  REQUIRE(d.Await().status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(d.value.status().message() ==
+        "job 'job' holds 4 groups on this daemon (at most 4); destroy those it no longer uses");
+  // The waits still pending end now, while their results are alive.
+  f.registry->Shutdown();
+  CHECK_FALSE(c2.Await().ok());
+  CHECK_FALSE(waits.Await().ok());
+}
+
 TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {
   RegistryOptions options;
   options.max_world_size = 8;
