@@ -50,11 +50,8 @@ void FutexWait(std::atomic<uint32_t>* word, uint32_t seen, absl::Duration timeou
 
 }  // namespace
 
-GpuChannel::GpuChannel(std::string name, Layout* layout, bool owner)
-    : name_(std::move(name)),
-      layout_(layout),
-      owner_(owner),
-      guard_(mapping_guard::Guard(layout, sizeof(Layout))) {}
+GpuChannel::GpuChannel(std::string name, Layout* layout, bool owner, int guard)
+    : name_(std::move(name)), layout_(layout), owner_(owner), guard_(guard) {}
 
 GpuChannel::~GpuChannel() {
   mapping_guard::Unguard(guard_);
@@ -88,9 +85,16 @@ absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Create(const std::string
     ::shm_unlink(name.c_str());
     return absl::InternalError(absl::StrCat("mmap ", name, ": ", std::strerror(errno)));
   }
+  // Guarded before the first access: the rank's user can resize the file.
+  const int guard = mapping_guard::Guard(base, sizeof(Layout));
+  if (guard < 0 && mapping_guard::Installed()) {
+    ::munmap(base, sizeof(Layout));
+    ::shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": too many mappings to guard"));
+  }
   auto* layout = static_cast<Layout*>(base);  // zero-filled by ftruncate
   layout->magic = Layout::kMagic;
-  return std::unique_ptr<GpuChannel>(new GpuChannel(name, layout, true));
+  return std::unique_ptr<GpuChannel>(new GpuChannel(name, layout, true, guard));
 }
 
 absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Open(const std::string& name) {
@@ -108,12 +112,18 @@ absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Open(const std::string& 
   if (base == MAP_FAILED) {
     return absl::UnavailableError(absl::StrCat("mmap ", name, ": ", std::strerror(errno)));
   }
+  const int guard = mapping_guard::Guard(base, sizeof(Layout));
+  if (guard < 0 && mapping_guard::Installed()) {
+    ::munmap(base, sizeof(Layout));
+    return absl::ResourceExhaustedError(absl::StrCat(name, ": too many mappings to guard"));
+  }
   auto* layout = static_cast<Layout*>(base);
   if (layout->magic != Layout::kMagic) {
+    mapping_guard::Unguard(guard);
     ::munmap(base, sizeof(Layout));
     return absl::UnavailableError(absl::StrCat(name, " is not a muster GPU channel"));
   }
-  return std::unique_ptr<GpuChannel>(new GpuChannel(name, layout, false));
+  return std::unique_ptr<GpuChannel>(new GpuChannel(name, layout, false, guard));
 }
 
 absl::StatusOr<uint64_t> GpuChannel::Call(const std::string& request, absl::Time deadline) {

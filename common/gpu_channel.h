@@ -74,7 +74,7 @@ class GpuChannel {
 
  private:
   struct Layout;
-  GpuChannel(std::string name, Layout* layout, bool owner);
+  GpuChannel(std::string name, Layout* layout, bool owner, int guard);
   std::string name_;
   Layout* layout_;
   bool owner_;

@@ -17,31 +17,39 @@ struct Entry {
   std::atomic<uintptr_t> end{0};
   std::atomic<bool> replaced{false};
 };
-constexpr int kEntries = 4096;
+constexpr int kEntries = 16384;
 Entry entries[kEntries];
 std::atomic<bool> installed{false};
 struct sigaction before;
 uintptr_t page_bytes = 4096;
 
 void OnSigbus(int, siginfo_t* info, void*) {
-  const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
-  for (Entry& e : entries) {
-    const uintptr_t begin = e.begin.load(std::memory_order_acquire);
-    if (begin <= 1 || at < begin || at >= e.end.load(std::memory_order_acquire)) continue;
-    void* page = reinterpret_cast<void*>(at & ~(page_bytes - 1));
-    if (::mmap(page, page_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-               -1, 0) != MAP_FAILED) {
-      e.replaced.store(true, std::memory_order_relaxed);
-      return;  // the access is retried on the new page
+  // Only an access past a file's end (BUS_ADRERR), not a SIGBUS sent with
+  // kill(2) or a hardware error.
+  if (info->si_code == BUS_ADRERR) {
+    const uintptr_t at = reinterpret_cast<uintptr_t>(info->si_addr);
+    for (Entry& e : entries) {
+      const uintptr_t begin = e.begin.load(std::memory_order_acquire);
+      if (begin <= 1 || at < begin || at >= e.end.load(std::memory_order_acquire)) continue;
+      void* page = reinterpret_cast<void*>(at & ~(page_bytes - 1));
+      if (::mmap(page, page_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+                 -1, 0) != MAP_FAILED) {
+        e.replaced.store(true, std::memory_order_relaxed);
+        return;  // the access is retried on the new page
+      }
+      break;
     }
-    break;
   }
-  // Not a guarded page: returning retries the access under the handler
-  // there was before (by default the process dies of SIGBUS).
+  // Anything else gets the handler there was before (by default the process
+  // dies): a fault by retrying the access, a signal by raising it again.
+  installed.store(false, std::memory_order_relaxed);
   ::sigaction(SIGBUS, &before, nullptr);
+  if (info->si_code <= 0) ::raise(SIGBUS);
 }
 
 }  // namespace
+
+bool Installed() { return installed.load(std::memory_order_acquire); }
 
 bool Install() {
   if (installed.load()) return true;

@@ -19,8 +19,12 @@ namespace muster::mapping_guard {
 
 // Installs the SIGBUS handler. Returns false if it could not.
 bool Install();
-// Guards [base, base + bytes): the handle to pass to Unguard and Replaced,
-// or -1 (Install did not run, or 4096 mappings are guarded already).
+// Whether Install ran (then a mapping Guard cannot take must not be used
+// for a file another user can resize).
+bool Installed();
+// Guards [base, base + bytes), to call right after the mmap, before the
+// first access: the handle to pass to Unguard and Replaced, or -1 (Install
+// did not run, or 16384 mappings are guarded already).
 int Guard(void* base, size_t bytes);
 // Before the mapping is unmapped. -1: nothing.
 void Unguard(int handle);

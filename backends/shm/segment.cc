@@ -38,13 +38,25 @@ uint64_t SlotsOffset(int nranks) {
 
 bool GroupSegment::truncated() const { return mapping_guard::Replaced(guard_); }
 
-GroupSegment::GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout)
-    : name_(std::move(name)), base_(base), bytes_(bytes), layout_(layout) {
+GroupSegment::GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout,
+                           int guard)
+    : name_(std::move(name)), base_(base), bytes_(bytes), guard_(guard), layout_(layout) {
   header_ = static_cast<SegmentHeader*>(base);
   controls_ = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
   slots_ = static_cast<char*>(base) + layout_.slots_offset;
-  guard_ = mapping_guard::Guard(base, bytes);
 }
+
+namespace {
+
+// mapping_guard's handle for a fresh mapping of a file the group's user can
+// resize, taken before its first access; where the guard is installed
+// (musterd) but full, the mapping is given up (false).
+bool GuardFresh(void* base, size_t bytes, int* guard) {
+  *guard = mapping_guard::Guard(base, bytes);
+  return *guard >= 0 || !mapping_guard::Installed();
+}
+
+}  // namespace
 
 GroupSegment::~GroupSegment() {
   mapping_guard::Unguard(guard_);
@@ -74,7 +86,9 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
           ? 0
           : RoundUp(sizeof(TraceRingHeader) + sizeof(TraceRecord) * trace_records, 4096);
   uint64_t bytes = trace_offset + trace_stride * nranks;
-  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  // O_EXCL: a file someone made under that name beforehand (and may still
+  // hold open) is never taken over.
+  int fd = ::shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("shm_open ", name));
   if (owner_uid >= 0 && static_cast<uid_t>(owner_uid) != ::geteuid() &&
       ::fchown(fd, static_cast<uid_t>(owner_uid), static_cast<gid_t>(-1)) != 0) {
@@ -95,6 +109,13 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   if (base == MAP_FAILED) {
     ::shm_unlink(name.c_str());
     return ErrnoToStatus(err, absl::StrCat("mmap ", name));
+  }
+  int guard;
+  if (!GuardFresh(base, bytes, &guard)) {
+    ::munmap(base, bytes);
+    ::shm_unlink(name.c_str());
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory ", name, ": too many mappings to guard"));
   }
   auto* h = new (base) SegmentHeader();
   h->version = kVersion;
@@ -151,7 +172,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   layout.trace_records = trace_records;
   layout.trace_offset = trace_offset;
   layout.trace_stride = trace_stride;
-  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes, layout));
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes, layout, guard));
 }
 
 absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::string& name,
@@ -167,6 +188,12 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
   int err = errno;
   ::close(fd);
   if (base == MAP_FAILED) return ErrnoToStatus(err, absl::StrCat("mmap ", name));
+  int guard;
+  if (!GuardFresh(base, st.st_size, &guard)) {
+    ::munmap(base, st.st_size);
+    return absl::ResourceExhaustedError(
+        absl::StrCat("shared memory ", name, ": too many mappings to guard"));
+  }
   auto* h = static_cast<SegmentHeader*>(base);
   uint64_t magic =
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
@@ -192,11 +219,12 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
        (l.trace_stride < sizeof(TraceRingHeader) + sizeof(TraceRecord) * l.trace_records ||
         l.trace_stride > size || l.trace_offset > size ||
         l.trace_offset + l.trace_stride * n > size))) {
+    mapping_guard::Unguard(guard);
     ::munmap(base, st.st_size);
     return absl::DataLossError(absl::StrCat("shared memory ", name, " is not a ", expected_nranks,
                                             "-rank muster group segment"));
   }
-  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, st.st_size, l));
+  return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, st.st_size, l, guard));
 }
 
 void GroupSegment::Unlink(const std::string& name) { ::shm_unlink(name.c_str()); }

@@ -148,7 +148,8 @@ class GroupSegment {
   static constexpr uint64_t kDefaultTraceRecords = 2048;
   static constexpr uint64_t kMaxTraceRecords = 1 << 20;
 
-  // Creates (and truncates) the segment `name` (a POSIX shm name, "/…"),
+  // Creates the segment `name` (a POSIX shm name, "/…"; ALREADY_EXISTS if
+  // there is one),
   // readable and writable by its owner only: `owner_uid` (the user whose
   // ranks map it) if >= 0, else the calling process's user.
   static absl::StatusOr<std::unique_ptr<GroupSegment>> Create(
@@ -271,18 +272,18 @@ class GroupSegment {
     uint64_t trace_offset = 0;
     uint64_t trace_stride = 0;
   };
-  GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout);
+  GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout, int guard);
   // The abort word once an abort being recorded is (its kind; 0 if none).
   uint32_t SettledAbortWord() const;
   void FutexWait(uint32_t seen, int64_t timeout_us);
   std::string name_;
   void* base_;
   size_t bytes_;
+  int guard_;  // mapping_guard's handle for this mapping (-1: none)
   SegmentHeader* header_;
   Layout layout_;
   RankControl* controls_;
   char* slots_;
-  int guard_ = -1;  // mapping_guard's handle for this mapping (-1: none)
   std::atomic<bool> local_abort_{false};
   // std::mutex, not absl::Mutex: ThreadSanitizer cannot see into Debian's
   // Abseil, and the backends' tests run ranks as threads.

@@ -829,11 +829,16 @@ void Registry::CreateGroup(const v1::CreateGroupRequest& req, const Caller& who,
     if (bad.ok()) {
       spec = GroupSpec(ranks, backend, local_sync);
       epoch = job->ranks[caller].info.epoch();
-      if (job->groups.count(req.name()) == 0 &&
-          static_cast<int>(job->groups.size()) >= options_.max_groups_per_job) {
-        bad = absl::ResourceExhaustedError(absl::StrCat(
-            "job '", job->id, "' holds ", job->groups.size(), " groups on this daemon (at most ",
-            options_.max_groups_per_job, "); destroy those it no longer uses"));
+      if (job->groups.count(req.name()) == 0) {
+        int live = 0;  // destroyed groups do not count
+        for (const auto& [n, other] : job->groups) {
+          live += other.info.state() != v1::GROUP_STATE_DESTROYED;
+        }
+        if (live >= options_.max_groups_per_job) {
+          bad = absl::ResourceExhaustedError(
+              absl::StrCat("job '", job->id, "' holds ", live, " groups on this daemon (at most ",
+                           options_.max_groups_per_job, "); destroy those it no longer uses"));
+        }
       }
     }
     if (bad.ok()) {
@@ -1180,6 +1185,7 @@ absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req, const Ca
   if (g.destroyed_by.size() == g.arrived_local.size()) {
     g.info.set_state(v1::GROUP_STATE_DESTROYED);
     if (g.segment != nullptr) GroupSegment::Unlink(g.segment->name());
+    g.segment = nullptr;  // its mapping goes once the recorder's last sweep read it
   }
   return absl::OkStatus();
 }
@@ -1677,7 +1683,10 @@ void Registry::AttachSegment(Job& job, Group& g) {
     if (it != job.ranks.end() && it->second.local) local.push_back(static_cast<int>(i));
   }
   if (local.empty()) return;  // only non-members of it run here
-  std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++);
+  // A name nobody can guess ahead (Create refuses one that exists).
+  absl::StatusOr<std::string> nonce = store_auth::RandomNonce();
+  std::string name = absl::StrCat("/muster.", ::getpid(), ".", next_segment_++, ".",
+                                  nonce.ok() ? absl::BytesToHexString(nonce->substr(0, 8)) : "");
   auto segment = GroupSegment::Create(name, static_cast<int>(local.size()), options_.shm_slot_bytes,
                                       256 << 10, job.owner_uid, options_.trace_records);
   if (!segment.ok()) {
@@ -2011,6 +2020,7 @@ Registry::Counts Registry::counts() {
   Counts c;
   c.sessions = static_cast<int>(sessions_.size());
   c.jobs = static_cast<int>(jobs_.size());
+  for (const auto& [uid, n] : waits_by_uid_) c.waits += n;
   for (const auto& [id, job] : jobs_) {
     for (const auto& [name, g] : job.groups) {
       if (g.info.state() != v1::GROUP_STATE_DESTROYED) ++c.groups;

@@ -245,6 +245,7 @@ class Registry {
     int sessions = 0;
     int jobs = 0;
     int groups = 0;
+    int waits = 0;  // formations and barriers waiting for other ranks, all users
   };
   Counts counts();
 

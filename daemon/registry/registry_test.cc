@@ -736,6 +736,11 @@ TEST_CASE("one user's waits for other ranks, and a job's groups, are bounded on 
   REQUIRE(f.Register(1, 2).ok());
   auto world = f.FormPair("world");
   REQUIRE(world.ok());
+  // The formation's thread ends its wait just after it told the ranks.
+  auto waits_are = [&](int n) {
+    return Eventually([&] { return f.registry->counts().waits == n; });
+  };
+  REQUIRE(waits_are(0));
   // Rank 1 never comes to these: rank 0's creation starts each wait.
   Result<absl::StatusOr<v1::GroupInfo>> a, b, c;
   f.registry->CreateGroup(f.Group(0, {0, 1}, "a", absl::Milliseconds(300)), f.caller, a.callback());
@@ -759,13 +764,13 @@ TEST_CASE("one user's waits for other ranks, and a job's groups, are bounded on 
   // Once "a" timed out its wait is free again, and the refusals left
   // nothing behind: "c" waits now, and the barrier too once "b" is aborted.
   CHECK(a.Await().status().code() == absl::StatusCode::kDeadlineExceeded);
-  absl::SleepFor(absl::Milliseconds(200));  // the wait's thread returns after telling "a"
+  REQUIRE(waits_are(1));
   Result<absl::StatusOr<v1::GroupInfo>> c2;
   f.registry->CreateGroup(f.Group(0, {0, 1}, "c", absl::Seconds(30)), f.caller, c2.callback());
   CHECK_FALSE(c2.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
   REQUIRE(f.registry->AbortGroup("job", "b", "make room", Caller::InProcess()).ok());
   CHECK(b.Await().status().code() == absl::StatusCode::kAborted);
-  absl::SleepFor(absl::Milliseconds(200));
+  REQUIRE(waits_are(1));
   Result<absl::Status> waits;
   f.registry->Barrier(barrier, f.caller, waits.callback());
   CHECK_FALSE(waits.done.WaitForNotificationWithTimeout(absl::Milliseconds(100)));
@@ -776,6 +781,17 @@ TEST_CASE("one user's waits for other ranks, and a job's groups, are bounded on 
   REQUIRE(d.Await().status().code() == absl::StatusCode::kResourceExhausted);
   CHECK(d.value.status().message() ==
         "job 'job' holds 4 groups on this daemon (at most 4); destroy those it no longer uses");
+  // A destroyed group makes room: "d" passes that check now (and meets the
+  // limit of waits, which c2 and the barrier hold).
+  v1::DestroyGroupRequest destroy;
+  destroy.mutable_caller()->set_job_id("job");
+  destroy.mutable_caller()->set_global_rank(0);
+  destroy.set_name("a");
+  REQUIRE(f.registry->DestroyGroup(destroy, f.caller).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> d2;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "d", absl::Seconds(30)), f.caller, d2.callback());
+  REQUIRE(d2.Await().status().code() == absl::StatusCode::kResourceExhausted);
+  CHECK(absl::StartsWith(d2.value.status().message(), "forming group 'd'"));
   // The waits still pending end now, while their results are alive.
   f.registry->Shutdown();
   CHECK_FALSE(c2.Await().ok());
