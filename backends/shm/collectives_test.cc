@@ -1780,6 +1780,13 @@ TEST_CASE(
   // records were never written, so none is returned).
   CHECK(ReadTrace(s, 0, 0).empty());
   CHECK_FALSE(s.truncated());
+  // An abort word left "being recorded" (a claim nobody completes): the
+  // daemon's reading does not wait for it.
+  s.header().aborted.store(0xffffffffu);
+  const absl::Time start = absl::Now();
+  CHECK(s.abort_reason(/*wait=*/false) == "(the aborting process had not recorded why yet)");
+  CHECK(absl::Now() - start < absl::Milliseconds(90));  // waiting takes 100 ms
+  s.header().aborted.store(0);
   // A rank of that user opening it now is refused (its layout is wrong).
   CHECK(absl::IsDataLoss(GroupSegment::Open(name, 2).status()));
 

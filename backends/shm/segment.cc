@@ -316,9 +316,12 @@ absl::Status GroupSegment::local_abort_status() const {
   return local_status_;
 }
 
-std::string GroupSegment::abort_reason() const {
-  if (SettledAbortWord() == kAbortClaimed) {
-    return "(the aborting process stopped before it recorded why)";
+std::string GroupSegment::abort_reason(bool wait) const {
+  const uint32_t word =
+      wait ? SettledAbortWord() : header_->aborted.load(std::memory_order_acquire);
+  if (word == kAbortClaimed) {
+    return wait ? "(the aborting process stopped before it recorded why)"
+                : "(the aborting process had not recorded why yet)";
   }
   return std::string(header_->abort_reason,
                      strnlen(header_->abort_reason, sizeof(header_->abort_reason)));

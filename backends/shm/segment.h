@@ -210,9 +210,9 @@ class GroupSegment {
   // and wakes every waiter.
   void Abort(const std::string& reason, AbortKind kind = AbortKind::kAborted);
   bool aborted() const { return header_->aborted.load(std::memory_order_acquire) != 0; }
-  // The first aborter's reason (waits out an abort being recorded). Only
-  // when aborted().
-  std::string abort_reason() const;
+  // The first aborter's reason (waits out an abort being recorded, up to
+  // 100 ms, unless !wait). Only when aborted().
+  std::string abort_reason(bool wait = true) const;
   // The failure a waiter reports for the shared abort: `context`: reason,
   // ABORTED or UNAVAILABLE by the abort's kind. Only when aborted().
   absl::Status AbortStatus(absl::string_view context) const;

@@ -144,7 +144,9 @@ void Registry::ReapLoop() {
                 static_cast<uint32_t>(AbortKind::kAborted)) {
           continue;
         }
-        DumpGroup(job, g, g.segment->abort_reason());
+        // No waiting here with the registry's lock held: the word is the
+        // group's user's to write (it could hold "being recorded" for good).
+        DumpGroup(job, g, g.segment->abort_reason(/*wait=*/false));
       }
     }
     for (auto it = jobs_.begin(); it != jobs_.end();) {
