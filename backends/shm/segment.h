@@ -160,7 +160,7 @@ class GroupSegment {
                                                             int expected_nranks);
   // Removes the name (mappings stay valid until unmapped).
   static void Unlink(const std::string& name);
-  // Removes segments named "/muster.<pid>.<n>" whose creating daemon (pid)
+  // Removes segments named "/muster.<pid>.<n>..." whose creating daemon (pid)
   // no longer runs (a musterd killed with SIGKILL cannot clean up). Returns
   // how many were removed.
   static int RemoveStale();
