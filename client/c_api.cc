@@ -755,7 +755,11 @@ int muster_recv_anysource(muster_group* g, const muster_tensor* tensor, uint64_t
 
 int muster_batch_isend_irecv(muster_group* g, const muster_p2p_op* ops, size_t n,
                              muster_work** works) {
-  if (int c = CheckGroup(g, works); c != kOk) return c;
+  // `works` has n entries: none to clear (or check) when n is 0.
+  if (works == nullptr && n > 0) return InvalidArgument("works is null but n is not 0");
+  for (size_t i = 0; i < n; ++i) works[i] = nullptr;
+  muster_work* unused = nullptr;
+  if (int c = CheckGroup(g, &unused); c != kOk) return c;
   if (ops == nullptr && n > 0) return InvalidArgument("ops is null but n is not 0");
   return Guarded([&] {
     std::vector<muster::ProcessGroup::P2PRequest> requests(n);

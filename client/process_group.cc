@@ -35,7 +35,17 @@ absl::Status CheckTensor(const Tensor& t, const char* what) {
   if (static_cast<int>(t.dtype) >= kNumDTypes) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": unknown dtype"));
   }
+  // Its bytes, and those of a group's worth of it, must not wrap.
+  if (t.count > static_cast<size_t>(PTRDIFF_MAX) / DTypeSize(t.dtype)) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", t.count, " elements of ",
+                                                   DTypeName(t.dtype), " are more than memory"));
+  }
   return absl::OkStatus();
+}
+
+// count * n, or false if that wraps.
+bool TimesGroup(size_t count, size_t n, size_t* product) {
+  return !__builtin_mul_overflow(count, n, product);
 }
 
 absl::Status CheckList(const std::vector<Tensor>& list, size_t expected, size_t count, DType dtype,
@@ -481,9 +491,10 @@ std::shared_ptr<Work> ProcessGroup::Reduce(Tensor t, int root, ReduceOp op) {
 std::shared_ptr<Work> ProcessGroup::AllGatherIntoTensor(Tensor out, Tensor in) {
   if (absl::Status s = CheckTensor(in, "all_gather_into_tensor"); !s.ok()) return Failed(s);
   if (absl::Status s = CheckTensor(out, "all_gather_into_tensor"); !s.ok()) return Failed(s);
-  if (out.count != in.count * size() || out.dtype != in.dtype) {
+  size_t needed = 0;
+  if (!TimesGroup(in.count, size(), &needed) || out.count != needed || out.dtype != in.dtype) {
     return Failed(absl::InvalidArgumentError(absl::StrCat(
-        "all_gather_into_tensor: output needs ", in.count * size(), " ", DTypeName(in.dtype),
+        "all_gather_into_tensor: output needs ", in.count, " x ", size(), " ", DTypeName(in.dtype),
         " elements, has ", out.count, " ", DTypeName(out.dtype))));
   }
   // The input is apart from the output or is exactly this rank's part of it
@@ -670,9 +681,10 @@ std::shared_ptr<Work> ProcessGroup::Scatter(Tensor out, std::vector<Tensor> ins,
 std::shared_ptr<Work> ProcessGroup::ReduceScatterTensor(Tensor out, Tensor in, ReduceOp op) {
   if (absl::Status s = CheckTensor(in, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
   if (absl::Status s = CheckTensor(out, "reduce_scatter_tensor"); !s.ok()) return Failed(s);
-  if (in.count != out.count * size() || out.dtype != in.dtype) {
+  size_t needed = 0;
+  if (!TimesGroup(out.count, size(), &needed) || in.count != needed || out.dtype != in.dtype) {
     return Failed(absl::InvalidArgumentError(
-        absl::StrCat("reduce_scatter_tensor: input needs ", out.count * size(), " ",
+        absl::StrCat("reduce_scatter_tensor: input needs ", out.count, " x ", size(), " ",
                      DTypeName(out.dtype), " elements, has ", in.count, " ", DTypeName(in.dtype))));
   }
   Routed on;
@@ -742,8 +754,12 @@ std::shared_ptr<Work> ProcessGroup::AllToAllSingle(Tensor out, Tensor in,
       splits.assign(n, total / n);
     }
     size_t sum = 0;
-    for (size_t v : splits) sum += v;
-    if (splits.size() != n || sum != total) {
+    bool wraps = false;  // a sum past `total` could wrap and come back equal to it
+    for (size_t v : splits) {
+      wraps |= v > total - sum;
+      if (!wraps) sum += v;
+    }
+    if (splits.size() != n || wraps || sum != total) {
       return absl::InvalidArgumentError(absl::StrCat(
           "all_to_all_single: ", which, " splits must be ", n, " sizes summing to ", total));
     }

@@ -180,6 +180,26 @@ int main(void) {
   CHECK(code == MUSTER_INVALID_ARGUMENT, "bad splits gave %s: %s", muster_code_name(code),
         muster_last_error());
 
+  /* Splits whose sum wraps past 2^64 back to the right total: refused, not
+   * taken for ~2^64 elements to copy. */
+  uint64_t wraps[2] = {UINT64_MAX, in_total + 1};
+  MUST(muster_all_to_all_single(wg, &tr, &ts, out_splits, wraps, 2, &work));
+  code = finish(work);
+  CHECK(code == MUSTER_INVALID_ARGUMENT, "wrapping splits gave %s: %s", muster_code_name(code),
+        muster_last_error());
+
+  /* A count whose bytes would wrap. */
+  muster_tensor huge = cpu_tensor(x, (uint64_t)1 << 62, MUSTER_FLOAT32);
+  MUST(muster_all_reduce(wg, &huge, MUSTER_SUM, 1.0, &work));
+  code = finish(work);
+  CHECK(code == MUSTER_INVALID_ARGUMENT && strstr(muster_last_error(), "more than memory") != NULL,
+        "2^62 float32 gave %s: %s", muster_code_name(code), muster_last_error());
+
+  /* An empty batch of point-to-point operations, with no array for its
+   * (zero) works: nothing to do, nothing written. */
+  CHECK(muster_batch_isend_irecv(wg, NULL, 0, NULL) == MUSTER_OK, "empty batch: %s",
+        muster_last_error());
+
   /* A bitwise op on floats is refused. */
   MUST(muster_all_reduce(wg, &tx, MUSTER_BAND, 1.0, &work));
   code = finish(work);

@@ -68,6 +68,7 @@ EXPECTED_ERRORS = {
     "unsupported_dtype": r"unsupported dtype Short",
     "non_contiguous_output": r"output tensors must be contiguous",
     "splits_do_not_add_up": r"input split sizes add up to 3 but the input tensor's dim 0 is 6",
+    "splits_wrap": r"input split sizes add up to more than the input tensor's dim 0 \(6\)",
     "splits_disagree": r"INVALID_ARGUMENT: .*rank 1 sends 2 elements to rank 0, which expects 1",
     "broadcast_root_outside": r"root rank 8 is outside the group \(size 3\)",
     "send_to_rank_outside": r"rank 8 is outside the group \(size 3\)",

@@ -629,6 +629,11 @@ def mode_errors(musterctl):
                                            op=dist.ReduceOp.AVG),
         "unsupported_dtype": lambda: dist.all_reduce(torch.ones(3, dtype=torch.int16)),
         "non_contiguous_output": lambda: dist.all_reduce(torch.ones(4, 2).t()),
+        # int64 split sizes whose sum wraps past 2^63 back to dim 0.
+        "splits_wrap": lambda: dist.all_to_all_single(
+            torch.zeros(WORLD * 2), torch.zeros(WORLD * 2),
+            input_split_sizes=[2**63 - 1, 2**63 - 1, WORLD * 2 + 2] + [0] * (WORLD - 3),
+            output_split_sizes=[2] * WORLD),
         "splits_do_not_add_up": lambda: dist.all_to_all_single(
             torch.zeros(WORLD * 2), torch.zeros(WORLD * 2),
             input_split_sizes=[1] * WORLD, output_split_sizes=[2] * WORLD),

@@ -1080,6 +1080,9 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::alltoall_base(at::Tensor& output, 
     int64_t sum = 0;
     for (int64_t s : splits) {
       TORCH_CHECK(s >= 0, "muster ", What(what), ": negative ", which, " split size ", s);
+      // No sum past dim 0 (it could wrap and come back equal to it).
+      TORCH_CHECK(s <= rows - sum, "muster ", What(what), ": ", which,
+                  " split sizes add up to more than the ", which, " tensor's dim 0 (", rows, ")");
       sum += s;
       out.push_back(static_cast<uint64_t>(s * row));
     }
