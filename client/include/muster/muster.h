@@ -26,7 +26,9 @@
  *    read (null pointers; unknown dtype, device or reduce op) or the group
  *    was destroyed, which returns an error and *work = NULL.
  *
- * Thread-safety: every function may be called from any thread. Collectives
+ * Thread-safety: every function may be called from any thread, except
+ * that no other thread may use the world or its groups while
+ * muster_world_reconfigure runs (it replaces the groups' insides). Collectives
  * of one group must be called in the same order on every member (c10d).
  */
 #ifndef MUSTER_CLIENT_INCLUDE_MUSTER_MUSTER_H_
@@ -169,7 +171,7 @@ int64_t muster_world_epoch(const muster_world* world);
    timeout; negative: none. allow_shrink: form the epoch with the ranks alive
    (and new ones that joined) instead of every rank; muster_world_rank and
    muster_world_size change then. *epoch (may be NULL) receives the new
-   epoch. */
+   epoch. No other thread may use this world or its groups meanwhile. */
 int muster_world_reconfigure(muster_world* world, double timeout_s, int allow_shrink,
                              int64_t* epoch);
 /* How many processes wait to join the job's next epoch (*waiting). */
