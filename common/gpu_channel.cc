@@ -86,8 +86,8 @@ absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Create(const std::string
     return absl::InternalError(absl::StrCat("mmap ", name, ": ", std::strerror(errno)));
   }
   // Guarded before the first access: the rank's user can resize the file.
-  const int guard = mapping_guard::Guard(base, sizeof(Layout));
-  if (guard < 0 && mapping_guard::Installed()) {
+  int guard;
+  if (!mapping_guard::TryGuard(base, sizeof(Layout), &guard)) {
     ::munmap(base, sizeof(Layout));
     ::shm_unlink(name.c_str());
     return absl::ResourceExhaustedError(absl::StrCat(name, ": too many mappings to guard"));
@@ -112,8 +112,8 @@ absl::StatusOr<std::unique_ptr<GpuChannel>> GpuChannel::Open(const std::string& 
   if (base == MAP_FAILED) {
     return absl::UnavailableError(absl::StrCat("mmap ", name, ": ", std::strerror(errno)));
   }
-  const int guard = mapping_guard::Guard(base, sizeof(Layout));
-  if (guard < 0 && mapping_guard::Installed()) {
+  int guard;
+  if (!mapping_guard::TryGuard(base, sizeof(Layout), &guard)) {
     ::munmap(base, sizeof(Layout));
     return absl::ResourceExhaustedError(absl::StrCat(name, ": too many mappings to guard"));
   }

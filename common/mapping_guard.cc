@@ -76,6 +76,11 @@ int Guard(void* base, size_t bytes) {
   return -1;
 }
 
+bool TryGuard(void* base, size_t bytes, int* handle) {
+  *handle = Guard(base, bytes);
+  return *handle >= 0 || !Installed();
+}
+
 void Unguard(int handle) {
   if (handle >= 0 && handle < kEntries) entries[handle].begin.store(0, std::memory_order_release);
 }

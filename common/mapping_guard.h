@@ -26,6 +26,10 @@ bool Installed();
 // first access: the handle to pass to Unguard and Replaced, or -1 (Install
 // did not run, or 16384 mappings are guarded already).
 int Guard(void* base, size_t bytes);
+// Guard, for a file another user can resize: false where Install ran but
+// the mapping could not be guarded (it must not be used then); true
+// otherwise, with *handle from Guard (-1 where Install did not run).
+bool TryGuard(void* base, size_t bytes, int* handle);
 // Before the mapping is unmapped. -1: nothing.
 void Unguard(int handle);
 // Whether a page of the mapping was replaced (its file was truncated).

@@ -735,54 +735,77 @@ TEST_CASE("a slot all_gather of 32 MiB or more, copied out past the cache, is ex
   }
 }
 
+// One world-2 CMA collective `op` ("all_reduce", "all_gather" or
+// "broadcast" from rank 1) in which rank 1 writes into rank 0's buffer
+// after `write_delay` (a descheduled writer) while rank 0's deadline passes
+// at 0.3x that (after the exchange rounds, which need both ranks started);
+// rank 0 sleeps `release_pause` before it decides a release wait it gives
+// up on. Then a barrier on each rank.
+struct SlowWriterRun {
+  std::vector<absl::Status> status = std::vector<absl::Status>(2);
+  std::vector<absl::Status> after = std::vector<absl::Status>(2);
+  std::vector<absl::Duration> took = std::vector<absl::Duration>(2);
+  // Rank 1's write is in the rank's result; the whole result is right.
+  // (char, not vector<bool>: the ranks write at once.)
+  std::vector<char> landed = std::vector<char>(2, false);
+  std::vector<char> right = std::vector<char>(2, false);
+};
+
+SlowWriterRun RunWithSlowWriter(const std::string& op, absl::Duration write_delay,
+                                absl::Duration release_pause) {
+  SlowWriterRun run;
+  const size_t count = 1000;
+  const auto at = [](size_t i) { return static_cast<int32_t>(i); };
+  RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
+    c.set_direct_options(Force(Path::kCma));
+    c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
+    const int r = c.rank();
+    if (r == 1) c.set_write_delay_for_testing(write_delay);
+    if (r == 0) c.set_release_give_up_pause_for_testing(release_pause);
+    std::vector<int32_t> v(count);
+    for (size_t i = 0; i < count; ++i) v[i] = at(i + 1000 * r);
+    const absl::Time start = absl::Now();
+    const absl::Time deadline = start + (r == 0 ? write_delay * 0.3 : absl::Seconds(20));
+    if (op == "all_reduce") {
+      run.status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
+      // Rank 1's part, [count / 2, count), reduced; and rank 0's.
+      run.landed[r] = v[count - 1] == at(2 * (count - 1) + 1000);
+      run.right[r] = run.landed[r] && v[0] == 1000;
+    } else if (op == "all_gather") {
+      std::vector<int32_t> out(2 * count, -1);
+      run.status[r] = c.AllGather(v.data(), out.data(), count, DType::kInt32, deadline);
+      // Rank 1's part of the output, rank 1's input; and rank 0's.
+      run.landed[r] = out[2 * count - 1] == at(count - 1 + 1000);
+      run.right[r] = run.landed[r] && out[0] == 0;
+    } else {
+      run.status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
+      // The root's half, [0, count / 2), which it writes; and the other.
+      run.landed[r] = v[0] == 1000;
+      run.right[r] = run.landed[r] && v[count - 1] == at(count - 1 + 1000);
+    }
+    run.took[r] = absl::Now() - start;
+    run.after[r] = c.Barrier(Soon());
+  });
+  return run;
+}
+
 TEST_CASE("a collective failing while a peer writes into the rank's buffer waits for the write") {
-  // Rank 1 is slow to write (a descheduled writer); rank 0's deadline
-  // passes while it waits for rank 1 to finish. Rank 0 must not hand its
-  // buffer back before rank 1's write landed: all_reduce (rank 1 writes its
+  // Rank 0 gives up well before rank 1 writes; it must not hand its buffer
+  // back before rank 1's write landed: all_reduce (rank 1 writes its
   // reduced part into rank 0's buffer), all_gather (rank 1 writes its
   // input into rank 0's output) and a two-rank broadcast from rank 1 (the
   // root writes half of rank 0's result).
   constexpr absl::Duration kWriteDelay = absl::Seconds(1);
   for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
     INFO(op);
-    const size_t count = 1000;
-    std::vector<absl::Status> status(2);
-    std::vector<absl::Duration> took(2);
-    std::vector<char> landed(2, false);  // not vector<bool>: the ranks write at once
-    RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
-      c.set_direct_options(Force(Path::kCma));
-      c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
-      const int r = c.rank();
-      if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
-      std::vector<int32_t> v(count);
-      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
-      const absl::Time start = absl::Now();
-      // Rank 0 gives up well before rank 1 writes (after the exchange
-      // rounds, which need both ranks started); rank 1 waits long.
-      const absl::Time deadline = start + (r == 0 ? kWriteDelay * 0.3 : absl::Seconds(20));
-      if (std::string(op) == "all_reduce") {
-        status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
-        // Rank 1's part, [count / 2, count), reduced.
-        landed[r] = v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
-      } else if (std::string(op) == "all_gather") {
-        std::vector<int32_t> out(2 * count, -1);
-        status[r] = c.AllGather(v.data(), out.data(), count, DType::kInt32, deadline);
-        // Rank 1's part of the output, rank 1's input.
-        landed[r] = out[2 * count - 1] == static_cast<int32_t>(count - 1 + 1000);
-      } else {
-        status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
-        // The root's half, [0, count / 2).
-        landed[r] = v[0] == 1000;
-      }
-      took[r] = absl::Now() - start;
-    });
-    INFO("rank 0: " << status[0].ToString() << " after " << took[0]
-                    << "; rank 1: " << status[1].ToString());
-    CHECK(status[0].code() == absl::StatusCode::kDeadlineExceeded);
-    CHECK(absl::StrContains(status[0].message(), "waiting for ranks 11 to finish"));
-    CHECK(!status[1].ok());  // the group broke: both fail
-    CHECK(took[0] >= kWriteDelay);
-    CHECK(landed[0]);
+    SlowWriterRun run = RunWithSlowWriter(op, kWriteDelay, absl::ZeroDuration());
+    INFO("rank 0: " << run.status[0].ToString() << " after " << run.took[0]
+                    << "; rank 1: " << run.status[1].ToString());
+    CHECK(run.status[0].code() == absl::StatusCode::kDeadlineExceeded);
+    CHECK(absl::StrContains(run.status[0].message(), "waiting for ranks 11 to finish"));
+    CHECK(!run.status[1].ok());  // the group broke: both fail
+    CHECK(run.took[0] >= kWriteDelay);
+    CHECK(run.landed[0]);
   }
 }
 
@@ -798,45 +821,16 @@ TEST_CASE(
   constexpr absl::Duration kPause = absl::Seconds(3);
   for (const char* op : {"all_reduce", "all_gather", "broadcast"}) {
     INFO(op);
-    const size_t count = 1000;
-    std::vector<absl::Status> status(2), after(2);
-    std::vector<absl::Duration> took(2);
-    std::vector<char> right(2, false);
-    RunRanks(2, 1 << 20, [&](ShmCommunicator& c) {
-      c.set_direct_options(Force(Path::kCma));
-      c.set_wait_policy(WaitPolicy::For(2, 2));  // a CPU each: the broadcast root writes
-      const int r = c.rank();
-      if (r == 1) c.set_write_delay_for_testing(kWriteDelay);
-      if (r == 0) c.set_release_give_up_pause_for_testing(kPause);
-      std::vector<int32_t> v(count);
-      for (size_t i = 0; i < count; ++i) v[i] = static_cast<int32_t>(i + 1000 * r);
-      const absl::Time start = absl::Now();
-      // Rank 0's deadline passes after the exchange rounds (which need both
-      // ranks started), while it waits for rank 1's write.
-      const absl::Time deadline = start + (r == 0 ? kWriteDelay * 0.3 : absl::Seconds(20));
-      if (std::string(op) == "all_reduce") {
-        status[r] = c.AllReduce(v.data(), count, DType::kInt32, ReduceOp::kSum, 1, deadline);
-        right[r] = v[0] == 1000 && v[count - 1] == static_cast<int32_t>(2 * (count - 1) + 1000);
-      } else if (std::string(op) == "all_gather") {
-        std::vector<int32_t> out(2 * count, -1);
-        status[r] = c.AllGather(v.data(), out.data(), count, DType::kInt32, deadline);
-        right[r] = out[0] == 0 && out[2 * count - 1] == static_cast<int32_t>(count - 1 + 1000);
-      } else {
-        status[r] = c.Broadcast(v.data(), count, DType::kInt32, 1, deadline);
-        right[r] = v[0] == 1000 && v[count - 1] == static_cast<int32_t>(count - 1 + 1000);
-      }
-      took[r] = absl::Now() - start;
-      after[r] = c.Barrier(Soon());
-    });
-    INFO("rank 0: " << status[0].ToString() << " after " << took[0]
-                    << "; rank 1: " << status[1].ToString() << " after " << took[1]);
+    SlowWriterRun run = RunWithSlowWriter(op, kWriteDelay, kPause);
+    INFO("rank 0: " << run.status[0].ToString() << " after " << run.took[0]
+                    << "; rank 1: " << run.status[1].ToString() << " after " << run.took[1]);
     // It gave up waiting for the releases, and paused before deciding.
-    CHECK(took[0] >= kPause);
-    CHECK(status[0].ok());
-    CHECK(status[1].ok());
-    CHECK(right[0]);
-    CHECK(right[1]);
-    for (int r = 0; r < 2; ++r) CHECK(after[r].ok());
+    CHECK(run.took[0] >= kPause);
+    for (int r = 0; r < 2; ++r) {
+      CHECK(run.status[r].ok());
+      CHECK(run.right[r]);
+      CHECK(run.after[r].ok());
+    }
   }
 }
 

@@ -46,17 +46,29 @@ GroupSegment::GroupSegment(std::string name, void* base, size_t bytes, const Lay
   slots_ = static_cast<char*>(base) + layout_.slots_offset;
 }
 
-namespace {
-
-// mapping_guard's handle for a fresh mapping of a file the group's user can
-// resize, taken before its first access; where the guard is installed
-// (musterd) but full, the mapping is given up (false).
-bool GuardFresh(void* base, size_t bytes, int* guard) {
-  *guard = mapping_guard::Guard(base, bytes);
-  return *guard >= 0 || !mapping_guard::Installed();
+GroupSegment::Layout GroupSegment::Layout::Of(const SegmentHeader& h) {
+  Layout l;
+  l.nranks = static_cast<int>(h.nranks);
+  l.slot_bytes = h.slot_bytes;
+  l.slots_offset = h.slots_offset;
+  l.mailbox_bytes = h.mailbox_bytes;
+  l.mailboxes_offset = h.mailboxes_offset;
+  l.trace_records = h.trace_records;
+  l.trace_offset = h.trace_offset;
+  l.trace_stride = h.trace_stride;
+  return l;
 }
 
-}  // namespace
+void GroupSegment::Layout::WriteTo(SegmentHeader* h) const {
+  h->nranks = static_cast<uint32_t>(nranks);
+  h->slot_bytes = slot_bytes;
+  h->slots_offset = slots_offset;
+  h->mailbox_bytes = mailbox_bytes;
+  h->mailboxes_offset = mailboxes_offset;
+  h->trace_records = trace_records;
+  h->trace_offset = trace_offset;
+  h->trace_stride = trace_stride;
+}
 
 GroupSegment::~GroupSegment() {
   mapping_guard::Unguard(guard_);
@@ -111,28 +123,30 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
     return ErrnoToStatus(err, absl::StrCat("mmap ", name));
   }
   int guard;
-  if (!GuardFresh(base, bytes, &guard)) {
+  if (!mapping_guard::TryGuard(base, bytes, &guard)) {
     ::munmap(base, bytes);
     ::shm_unlink(name.c_str());
     return absl::ResourceExhaustedError(
         absl::StrCat("shared memory ", name, ": too many mappings to guard"));
   }
+  Layout layout;
+  layout.nranks = nranks;
+  layout.slot_bytes = slot_bytes;
+  layout.slots_offset = offset;
+  layout.mailbox_bytes = mailbox_bytes;
+  layout.mailboxes_offset = mailboxes_offset;
+  layout.trace_records = trace_records;
+  layout.trace_offset = trace_offset;
+  layout.trace_stride = trace_stride;
   auto* h = new (base) SegmentHeader();
   h->version = kVersion;
-  h->nranks = static_cast<uint32_t>(nranks);
-  h->slot_bytes = slot_bytes;
-  h->slots_offset = offset;
-  h->mailbox_bytes = mailbox_bytes;
-  h->mailboxes_offset = mailboxes_offset;
+  layout.WriteTo(h);
   h->aborted.store(0);
   h->epoch.store(0);
   h->sleepers.store(0);
   h->outcome.store(0);
   h->release_outcome.store(0);
   std::memset(h->abort_reason, 0, sizeof(h->abort_reason));
-  h->trace_records = trace_records;
-  h->trace_offset = trace_offset;
-  h->trace_stride = trace_stride;
   h->node_cpus = 0;
   auto* controls = reinterpret_cast<RankControl*>(static_cast<char*>(base) + sizeof(SegmentHeader));
   for (int i = 0; i < nranks; ++i) {
@@ -163,15 +177,6 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Create(const std::st
   }
   std::atomic_thread_fence(std::memory_order_release);
   reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->store(kMagic, std::memory_order_release);
-  Layout layout;
-  layout.nranks = nranks;
-  layout.slot_bytes = slot_bytes;
-  layout.slots_offset = offset;
-  layout.mailbox_bytes = mailbox_bytes;
-  layout.mailboxes_offset = mailboxes_offset;
-  layout.trace_records = trace_records;
-  layout.trace_offset = trace_offset;
-  layout.trace_stride = trace_stride;
   return std::unique_ptr<GroupSegment>(new GroupSegment(name, base, bytes, layout, guard));
 }
 
@@ -189,7 +194,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
   ::close(fd);
   if (base == MAP_FAILED) return ErrnoToStatus(err, absl::StrCat("mmap ", name));
   int guard;
-  if (!GuardFresh(base, st.st_size, &guard)) {
+  if (!mapping_guard::TryGuard(base, st.st_size, &guard)) {
     ::munmap(base, st.st_size);
     return absl::ResourceExhaustedError(
         absl::StrCat("shared memory ", name, ": too many mappings to guard"));
@@ -198,15 +203,7 @@ absl::StatusOr<std::unique_ptr<GroupSegment>> GroupSegment::Open(const std::stri
   uint64_t magic =
       reinterpret_cast<std::atomic<uint64_t>*>(&h->magic)->load(std::memory_order_acquire);
   // One copy of the layout, checked, then used (the header stays writable).
-  Layout l;
-  l.nranks = static_cast<int>(h->nranks);
-  l.slot_bytes = h->slot_bytes;
-  l.slots_offset = h->slots_offset;
-  l.mailbox_bytes = h->mailbox_bytes;
-  l.mailboxes_offset = h->mailboxes_offset;
-  l.trace_records = h->trace_records;
-  l.trace_offset = h->trace_offset;
-  l.trace_stride = h->trace_stride;
+  const Layout l = Layout::Of(*h);
   const auto size = static_cast<uint64_t>(st.st_size);
   const auto n = static_cast<uint64_t>(expected_nranks);
   if (magic != kMagic || h->version != kVersion || l.nranks != expected_nranks ||

@@ -271,6 +271,9 @@ class GroupSegment {
     uint64_t trace_records = 0;
     uint64_t trace_offset = 0;
     uint64_t trace_stride = 0;
+    // What a header says (to be checked), and writing it into a new one.
+    static Layout Of(const SegmentHeader& h);
+    void WriteTo(SegmentHeader* h) const;
   };
   GroupSegment(std::string name, void* base, size_t bytes, const Layout& layout, int guard);
   // The abort word once an abort being recorded is (its kind; 0 if none).

@@ -49,40 +49,38 @@ TEST_CASE("a buffer smaller than the collective needs is InvalidArgument naming 
   CHECK(plan.status().message() == "input 0 has 399 bytes, the collective needs 400");
 }
 
+// `r` with one 64-byte input and output buffer, planned for rank 0 of 2.
+absl::Status PlanSmall(v1::GpuCollectiveRequest r) {
+  AddBuffer(r.mutable_inputs(), 64);
+  AddBuffer(r.mutable_outputs(), 64);
+  return PlanCollective(r, 0, 2, {P(0x1000)}, {P(0x2000)}, {}, nullptr).status();
+}
+
 TEST_CASE("a count whose bytes would wrap is InvalidArgument, not a tiny buffer check") {
   // 2^62 float32 elements are 2^64 bytes: 0 after the wrap, which every
   // buffer would hold. Each op's sizes (times the group, sums of splits)
   // must be refused before they are computed.
-  const uint64_t wraps = uint64_t{1} << 62;
   for (v1::GpuOp op : {v1::GPU_ALL_REDUCE, v1::GPU_BROADCAST, v1::GPU_REDUCE, v1::GPU_ALL_GATHER,
                        v1::GPU_REDUCE_SCATTER, v1::GPU_GATHER, v1::GPU_SCATTER}) {
     INFO(static_cast<int>(op));
-    auto r = Request(op, DType::kFloat32, wraps);
-    AddBuffer(r.mutable_inputs(), 64);
-    AddBuffer(r.mutable_outputs(), 64);
-    auto plan = PlanCollective(r, 0, 2, {P(0x1000)}, {P(0x2000)}, {}, nullptr);
-    CHECK(absl::IsInvalidArgument(plan.status()));
-    CHECK(plan.status().message() ==
+    absl::Status s = PlanSmall(Request(op, DType::kFloat32, uint64_t{1} << 62));
+    CHECK(absl::IsInvalidArgument(s));
+    CHECK(s.message() ==
           "count 4611686018427387904 of float32 in a group of 2 ranks is too large (bytes "
           "overflow)");
   }
   // A count that fits alone but wraps times the group (all_gather's output).
-  auto r = Request(v1::GPU_ALL_GATHER, DType::kFloat32, (uint64_t{1} << 61) + 1);
-  AddBuffer(r.mutable_inputs(), 64);
-  AddBuffer(r.mutable_outputs(), 64);
   CHECK(absl::IsInvalidArgument(
-      PlanCollective(r, 0, 2, {P(0x1000)}, {P(0x2000)}, {}, nullptr).status()));
+      PlanSmall(Request(v1::GPU_ALL_GATHER, DType::kFloat32, (uint64_t{1} << 61) + 1))));
   // all_to_all splits whose sum wraps.
   auto a = Request(v1::GPU_ALL_TO_ALL, DType::kFloat32, 0);
   for (int i = 0; i < 2; ++i) {
     a.add_send_counts(uint64_t{1} << 61);
     a.add_recv_counts(1);
   }
-  AddBuffer(a.mutable_inputs(), 64);
-  AddBuffer(a.mutable_outputs(), 64);
-  auto plan = PlanCollective(a, 0, 2, {P(0x1000)}, {P(0x2000)}, {}, nullptr);
-  CHECK(absl::IsInvalidArgument(plan.status()));
-  CHECK(plan.status().message() ==
+  absl::Status s = PlanSmall(a);
+  CHECK(absl::IsInvalidArgument(s));
+  CHECK(s.message() ==
         "send count 2305843009213693952 of float32 in a group of 2 ranks is too large (bytes "
         "overflow)");
 }
