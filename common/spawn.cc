@@ -62,7 +62,11 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);
     }
-    if (options.new_process_group) ::setpgid(0, 0);
+    if (options.new_session) {
+      ::setsid();
+    } else if (options.new_process_group) {
+      ::setpgid(0, 0);
+    }
     int in = options.stdin_fd >= 0 ? options.stdin_fd : null_fd;
     if (in >= 0) ::dup2(in, STDIN_FILENO);
     if (options.stdout_fd >= 0) ::dup2(options.stdout_fd, STDOUT_FILENO);
@@ -81,6 +85,9 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
     SayInChild(options.who.c_str(), c_argv[0], std::strerror(errno));
     ::_exit(127);
   }
+  // Also from here, so that the group exists when Spawn returns (a signal to
+  // it must not miss the child). Fails harmlessly once the child has exec'd.
+  if (options.new_process_group && !options.new_session) ::setpgid(pid, pid);
   if (null_fd >= 0) ::close(null_fd);
   return pid;
 }

@@ -34,6 +34,9 @@ struct SpawnOptions {
   // The child leads its own process group (signals to it reach its
   // children too).
   bool new_process_group = false;
+  // The child leads a new session (setsid: its own process group too, and no
+  // controlling terminal, so reading the caller's terminal cannot stop it).
+  bool new_session = false;
   // The child is killed (SIGKILL) when the calling thread's process dies.
   bool die_with_parent = false;
   // The child's signal mask; default: nothing blocked. SIGPIPE is reset to

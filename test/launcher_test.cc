@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <functional>
 #include <regex>
 
 #include "absl/strings/match.h"
@@ -17,6 +18,16 @@ namespace muster::testing {
 namespace {
 
 std::string MusterRun() { return RunfilePath("tools/muster-run"); }
+
+// Whether `condition` holds within `timeout` (checked every 20 ms).
+bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (!condition()) {
+    if (absl::Now() >= deadline) return false;
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  return true;
+}
 
 // Keeps muster-run away from any system daemon: nobody answers here.
 std::map<std::string, std::string> IsolatedEnv(const TempDir& dir) {
@@ -128,6 +139,106 @@ TEST_CASE("SIGINT is forwarded to the ranks and muster-run exits 130") {
   std::string out = (*p)->Stdout();
   REQUIRE(std::regex_search(out, m, std::regex("pid=([0-9]+)")));
   CHECK(::kill(std::stoi(m[1]), 0) != 0);  // the rank is gone
+}
+
+TEST_CASE("SIGINT while muster-run stops the ranks after a failure ends the job: no restart") {
+  TempDir dir;
+  // Rank 0 fails; rank 1 ignores SIGTERM, so stopping it takes the 30 s
+  // grace, during which muster-run is interrupted.
+  auto p = Subprocess::Start(
+      {MusterRun(), "--nproc-per-node", "2", "--max-restarts", "3", "--stop-grace-seconds", "30",
+       "--", "/bin/sh", "-c",
+       "if [ $RANK = 0 ]; then sleep 1; exit 1; fi; trap '' TERM; while true; do sleep 0.05; done"},
+      dir.path(), IsolatedEnv(dir));
+  REQUIRE(p.ok());
+  absl::Time deadline = absl::Now() + absl::Seconds(20);
+  while (absl::Now() < deadline && !absl::StrContains((*p)->Stderr(), "stopping the other ranks")) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  REQUIRE(absl::StrContains((*p)->Stderr(), "stopping the other ranks"));
+  REQUIRE((*p)->Signal(SIGINT).ok());
+  auto exit = (*p)->Wait(absl::Seconds(15));
+  REQUIRE(exit.ok());
+  INFO((*p)->Stdout() << (*p)->Stderr());
+  CHECK(exit->code == 130);
+  CHECK(absl::StrContains((*p)->Stderr(), "interrupted by Interrupt; all ranks stopped"));
+  CHECK_FALSE(absl::StrContains((*p)->Stderr(), "restarting"));
+}
+
+TEST_CASE("a rank has ended when its process has: what it left running is stopped") {
+  TempDir dir;
+  // The rank exits 0 while a process it started holds its output open.
+  absl::Time start = absl::Now();
+  auto r = Launch({"--nproc-per-node", "1", "--", "/bin/sh", "-c",
+                   "sleep 60 & echo leftover=$!; "
+                   "echo session=$(cut -d' ' -f6 /proc/$$/stat) pid=$$; exit 0"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  CHECK(absl::Now() - start < absl::Seconds(20));
+  CHECK(absl::StrContains(r.err,
+                          "rank 0 ended 2s ago but processes it started still hold its "
+                          "output; stopping its process group"));
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, std::regex("leftover=([0-9]+)")));
+  const pid_t leftover = std::stoi(m[1]);
+  // Gone, or a zombie its new parent has not reaped yet.
+  CHECK(Eventually(
+      [&] {
+        std::string stat = ReadFileOrEmpty(absl::StrCat("/proc/", leftover, "/stat"));
+        size_t paren = stat.rfind(')');
+        return stat.empty() || (paren != std::string::npos && stat.substr(paren + 2, 1) == "Z");
+      },
+      absl::Seconds(5)));
+  // Each rank leads a session of its own (as torchrun's start_new_session):
+  // reading the terminal cannot stop it.
+  REQUIRE(std::regex_search(r.out, m, std::regex("session=([0-9]+) pid=([0-9]+)")));
+  CHECK(m[1] == m[2]);
+}
+
+TEST_CASE("console lines end at \\n, \\r\\n or a lone \\r; a line without an end is cut") {
+  TempDir dir;
+  auto r = Launch({"--nproc-per-node", "1", "--", "/bin/sh", "-c",
+                   "printf 'a\\rb\\r\\nc\\n'; head -c 70000 /dev/zero | tr '\\0' x"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  CHECK(absl::StrContains(r.out, "[rank 0] a\n[rank 0] b\n[rank 0] c\n"));
+  CHECK(absl::StrContains(r.out, absl::StrCat("[rank 0] ", std::string(65536, 'x'), "\n[rank 0] ",
+                                              std::string(70000 - 65536, 'x'), "\n")));
+}
+
+TEST_CASE("one node: the ranks reach the embedded store on loopback, whatever --master-addr") {
+  TempDir dir;
+  auto r = Launch({"--nproc-per-node", "1", "--master-addr", "192.0.2.1", "--", "/bin/sh", "-c",
+                   "echo MASTER_ADDR=$MASTER_ADDR"},
+                  IsolatedEnv(dir));
+  INFO(r.out << r.err);
+  CHECK(r.exit.code == 0);
+  CHECK(absl::StrContains(r.out, "[rank 0] MASTER_ADDR=127.0.0.1"));
+}
+
+TEST_CASE("muster-run whose output pipe closes still stops its ranks and its musterd") {
+  TempDir dir;
+  // `| head -n 1`: head exits after the first line; muster-run must not die
+  // of SIGPIPE with its daemon and its files left behind.
+  const std::string log = dir.File("muster-run.err");
+  auto r = Run({"/bin/sh", "-c",
+                MusterRun() +
+                    " --nproc-per-node 1 -- /bin/sh -c 'for i in $(seq 200); do echo "
+                    "line $i; sleep 0.01; done' 2>" +
+                    log + " | head -n 1"},
+               IsolatedEnv(dir), absl::Seconds(60));
+  REQUIRE(r.ok());
+  // sh waits for the whole pipeline: muster-run has ended.
+  const std::string err = ReadFileOrEmpty(log);
+  INFO(r->out << err);
+  CHECK(r->out == "[rank 0] line 1\n");
+  std::smatch m;
+  REQUIRE(std::regex_search(err, m, std::regex("socket ([^,) ]+)")));
+  const std::string socket = m[1];
+  CHECK(absl::StrContains(err, "all 1 local rank(s) exited 0"));
+  CHECK(Eventually([&] { return !FileExists(socket); }, absl::Seconds(10)));
 }
 
 TEST_CASE("muster-run uses a running musterd and never reuses a generation there") {

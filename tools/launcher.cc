@@ -38,6 +38,9 @@ extern char** environ;
 namespace muster {
 namespace {
 
+// How long processes a rank started may hold its output after it ended.
+constexpr absl::Duration kLeftoverGrace = absl::Seconds(2);
+
 void Say(const std::string& message) { std::fprintf(stderr, "muster-run: %s\n", message.c_str()); }
 
 std::string Describe(int status) {
@@ -100,6 +103,11 @@ struct Child {
   std::deque<std::string> tail;
   bool running = false;
   int status = 0;
+  // When the rank's process ended. Processes it started may hold its pipes
+  // a little longer (kLeftoverGrace); then its process group gets SIGTERM,
+  // and SIGKILL --stop-grace-seconds later (leftovers_kill_at).
+  absl::Time exited_at = absl::InfiniteFuture();
+  absl::Time leftovers_kill_at = absl::InfiniteFuture();
 };
 
 class Launcher {
@@ -250,7 +258,12 @@ class Launcher {
         int port = 0;
         (void)absl::SimpleAtoi((*parsed)["store_port"], &port);
         if (serves_store && o_.master_port == 0) o_.master_port = port;
-        if (o_.master_addr.empty()) o_.master_addr = "127.0.0.1";
+        // One node serving its own store listens on loopback only: the ranks
+        // reach it there, whatever address --master-addr or
+        // --rdzv-endpoint named for this node.
+        if (o_.master_addr.empty() || (serves_store && !MultiNode())) {
+          o_.master_addr = "127.0.0.1";
+        }
         break;
       }
       int status;
@@ -306,7 +319,14 @@ class Launcher {
     options.search_path = true;
     options.env = env;
     options.null_stdin = false;  // ranks keep muster-run's stdin, as with torchrun
+    // Ranks get a session of their own, as torchrun's (start_new_session):
+    // signals reach a rank's whole process group only through muster-run,
+    // and reading the terminal does not stop them (SIGTTIN). The embedded
+    // musterd gets a process group of its own.
+    options.new_session = child != nullptr;
     options.new_process_group = true;
+    // Killed if muster-run dies without stopping them (SIGKILL, a crash).
+    options.die_with_parent = true;
     options.signal_mask = old_mask_;
     options.who = "muster-run";
     if (child != nullptr && o_.bind_cores && !allowed_cpus_.empty()) {
@@ -490,15 +510,29 @@ class Launcher {
       done += static_cast<size_t>(w);
     }
     partial.append(data, n);
+    // Lines end at "\n", "\r\n" or a lone "\r" (a progress bar redrawn in
+    // place); a line longer than kMaxLine is cut, so that output without
+    // line ends still shows and the buffer stays bounded.
+    constexpr size_t kMaxLine = 64 * 1024;
     size_t start = 0;
     while (true) {
-      size_t nl = partial.find('\n', start);
-      if (nl == std::string::npos) break;
-      std::string line = partial.substr(start, nl - start);
+      size_t end = partial.find_first_of("\r\n", start);
+      size_t next;
+      if (end == std::string::npos) {
+        if (partial.size() - start <= kMaxLine) break;
+        end = start + kMaxLine;
+        next = end;
+      } else if (partial[end] == '\r' && end + 1 == partial.size() && !flush_all) {
+        break;  // "\r" or "\r\n": the next read tells
+      } else {
+        next = end + 1 +
+               (partial[end] == '\r' && end + 1 < partial.size() && partial[end + 1] == '\n');
+      }
+      std::string line = partial.substr(start, end - start);
       if (console) std::fprintf(to, "[rank %d] %s\n", c.rank, line.c_str());
       c.tail.push_back(line);
       if (c.tail.size() > static_cast<size_t>(o_.tail_lines)) c.tail.pop_front();
-      start = nl + 1;
+      start = next;
     }
     partial.erase(0, start);
     if (flush_all && !partial.empty()) {
@@ -525,10 +559,57 @@ class Launcher {
     }
   }
 
-  // Sends `sig` to every running rank's process group.
+  // Sends `sig` to every running rank's process group (to the rank itself
+  // while it has not made its session yet, just after fork).
   void SignalRanks(int sig) {
     for (Child& c : ranks_) {
-      if (c.running) ::kill(-c.pid, sig);
+      if (c.running && ::kill(-c.pid, sig) != 0 && errno == ESRCH) ::kill(c.pid, sig);
+    }
+  }
+
+  // Ranks that ended while processes they started still hold their output
+  // pipes (a rank has ended when its own process has, as with torchrun):
+  // kLeftoverGrace after it ended its process group gets SIGTERM, and
+  // --stop-grace-seconds later SIGKILL; then what is left in its pipes is
+  // read and they are closed.
+  void EndLeftovers() {
+    const absl::Time now = absl::Now();
+    for (Child& c : ranks_) {
+      if (c.running || (c.out_fd < 0 && c.err_fd < 0) || now < c.exited_at + kLeftoverGrace) {
+        continue;
+      }
+      if (c.leftovers_kill_at == absl::InfiniteFuture()) {
+        Say(absl::StrCat("rank ", c.rank, " ended ", absl::FormatDuration(kLeftoverGrace),
+                         " ago but processes it started still hold its output; stopping its "
+                         "process group"));
+        ::kill(-c.pid, SIGTERM);
+        c.leftovers_kill_at = now + o_.stop_grace;
+        continue;
+      }
+      if (now < c.leftovers_kill_at) continue;
+      ::kill(-c.pid, SIGKILL);
+      for (int* fd : {&c.out_fd, &c.err_fd}) {
+        if (*fd < 0) continue;
+        const bool is_out = fd == &c.out_fd;
+        std::string& partial = is_out ? c.out_partial : c.err_partial;
+        FILE* to = is_out ? stdout : stderr;
+        // What is in the pipe still counts (at most 1 MiB: a writer outside
+        // the group may go on writing).
+        ::fcntl(*fd, F_SETFL, ::fcntl(*fd, F_GETFL) | O_NONBLOCK);
+        char buf[65536];
+        for (size_t total = 0; total < (1u << 20);) {
+          ssize_t n = ::read(*fd, buf, sizeof(buf));
+          if (n <= 0) break;
+          Emit(c, partial, buf, static_cast<size_t>(n), to, false);
+          total += static_cast<size_t>(n);
+        }
+        Emit(c, partial, "", 0, to, true);
+        ::close(*fd);
+        *fd = -1;
+        int& file = is_out ? c.out_file : c.err_file;
+        if (file >= 0) ::close(file);
+        file = -1;
+      }
     }
   }
 
@@ -553,6 +634,7 @@ class Launcher {
         if (c.pid == pid && c.running) {
           c.running = false;
           c.status = status;
+          c.exited_at = absl::Now();
         }
       }
     }
@@ -561,6 +643,7 @@ class Launcher {
   // Pumps output and signals until every rank ended, or `until` says stop.
   // Returns the signal that interrupted muster-run (0 if none).
   void Pump(int timeout_ms) {
+    EndLeftovers();
     std::vector<pollfd> fds;
     std::vector<std::pair<Child*, bool>> owners;  // child, is_stderr
     fds.push_back({signal_fd_, POLLIN, 0});
@@ -943,7 +1026,10 @@ class Launcher {
       for (int i = 0; i < o_.nproc_per_node; ++i) {
         ranks_[i].rank = o_.node_rank * o_.nproc_per_node + i;
         ranks_[i].local_rank = i;
-        if (Spawn(o_.command, RankEnv(i, generation, 0, &ranks_[i]), &ranks_[i], "") < 0) return 1;
+        if (Spawn(o_.command, RankEnv(i, generation, 0, &ranks_[i]), &ranks_[i], "") < 0) {
+          StopAll(absl::StrCat("cannot start local rank ", i));
+          return 1;
+        }
       }
       std::string failed_key = absl::StrCat("muster-run/", o_.job_id, "/failed/", generation);
       std::string remote_failure;
@@ -1040,6 +1126,11 @@ class Launcher {
         failure_summary = what;
       }
       StopAll(what);
+      if (interrupted_ != 0) {
+        // Interrupted while stopping: no new generation.
+        Say(absl::StrCat("interrupted by ", strsignal(interrupted_), "; all ranks stopped"));
+        return 128 + interrupted_;
+      }
       // Output of ranks that failed while stopping is part of the record.
       const Child* first = FirstFailure();
       if (failed == nullptr && first != nullptr && remote_failure.empty()) failed = first;

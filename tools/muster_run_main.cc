@@ -1,5 +1,6 @@
 // muster-run: launch a job's ranks on this node, like torchrun (its flags
 // work too). See --help.
+#include <csignal>
 #include <cstdio>
 
 #include "common/version.h"
@@ -7,6 +8,9 @@
 #include "tools/run_command_line.h"
 
 int main(int argc, char** argv) {
+  // Output to a closed pipe (muster-run ... | head) must not kill muster-run
+  // before it stopped the ranks and its musterd.
+  std::signal(SIGPIPE, SIG_IGN);
   std::vector<std::string> args(argv + 1, argv + argc);
   absl::StatusOr<muster::RunCommandLine> line = muster::ParseRunCommandLine(args);
   if (!line.ok()) {

@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <random>
 #include <thread>
@@ -22,6 +23,12 @@
 
 namespace muster {
 namespace {
+
+// Bounds on the numeric flags: every count and rank the launcher derives
+// from them (world size = nodes x ranks per node) fits an int.
+constexpr int64_t kMaxNodes = 100000;
+constexpr int64_t kMaxRanksPerNode = 4096;
+constexpr int64_t kMaxRestarts = 1000000;
 
 constexpr char kUsage[] =
     "muster-run: start a job's ranks on this node, like torchrun.\n"
@@ -329,6 +336,9 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
       !absl::SimpleAtoi(range.back(), &max_nodes) || min_nodes < 1 || max_nodes < min_nodes) {
     return Bad(absl::StrCat("--nnodes ", nnodes, ": want N or MIN:MAX with 1 <= MIN <= MAX"));
   }
+  if (max_nodes > kMaxNodes) {
+    return Bad(absl::StrCat("--nnodes ", nnodes, ": at most ", kMaxNodes, " nodes"));
+  }
   o.nnodes = static_cast<int>(max_nodes);
   o.min_nodes = static_cast<int>(min_nodes);
   if (standalone) {
@@ -342,21 +352,30 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   if (!rdzv_endpoint.empty()) {
     // HOST, HOST:PORT or [V6]:PORT; torchrun's default port 29400.
     std::string port_text;
+    bool has_port = false;
     if (rdzv_endpoint[0] == '[') {
       size_t close = rdzv_endpoint.find(']');
-      if (close == std::string::npos) return Bad(absl::StrCat("--rdzv-endpoint ", rdzv_endpoint));
+      if (close == std::string::npos ||
+          (close + 1 < rdzv_endpoint.size() && rdzv_endpoint[close + 1] != ':')) {
+        return Bad(absl::StrCat("--rdzv-endpoint ", rdzv_endpoint, ": want [ADDRESS]:PORT"));
+      }
       endpoint_host = rdzv_endpoint.substr(1, close - 1);
-      if (close + 1 < rdzv_endpoint.size()) port_text = rdzv_endpoint.substr(close + 2);
+      has_port = close + 1 < rdzv_endpoint.size();
+      if (has_port) port_text = rdzv_endpoint.substr(close + 2);
     } else if (std::count(rdzv_endpoint.begin(), rdzv_endpoint.end(), ':') == 1) {
       size_t colon = rdzv_endpoint.find(':');
       endpoint_host = rdzv_endpoint.substr(0, colon);
       port_text = rdzv_endpoint.substr(colon + 1);
+      has_port = true;
     } else {
       endpoint_host = rdzv_endpoint;
     }
+    if (endpoint_host.empty()) {
+      return Bad(absl::StrCat("--rdzv-endpoint ", rdzv_endpoint, ": no host"));
+    }
     endpoint_port = 29400;
-    if (!port_text.empty() && (!absl::SimpleAtoi(port_text, &endpoint_port) || endpoint_port <= 0 ||
-                               endpoint_port > 65535)) {
+    if (has_port && (!absl::SimpleAtoi(port_text, &endpoint_port) || endpoint_port <= 0 ||
+                     endpoint_port > 65535)) {
       return Bad(absl::StrCat("--rdzv-endpoint ", rdzv_endpoint, ": bad port"));
     }
   }
@@ -369,6 +388,10 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
     if (!endpoint_host.empty()) {
       o.master_addr = endpoint_host;
       master_port = endpoint_port;
+    }
+    if (node_rank < 0 || node_rank >= max_nodes) {
+      return Bad(absl::StrCat("--node-rank ", node_rank, ": want 0 to ", max_nodes - 1,
+                              " (--nnodes ", nnodes, ")"));
     }
     o.node_rank = static_cast<int>(node_rank);
     o.serves_store = node_rank == 0;
@@ -422,6 +445,9 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   } else if (!absl::SimpleAtoi(nproc, &n) || n < 1) {
     return Bad(absl::StrCat("--nproc-per-node ", nproc, ": want a number >= 1, auto, gpu or cpu"));
   }
+  if (n > kMaxRanksPerNode) {
+    return Bad(absl::StrCat("--nproc-per-node ", nproc, ": at most ", kMaxRanksPerNode));
+  }
   o.nproc_per_node = static_cast<int>(n);
   if (o.nproc_per_node > 1 && std::getenv("OMP_NUM_THREADS") == nullptr) {
     out.notice =
@@ -430,6 +456,9 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
   }
 
   // Restarts, signals, output.
+  if (max_restarts < 0 || max_restarts > kMaxRestarts) {
+    return Bad(absl::StrCat("--max-restarts ", max_restarts, ": want 0 to ", kMaxRestarts));
+  }
   o.max_restarts = static_cast<int>(max_restarts);
   if (policy == "rank") {
     o.restart_policy = RestartPolicy::kRank;
@@ -440,9 +469,14 @@ absl::StatusOr<RunCommandLine> ParseRunCommandLine(const std::vector<std::string
     return Bad(absl::StrCat("--bind must be 'cores' or 'none', not '", bind, "'"));
   }
   o.bind_cores = bind == "cores";
-  if (grace < 0) return Bad("--stop-grace-seconds must be >= 0");
-  if (exit_barrier < 0) return Bad("--exit-barrier-seconds must be >= 0");
-  if (monitor_interval <= 0) return Bad("--monitor-interval must be > 0");
+  // (!(x >= 0) also refuses NaN.)
+  if (!(grace >= 0) || std::isinf(grace)) return Bad("--stop-grace-seconds: want a number >= 0");
+  if (!(exit_barrier >= 0) || std::isinf(exit_barrier)) {
+    return Bad("--exit-barrier-seconds: want a number >= 0");
+  }
+  if (!(monitor_interval >= 0.001 && monitor_interval <= 3600)) {
+    return Bad("--monitor-interval: want 0.001 to 3600 seconds");
+  }
   o.stop_grace = absl::Seconds(grace);
   o.exit_barrier = absl::Seconds(exit_barrier);
   o.monitor_interval = absl::Seconds(monitor_interval);

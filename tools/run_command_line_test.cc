@@ -95,6 +95,38 @@ TEST_CASE("rendezvous: static with a node rank, c10d with a range and an endpoin
   CHECK_FALSE(alone.notice.empty() == (std::getenv("OMP_NUM_THREADS") == nullptr));
 }
 
+TEST_CASE("numbers out of range are refused by name, not narrowed") {
+  CHECK(Refusal({"--max-restarts", "4294967296", "p.py"}) ==
+        "--max-restarts 4294967296: want 0 to 1000000");
+  CHECK(Refusal({"--max-restarts", "-1", "p.py"}) == "--max-restarts -1: want 0 to 1000000");
+  CHECK(Refusal({"--nnodes", "2", "--node-rank", "4294967296", "p.py"}) ==
+        "--node-rank 4294967296: want 0 to 1 (--nnodes 2)");
+  CHECK(Refusal({"--nnodes", "2", "--node-rank", "2", "p.py"}) ==
+        "--node-rank 2: want 0 to 1 (--nnodes 2)");
+  CHECK(Refusal({"--nnodes", "4294967297", "p.py"}) == "--nnodes 4294967297: at most 100000 nodes");
+  CHECK(Refusal({"--nproc-per-node", "4294967297", "p.py"}) ==
+        "--nproc-per-node 4294967297: at most 4096");
+  for (const char* interval : {"inf", "nan", "1e-5", "3e6", "0"}) {
+    INFO(interval);
+    CHECK(Refusal({"--monitor-interval", interval, "p.py"}) ==
+          "--monitor-interval: want 0.001 to 3600 seconds");
+  }
+  CHECK(Refusal({"--stop-grace-seconds", "nan", "p.py"}) ==
+        "--stop-grace-seconds: want a number >= 0");
+  CHECK(Refusal({"--exit-barrier-seconds", "inf", "p.py"}) ==
+        "--exit-barrier-seconds: want a number >= 0");
+  CHECK(Refusal({"--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]x80", "p.py"}) ==
+        "--rdzv-endpoint [::1]x80: want [ADDRESS]:PORT");
+  CHECK(Refusal({"--rdzv-backend", "c10d", "--rdzv-endpoint", "h:", "p.py"}) ==
+        "--rdzv-endpoint h:: bad port");
+  CHECK(Refusal({"--rdzv-backend", "c10d", "--rdzv-endpoint", ":29400", "p.py"}) ==
+        "--rdzv-endpoint :29400: no host");
+  CHECK(Parsed({"--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]:29401", "--no-python", "p"})
+            .options.master_port == 29401);
+  CHECK(Parsed({"--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1]", "--no-python", "p"})
+            .options.master_port == 29400);
+}
+
 TEST_CASE("output flags: redirects, tee, local ranks filter, log dir, signals") {
   RunCommandLine line =
       Parsed({"--log-dir", "/tmp/l", "-r", "0:1,1:2", "-t", "3", "--local_ranks_filter", "0,2",
