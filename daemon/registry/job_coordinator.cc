@@ -514,6 +514,7 @@ void JobCoordinator::WatchFailures(std::function<void(const FailureRecord&)> on_
 void JobCoordinator::RunFailureWatcher(
     const std::function<void(const FailureRecord&)>& on_failure) {
   int64_t seen = 0;
+  int no_value_tries = 0;  // of record seen + 1
   std::unique_ptr<Store> store;
   auto never = [] { return std::string(); };
   while (!stopping_) {
@@ -535,11 +536,20 @@ void JobCoordinator::RunFailureWatcher(
       continue;
     }
     auto value = store->Get(key, absl::Seconds(5));
-    if (!value.ok()) {
+    if (absl::IsNotFound(value.status()) && ++no_value_tries < 50) {
+      // Present for waits but without a value (a queue pushed there): the
+      // record's SET may still come, for 5 s; then it is a malformed record,
+      // as a TCP client of the store sees it (an empty value).
+      absl::SleepFor(absl::Milliseconds(100));
+      continue;
+    }
+    if (!value.ok() && !absl::IsNotFound(value.status())) {
       store.reset();
       continue;
     }
     ++seen;
+    no_value_tries = 0;
+    if (!value.ok()) value = std::string();
     std::vector<std::string> f =
         absl::StrSplit(absl::string_view(*value), absl::MaxSplits('\t', 4));
     FailureRecord record;

@@ -88,6 +88,15 @@ absl::StatusOr<T> RunWhenPresent(StoreServer* server, std::vector<std::string> k
 
 struct Empty {};
 
+// The value of `key` once WhenPresent saw every key: a key present only as a
+// queue (QUEUE_PUSH), or one of several deleted while the others were
+// awaited, has none.
+absl::StatusOr<std::string> ValueOf(Loop& loop, const std::string& key) {
+  const std::string* value = loop.kv().Find(key);
+  if (value == nullptr) return NoValue(key);
+  return *value;
+}
+
 absl::Status StatusOf(const absl::StatusOr<Empty>& r) { return r.status(); }
 
 absl::StatusOr<Empty> EmptyOr(const absl::Status& s) {
@@ -105,9 +114,8 @@ absl::Status LocalStore::Set(absl::string_view key, absl::string_view value) {
 
 absl::StatusOr<std::string> LocalStore::Get(absl::string_view key, absl::Duration timeout) {
   std::string k(key);
-  return RunWhenPresent<std::string>(server_, {k}, timeout, [k](Loop& loop) {
-    return absl::StatusOr<std::string>(*loop.kv().Find(k));
-  });
+  return RunWhenPresent<std::string>(server_, {k}, timeout,
+                                     [k](Loop& loop) { return ValueOf(loop, k); });
 }
 
 absl::StatusOr<int64_t> LocalStore::Add(absl::string_view key, int64_t delta) {
@@ -156,7 +164,11 @@ absl::StatusOr<std::vector<std::string>> LocalStore::MultiGet(const std::vector<
   return RunWhenPresent<std::vector<std::string>>(server_, keys, timeout, [keys](Loop& loop) {
     std::vector<std::string> values;
     values.reserve(keys.size());
-    for (const std::string& k : keys) values.push_back(*loop.kv().Find(k));
+    for (const std::string& k : keys) {
+      absl::StatusOr<std::string> value = ValueOf(loop, k);
+      if (!value.ok()) return absl::StatusOr<std::vector<std::string>>(value.status());
+      values.push_back(*std::move(value));
+    }
     return absl::StatusOr<std::vector<std::string>>(std::move(values));
   });
 }

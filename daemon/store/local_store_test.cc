@@ -69,6 +69,45 @@ TEST_CASE("LocalStore waits end when the key is written, or at their timeout") {
   CHECK(timed_out.message().find("late") == std::string::npos);
 }
 
+TEST_CASE("a key that holds only a queue, or was deleted during the wait, reads as NOT_FOUND") {
+  auto server = StartServer();
+  LocalStore store(server.get());
+  // QUEUE_PUSH (a TCP client's) makes "q" present for waits, with no value.
+  absl::Notification pushed;
+  REQUIRE(server->Post([&](StoreServer::Loop& loop) {
+    REQUIRE(loop.kv().QueuePush("q", "item").ok());
+    pushed.Notify();
+  }));
+  pushed.WaitForNotification();
+  auto got = store.Get("q", absl::Seconds(1));
+  CHECK(got.status().code() == absl::StatusCode::kNotFound);
+  CHECK(got.status().message() ==
+        "store key 'q' has no value (it holds only a queue, or it was deleted while other keys "
+        "were awaited)");
+  REQUIRE(store.Set("a", "1").ok());
+  CHECK(store.MultiGet({"a", "q"}, absl::Seconds(1)).status().code() ==
+        absl::StatusCode::kNotFound);
+  // "a" is there when the wait starts, deleted before "b" comes.
+  absl::StatusOr<std::vector<std::string>> both = absl::UnknownError("unset");
+  std::thread reader([&] { both = store.MultiGet({"a", "b"}, absl::Seconds(20)); });
+  // Until its wait for "b" is parked in the loop.
+  for (bool parked = false; !parked;) {
+    absl::Notification looked;
+    REQUIRE(server->Post([&](StoreServer::Loop& loop) {
+      parked = loop.kv().num_waits() == 1;
+      looked.Notify();
+    }));
+    looked.WaitForNotification();
+    if (!parked) absl::SleepFor(absl::Milliseconds(5));
+  }
+  LocalStore other(server.get());
+  REQUIRE(*other.DeleteKey("a"));
+  REQUIRE(other.Set("b", "2").ok());
+  reader.join();
+  CHECK(both.status().code() == absl::StatusCode::kNotFound);
+  CHECK(both.status().message().find("'a'") != std::string::npos);
+}
+
 TEST_CASE("WhenPresent runs one of ready and expired, naming the missing keys") {
   // The one park-until-present-or-timeout of the store's front-ends
   // (LocalStore and StoreService).

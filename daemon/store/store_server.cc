@@ -305,6 +305,9 @@ class StoreServer::Impl : public StoreServer::Loop {
     bool wait_registering = false;
     size_t wait_registered = 0;
     bool yielded = false;  // in yielded_
+    // EOF came while requests it sent still waited their turn (yielded):
+    // they run in the next iterations (ContinueYielded), then it closes.
+    bool peer_gone = false;
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -824,6 +827,14 @@ class StoreServer::Impl : public StoreServer::Loop {
       }
       uint64_t id = c.id;
       ProcessInput(c);
+      if (conns_.find(id) == conns_.end()) return;
+      if (c.yielded) {
+        // A large request took its own turn: what was sent after it is kept
+        // too. Nothing more to read (epoll would report the EOF again).
+        c.peer_gone = true;
+        ::epoll_ctl(epoll_fd_, EPOLL_CTL_DEL, c.fd, nullptr);
+        return;
+      }
       Close(id);
       return;
     }
@@ -920,6 +931,8 @@ class StoreServer::Impl : public StoreServer::Loop {
       if (it == conns_.end()) continue;
       it->second->yielded = false;
       ProcessInput(*it->second);
+      auto after = conns_.find(id);
+      if (after != conns_.end() && after->second->peer_gone && !after->second->yielded) Close(id);
     }
   }
 
@@ -955,6 +968,16 @@ class StoreServer::Impl : public StoreServer::Loop {
   }
 
   void Send(Connection& c) {
+    if (c.peer_gone) {
+      // Nobody reads the replies: they are dropped (a send to the closed
+      // peer would fail and close the connection before the requests it
+      // sent last ran); ContinueYielded closes it once they did.
+      c.out.clear();
+      c.out_off = 0;
+      Recharge(c);
+      if (c.closing) Close(c.id);
+      return;
+    }
     while (c.pending_out() > 0) {
       ssize_t n = ::send(c.fd, c.out.data() + c.out_off, c.pending_out(), MSG_NOSIGNAL);
       if (n > 0) {
@@ -1373,6 +1396,12 @@ void StoreServer::Stop() { impl_->Stop(); }
 StoreServer::Stats StoreServer::stats() const { return impl_->stats(); }
 const StoreMetrics& StoreServer::metrics() const { return impl_->metrics_; }
 bool StoreServer::Post(std::function<void(Loop&)> task) { return impl_->Post(std::move(task)); }
+
+absl::Status NoValue(const std::string& key) {
+  return absl::NotFoundError(absl::StrCat("store key '", key,
+                                          "' has no value (it holds only a queue, or it was "
+                                          "deleted while other keys were awaited)"));
+}
 
 void WhenPresent(StoreServer::Loop& loop, std::vector<std::string> keys, absl::Duration timeout,
                  std::function<void()> ready, std::function<void(absl::Status)> expired) {

@@ -184,6 +184,11 @@ class StoreServer {
 void WhenPresent(StoreServer::Loop& loop, std::vector<std::string> keys, absl::Duration timeout,
                  std::function<void()> ready, std::function<void(absl::Status)> expired);
 
+// Why a key WhenPresent saw has no value to read: it exists only as a queue
+// (QUEUE_PUSH), or, of several awaited keys, it was deleted while the others
+// were awaited (NOT_FOUND, naming the key).
+absl::Status NoValue(const std::string& key);
+
 }  // namespace muster
 
 #endif  // MUSTER_DAEMON_STORE_STORE_SERVER_H_

@@ -17,6 +17,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <functional>
+#include <memory>
 
 #include "absl/strings/str_cat.h"
 #include "common/store_wire.h"
@@ -345,6 +346,44 @@ TEST_CASE("a 16 MiB SET and its GET sent together are handled in separate iterat
   CHECK(size.load() == big.size());
   (*again)->Stop();
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE(
+    "what a client sent before it closed is kept, also behind a request taking its own turn") {
+  auto server = StoreServer::Start(Loopback());
+  REQUIRE(server.ok());
+  auto value_size = [&](const std::string& key) {
+    auto size = std::make_shared<std::atomic<int64_t>>(-2);
+    REQUIRE((*server)->Post([size, key](StoreServer::Loop& loop) {
+      const std::string* v = loop.kv().Find(key);
+      *size = v != nullptr ? static_cast<int64_t>(v->size()) : -1;
+    }));
+    REQUIRE(Eventually([&] { return size->load() != -2; }));
+    return size->load();
+  };
+  {
+    Raw writer((*server)->port());
+    writer.Send(Set113("big", std::string(8 << 20, 'b')));
+  }
+  REQUIRE(Eventually([&] { return value_size("big") == (8 << 20); }));
+  // While the loop is held, the client sends exactly one read chunk (64
+  // KiB) and closes: the server reads it and the EOF in one go. The GET's
+  // 8 MiB reply (more than a socket takes at once) makes it a large request,
+  // which takes its own turn; the SET after it must not be dropped with the
+  // connection, neither at the EOF nor when sending that reply fails.
+  std::atomic<bool> holding{false};
+  REQUIRE((*server)->Post([&](StoreServer::Loop&) {
+    holding = true;
+    absl::SleepFor(absl::Milliseconds(500));
+  }));
+  while (!holding.load()) absl::SleepFor(absl::Milliseconds(1));
+  const std::string get = Get113("big");
+  const size_t pad = (64 << 10) - get.size() - Set113("done", "").size();
+  Raw client((*server)->port());
+  client.Send(get + Set113("done", std::string(pad, 'd')));
+  client.Close();
+  CHECK(Eventually([&] { return value_size("done") == static_cast<int64_t>(pad); }));
+  (*server)->Stop();
 }
 
 TEST_CASE("a long pipeline of WAITs met at once is answered in a loop, not a recursion") {

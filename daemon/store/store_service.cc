@@ -189,7 +189,9 @@ grpc::ServerUnaryReactor* StoreService::Get(grpc::CallbackServerContext* context
   }
   return RunWhenPresent(context, {request->key()}, request->timeout(),
                         [request, response](StoreServer::Loop& loop) {
-                          response->set_value(*loop.kv().Find(request->key()));
+                          const std::string* value = loop.kv().Find(request->key());
+                          if (value == nullptr) return ToGrpc(NoValue(request->key()));
+                          response->set_value(*value);
                           return grpc::Status::OK;
                         });
 }
@@ -336,8 +338,14 @@ grpc::ServerUnaryReactor* StoreService::MultiGet(grpc::CallbackServerContext* co
   std::vector<std::string> keys(request->keys().begin(), request->keys().end());
   return RunWhenPresent(context, keys, request->timeout(),
                         [keys, response](StoreServer::Loop& loop) {
-                          for (const std::string& k : keys)
-                            response->add_values(*loop.kv().Find(k));
+                          for (const std::string& k : keys) {
+                            const std::string* value = loop.kv().Find(k);
+                            if (value == nullptr) {
+                              response->clear_values();
+                              return ToGrpc(NoValue(k));
+                            }
+                            response->add_values(*value);
+                          }
                           return grpc::Status::OK;
                         });
 }

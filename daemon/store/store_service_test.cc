@@ -1,5 +1,6 @@
-// StoreService over a real StoreServer with a durability log: after a failed
-// log flush, only the gRPC calls whose result depended on it fail.
+// StoreService over a real StoreServer: reads of a key without a value are
+// NOT_FOUND; with a durability log, after a failed log flush, only the gRPC
+// calls whose result depended on it fail.
 #include "daemon/store/store_service.h"
 
 #include <grpcpp/grpcpp.h>
@@ -13,8 +14,63 @@
 #include <filesystem>
 #include <thread>
 
+#include "absl/strings/str_cat.h"
+
 namespace muster {
 namespace {
+
+// A StoreService over `server`, served on a loopback port, and a stub to it.
+struct ServedStore {
+  explicit ServedStore(StoreServer* server, const StoreServerOptions& options)
+      : service(server, options.limits, /*access=*/nullptr) {
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&service);
+    grpc_server = builder.BuildAndStart();
+    REQUIRE(grpc_server != nullptr);
+    stub = v1::Store::NewStub(
+        grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  }
+  ~ServedStore() { grpc_server->Shutdown(); }
+  StoreService service;
+  std::unique_ptr<grpc::Server> grpc_server;
+  std::unique_ptr<v1::Store::Stub> stub;
+};
+
+TEST_CASE("Get and MultiGet of a key that holds only a queue answer NOT_FOUND, naming it") {
+  StoreServerOptions options;
+  options.listen_address = "127.0.0.1";
+  options.port = 0;
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  ServedStore served(server->get(), options);
+  std::atomic<bool> pushed{false};
+  REQUIRE((*server)->Post([&](StoreServer::Loop& loop) {
+    REQUIRE(loop.kv().QueuePush("q", "item").ok());
+    pushed = true;
+  }));
+  while (!pushed.load()) absl::SleepFor(absl::Milliseconds(1));
+  {
+    grpc::ClientContext ctx;
+    v1::GetRequest req;
+    req.set_key("q");
+    v1::GetResponse resp;
+    grpc::Status got = served.stub->Get(&ctx, req, &resp);
+    CHECK(got.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK_THAT(got.error_message(), Catch::Contains("store key 'q' has no value"));
+  }
+  {
+    grpc::ClientContext ctx;
+    v1::MultiGetRequest req;
+    req.add_keys("q");
+    v1::MultiGetResponse resp;
+    grpc::Status got = served.stub->MultiGet(&ctx, req, &resp);
+    CHECK(got.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(resp.values_size() == 0);
+  }
+  (*server)->Stop();
+}
 
 TEST_CASE(
     "a failed log flush fails the gRPC calls that depended on it, not reads of durable keys") {
@@ -26,15 +82,8 @@ TEST_CASE(
   options.state_dir = dir;
   auto server = StoreServer::Start(options);
   REQUIRE(server.ok());
-  StoreService service(server->get(), options.limits, /*access=*/nullptr);
-  grpc::ServerBuilder builder;
-  int port = 0;
-  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-  builder.RegisterService(&service);
-  std::unique_ptr<grpc::Server> grpc_server = builder.BuildAndStart();
-  REQUIRE(grpc_server != nullptr);
-  auto stub = v1::Store::NewStub(
-      grpc::CreateChannel(absl::StrCat("127.0.0.1:", port), grpc::InsecureChannelCredentials()));
+  ServedStore served(server->get(), options);
+  auto& stub = served.stub;
 
   auto set = [&](const std::string& key) {
     grpc::ClientContext ctx;
@@ -122,7 +171,7 @@ TEST_CASE(
     REQUIRE(stub->NumKeys(&ctx, v1::NumKeysRequest(), &after).ok());
     CHECK(after.num_keys() == num_keys_before.num_keys());  // "fresh" is gone
   }
-  grpc_server->Shutdown();
+  served.grpc_server->Shutdown();
   (*server)->Stop();
   std::filesystem::remove_all(dir);
 }
