@@ -180,8 +180,10 @@ class EtcdStore::Impl {
   using ReadResult = absl::StatusOr<std::pair<std::vector<Read>, int64_t>>;
 
   // Reads of the same keys coalesced: a caller joins a batch that has not
-  // started yet (so its result is at least as new as the call), the first
-  // caller runs the batches one after another.
+  // started yet (so its result is at least as new as the call). One caller
+  // runs a batch at a time, its own among them, under its own deadline;
+  // then the first caller queued meanwhile runs the next one, so that no
+  // caller's reply waits on others' batches.
   // `since`: the caller may also join a batch already sent, if it was sent
   // at or after `since` (a read that begins after the caller's request
   // arrived still answers that request linearizably).
@@ -199,28 +201,33 @@ class EtcdStore::Impl {
     if (q.running) {
       read_mu_.Unlock();  // as in Add: a notification per waiter, no re-lock
       self->notified.WaitForNotification();
-      return self->result;
-    }
-    q.running = true;
-    while (!reads_[id].queued.empty()) {
-      reads_[id].sent.swap(reads_[id].queued);
-      reads_[id].sent_at = absl::Now();
-      reads_[id].joinable = true;
-      read_mu_.Unlock();
-      ReadResult r = ReadKeysOnce(keys, deadline, count_only);
-      read_mu_.Lock();
-      std::vector<std::shared_ptr<PendingRead>> batch;
-      batch.swap(reads_[id].sent);
-      // No caller may join this batch once its results go out unlocked.
-      reads_[id].joinable = false;
-      read_mu_.Unlock();
-      for (const auto& p : batch) {
-        p->result = r;
-        if (p != self) p->notified.Notify();
-      }
+      if (!self->runs_next) return self->result;
       read_mu_.Lock();
     }
-    reads_.erase(id);
+    reads_[id].running = true;
+    reads_[id].sent.swap(reads_[id].queued);
+    reads_[id].sent_at = absl::Now();
+    reads_[id].joinable = true;
+    read_mu_.Unlock();
+    ReadResult r = ReadKeysOnce(keys, deadline, count_only);
+    read_mu_.Lock();
+    std::vector<std::shared_ptr<PendingRead>> batch;
+    batch.swap(reads_[id].sent);
+    // No caller may join this batch once its results go out unlocked.
+    reads_[id].joinable = false;
+    read_mu_.Unlock();
+    for (const auto& p : batch) {
+      p->result = r;
+      if (p != self) p->notified.Notify();
+    }
+    read_mu_.Lock();
+    ReadQueue& after = reads_[id];
+    if (after.queued.empty()) {
+      reads_.erase(id);
+    } else {
+      after.queued.front()->runs_next = true;
+      after.queued.front()->notified.Notify();
+    }
     read_mu_.Unlock();
     return self->result;
   }
@@ -582,8 +589,11 @@ class EtcdStore::Impl {
     return keys;
   }
 
-  // Adds of one key coalesced: the first caller runs one read-modify-write
-  // for the sum of every delta queued meanwhile and hands each its result.
+  // Adds of one key coalesced: one caller runs one read-modify-write for
+  // the sum of every delta queued (its own among them), under its own
+  // deadline, and hands each its result; then the first caller queued
+  // meanwhile runs the next round, so that no caller's reply waits on
+  // others' rounds.
   absl::StatusOr<int64_t> Add(absl::string_view key, int64_t delta, absl::Time deadline) {
     auto self = std::make_shared<PendingAdd>();
     self->delta = delta;
@@ -599,17 +609,20 @@ class EtcdStore::Impl {
       // that delays the replies and the next round.
       add_mu_.Unlock();
       self->notified.WaitForNotification();
-      return self->result;
+      if (!self->runs_next) return self->result;
+      add_mu_.Lock();
+    } else {
+      q.running = true;
+      // The first round guesses "missing" (a barrier's fresh counter)
+      // instead of reading first: a wrong guess costs nothing, the failed
+      // Txn reads the value back.
+      q.last = std::vector<Read>(1);
     }
-    q.running = true;
-    // What the previous round wrote: the next round's guess of the value.
-    // The first round guesses "missing" (a barrier's fresh counter) instead
-    // of reading first: a wrong guess costs nothing, the failed Txn reads
-    // the value back.
-    std::optional<std::vector<Read>> last = std::vector<Read>(1);
-    while (!adds_[k].queued.empty()) {
+    {
       std::vector<std::shared_ptr<PendingAdd>> batch;
       batch.swap(adds_[k].queued);
+      std::optional<std::vector<Read>> last;
+      last.swap(adds_[k].last);  // leaves none: a failed round guesses nothing
       add_mu_.Unlock();
       uint64_t sum = 0;
       for (const auto& p : batch) sum += static_cast<uint64_t>(p->delta);
@@ -633,15 +646,9 @@ class EtcdStore::Impl {
             return std::vector<std::optional<std::string>>{absl::StrCat(after)};
           },
           last.has_value() ? &*last : nullptr, &written);
-      if (s.ok()) {
-        last = written;
-      } else {
-        last.reset();
-      }
       batches_.fetch_add(1);
       uint64_t running = static_cast<uint64_t>(after) - sum;
-      // Results handed out without the lock; this thread keeps running
-      // rounds until the queue is empty, so `self` is told last.
+      // Results handed out without the lock.
       for (const auto& p : batch) {
         if (s.ok()) {
           running += static_cast<uint64_t>(p->delta);
@@ -652,8 +659,15 @@ class EtcdStore::Impl {
         if (p != self) p->notified.Notify();
       }
       add_mu_.Lock();
+      AddQueue& next = adds_[k];
+      if (next.queued.empty()) {
+        adds_.erase(k);
+      } else {
+        if (s.ok()) next.last = std::move(written);
+        next.queued.front()->runs_next = true;
+        next.queued.front()->notified.Notify();
+      }
     }
-    adds_.erase(k);
     add_mu_.Unlock();
     return self->result;
   }
@@ -918,6 +932,7 @@ class EtcdStore::Impl {
   struct PendingRead {
     absl::Notification notified;
     ReadResult result;
+    bool runs_next = false;  // notified to run the next batch (its own in it)
   };
   struct ReadQueue {
     bool running = false;
@@ -951,10 +966,13 @@ class EtcdStore::Impl {
     int64_t delta = 0;
     absl::Notification notified;
     absl::StatusOr<int64_t> result;
+    bool runs_next = false;  // notified to run the next round (its own add in it)
   };
   struct AddQueue {
     bool running = false;
     std::vector<std::shared_ptr<PendingAdd>> queued;
+    // What the last round wrote: the next round's guess of the value.
+    std::optional<std::vector<Read>> last;
   };
 
   EtcdStoreOptions opt_;
