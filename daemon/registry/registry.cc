@@ -1302,197 +1302,214 @@ void Registry::Reconfigure(const v1::ReconfigureRequest& req, const Caller& who,
     return;
   }
   const std::string job_id = req.caller().job_id();
-  Spawn(WorkerPool::Kind::kBlocking, [this, coordinator, job_id, caller, epoch, everyone, timeout,
-                                      allow_shrink, start_min, done = std::move(done)] {
-    const std::string key = absl::StrCat("epoch/", epoch, "/arrived");
-    const std::string what = absl::StrCat("epoch ", epoch, " of job '", job_id, "'");
-    const absl::Time deadline = absl::Now() + timeout;
-    // Why the wait should end, other than its arrivals: an abort, shutdown,
-    // the caller's own end; with allow_shrink also a change in which ranks
-    // are alive (the wait starts over for the new set).
-    std::vector<int> expected = everyone;
-    bool live_changed = false;
-    // An elastic start forms from whoever arrived, so a change in which
-    // ranks are alive does not interrupt it (the epoch another rank formed
-    // leaves the slots it did not admit out of LiveSlots).
-    bool watch_live = allow_shrink;
-    auto interrupted = [&]() -> std::string {
-      absl::MutexLock lock(&mu_);
-      if (stopping_) return "musterd is shutting down";
-      Job* job = FindJob(job_id);
-      if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
-      if (!job->abort_reason.empty()) return absl::StrCat("job aborted: ", job->abort_reason);
-      auto it = job->ranks.find(caller);
-      if (it == job->ranks.end() || it->second.joining_epoch != epoch ||
-          it->second.info.state() != v1::RANK_STATE_ALIVE) {
-        return absl::StrCat("rank ", caller, " left or failed");
+  const std::string key = absl::StrCat("epoch/", epoch, "/arrived");
+  const absl::Time deadline = absl::Now() + timeout;
+  // The rank's arrival is recorded by a short task before its wait takes one
+  // of the blocking threads: with more local ranks joining than blocking
+  // threads, the arrivals of those still queued reach the ranks that wait.
+  Spawn(WorkerPool::Kind::kShort, [this, coordinator, job_id, caller, epoch, everyone, key,
+                                   deadline, allow_shrink, start_min, done = std::move(done)] {
+    absl::Status arrived = coordinator->Arrive(key, {caller});
+    if (arrived.ok()) {
+      arrived = coordinator->Count(absl::StrCat("epoch/", epoch, "/count"), 1).status();
+    }
+    Spawn(WorkerPool::Kind::kBlocking, [this, coordinator, job_id, caller, epoch, everyone, key,
+                                        deadline, allow_shrink, start_min, arrived, done] {
+      AwaitEpoch(coordinator, job_id, caller, epoch, everyone, key, deadline, allow_shrink,
+                 start_min, arrived, done);
+    });
+  });
+}
+
+void Registry::AwaitEpoch(const std::shared_ptr<JobCoordinator>& coordinator,
+                          const std::string& job_id, int caller, int64_t epoch,
+                          const std::vector<int>& everyone, const std::string& key,
+                          absl::Time deadline, bool allow_shrink, int start_min,
+                          absl::Status arrived, const ReconfigureDone& done) {
+  const std::string what = absl::StrCat("epoch ", epoch, " of job '", job_id, "'");
+  // Why the wait should end, other than its arrivals: an abort, shutdown,
+  // the caller's own end; with allow_shrink also a change in which ranks
+  // are alive (the wait starts over for the new set).
+  std::vector<int> expected = everyone;
+  bool live_changed = false;
+  // An elastic start forms from whoever arrived, so a change in which
+  // ranks are alive does not interrupt it (the epoch another rank formed
+  // leaves the slots it did not admit out of LiveSlots).
+  bool watch_live = allow_shrink;
+  auto interrupted = [&]() -> std::string {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return "musterd is shutting down";
+    Job* job = FindJob(job_id);
+    if (job == nullptr) return absl::StrCat("job '", job_id, "' is gone");
+    if (!job->abort_reason.empty()) return absl::StrCat("job aborted: ", job->abort_reason);
+    auto it = job->ranks.find(caller);
+    if (it == job->ranks.end() || it->second.joining_epoch != epoch ||
+        it->second.info.state() != v1::RANK_STATE_ALIVE) {
+      return absl::StrCat("rank ", caller, " left or failed");
+    }
+    if (watch_live && LiveSlots(*job) != expected) {
+      live_changed = true;
+      return "the ranks alive changed";
+    }
+    return std::string();
+  };
+  absl::Status s = arrived;
+  std::vector<int> candidates = everyone;
+  if (s.ok() && start_min > 0 && epoch == 1) {
+    // An elastic start: whoever registered, once all of them arrived, at
+    // least start_min, and nobody new came for a moment.
+    std::vector<int> previous;
+    absl::Time changed = absl::Now();
+    watch_live = false;
+    while (true) {
+      // Another rank may have formed the epoch already (its 300 ms of
+      // stable arrivals ended before this one's): take its members.
+      absl::StatusOr<std::vector<int>> formed = coordinator->Members(epoch);
+      if (!formed.ok()) {
+        s = formed.status();
+        break;
       }
-      if (watch_live && LiveSlots(*job) != expected) {
-        live_changed = true;
-        return "the ranks alive changed";
+      if (!formed->empty()) {
+        candidates = *formed;
+        break;
       }
-      return std::string();
-    };
-    absl::Status s = coordinator->Arrive(key, {caller});
-    if (s.ok()) s = coordinator->Count(absl::StrCat("epoch/", epoch, "/count"), 1).status();
-    std::vector<int> candidates = everyone;
-    if (s.ok() && start_min > 0 && epoch == 1) {
-      // An elastic start: whoever registered, once all of them arrived, at
-      // least start_min, and nobody new came for a moment.
-      std::vector<int> previous;
-      absl::Time changed = absl::Now();
-      watch_live = false;
-      while (true) {
-        // Another rank may have formed the epoch already (its 300 ms of
-        // stable arrivals ended before this one's): take its members.
-        absl::StatusOr<std::vector<int>> formed = coordinator->Members(epoch);
-        if (!formed.ok()) {
-          s = formed.status();
-          break;
-        }
-        if (!formed->empty()) {
-          candidates = *formed;
-          break;
-        }
-        absl::StatusOr<std::vector<int>> arrived = coordinator->Present(key, everyone);
-        absl::StatusOr<std::vector<int>> registered = coordinator->Present("rank", everyone);
-        if (!arrived.ok() || !registered.ok()) {
-          s = !arrived.ok() ? arrived.status() : registered.status();
-          break;
-        }
-        // A rank that failed or left since it registered is not waited for
-        // and not admitted: the others start without it.
-        {
-          absl::MutexLock lock(&mu_);
-          Job* job = FindJob(job_id);
-          std::vector<int> live = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
-          auto gone = [&live](int r) { return !std::binary_search(live.begin(), live.end(), r); };
-          arrived->erase(std::remove_if(arrived->begin(), arrived->end(), gone), arrived->end());
-          registered->erase(std::remove_if(registered->begin(), registered->end(), gone),
-                            registered->end());
-        }
-        if (*arrived != previous) {
-          previous = *arrived;
-          changed = absl::Now();
-        }
-        bool all_in =
-            std::includes(arrived->begin(), arrived->end(), registered->begin(), registered->end());
-        if (static_cast<int>(arrived->size()) >= start_min && all_in &&
-            absl::Now() - changed >= absl::Milliseconds(300)) {
-          candidates = *arrived;
-          break;
-        }
-        if (std::string why = interrupted(); !why.empty()) {
-          s = absl::AbortedError(absl::StrCat(what, " aborted: ", why));
-          break;
-        }
-        if (absl::Now() >= deadline) {
-          s = absl::DeadlineExceededError(absl::StrCat(what, " timed out with ", arrived->size(),
-                                                       " of at least ", start_min, " ranks"));
-          break;
-        }
-        absl::SleepFor(absl::Milliseconds(50));
+      absl::StatusOr<std::vector<int>> arrived = coordinator->Present(key, everyone);
+      absl::StatusOr<std::vector<int>> registered = coordinator->Present("rank", everyone);
+      if (!arrived.ok() || !registered.ok()) {
+        s = !arrived.ok() ? arrived.status() : registered.status();
+        break;
       }
-    } else if (s.ok() && !allow_shrink) {
-      // Every rank of the job comes back (failed ones replaced).
-      s = coordinator->AwaitArrivals(key, everyone, deadline, what, interrupted);
-    } else if (s.ok()) {
-      // Every rank alive arrives; then whoever is there forms the epoch.
-      while (true) {
-        {
-          absl::MutexLock lock(&mu_);
-          Job* job = FindJob(job_id);
-          expected = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
-        }
-        live_changed = false;
-        s = coordinator->AwaitArrivals(key, expected, deadline, what, interrupted);
-        if (!(absl::IsAborted(s) && live_changed)) break;
+      // A rank that failed or left since it registered is not waited for
+      // and not admitted: the others start without it.
+      {
+        absl::MutexLock lock(&mu_);
+        Job* job = FindJob(job_id);
+        std::vector<int> live = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
+        auto gone = [&live](int r) { return !std::binary_search(live.begin(), live.end(), r); };
+        arrived->erase(std::remove_if(arrived->begin(), arrived->end(), gone), arrived->end());
+        registered->erase(std::remove_if(registered->begin(), registered->end(), gone),
+                          registered->end());
+      }
+      if (*arrived != previous) {
+        previous = *arrived;
+        changed = absl::Now();
+      }
+      bool all_in =
+          std::includes(arrived->begin(), arrived->end(), registered->begin(), registered->end());
+      if (static_cast<int>(arrived->size()) >= start_min && all_in &&
+          absl::Now() - changed >= absl::Milliseconds(300)) {
+        candidates = *arrived;
+        break;
+      }
+      if (std::string why = interrupted(); !why.empty()) {
+        s = absl::AbortedError(absl::StrCat(what, " aborted: ", why));
+        break;
+      }
+      if (absl::Now() >= deadline) {
+        s = absl::DeadlineExceededError(absl::StrCat(what, " timed out with ", arrived->size(),
+                                                     " of at least ", start_min, " ranks"));
+        break;
+      }
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+  } else if (s.ok() && !allow_shrink) {
+    // Every rank of the job comes back (failed ones replaced).
+    s = coordinator->AwaitArrivals(key, everyone, deadline, what, interrupted);
+  } else if (s.ok()) {
+    // Every rank alive arrives; then whoever is there forms the epoch.
+    while (true) {
+      {
+        absl::MutexLock lock(&mu_);
+        Job* job = FindJob(job_id);
+        expected = job != nullptr ? LiveSlots(*job) : std::vector<int>{};
+      }
+      live_changed = false;
+      s = coordinator->AwaitArrivals(key, expected, deadline, what, interrupted);
+      if (!(absl::IsAborted(s) && live_changed)) break;
+    }
+    if (s.ok()) {
+      absl::StatusOr<std::vector<int>> present = coordinator->Present(key, everyone);
+      s = present.status();
+      if (present.ok()) candidates = *present;
+    }
+  }
+  // The first to decide fixes the epoch's members for every rank.
+  std::vector<int> members;
+  if (s.ok()) {
+    absl::StatusOr<std::vector<int>> decided =
+        coordinator->Decide(absl::StrCat("epoch/", epoch, "/members"), candidates);
+    s = decided.status();
+    if (decided.ok()) members = *decided;
+  }
+  if (s.ok() && std::find(members.begin(), members.end(), caller) == members.end()) {
+    s = absl::FailedPreconditionError(absl::StrCat(what, " formed without rank ", caller,
+                                                   " (members ", absl::StrJoin(members, ","),
+                                                   "); join epoch ", epoch + 1));
+  }
+  absl::StatusOr<std::map<int, RemoteRank>> holders = absl::UnknownError("unset");
+  if (s.ok()) {
+    holders = coordinator->FetchRanks(members);
+    s = holders.status();
+  }
+  if (s.ok()) s = coordinator->SetLatestEpoch(epoch);
+  v1::ReconfigureResponse response;
+  {
+    absl::MutexLock lock(&mu_);
+    Job* job = FindJob(job_id);
+    auto it = job != nullptr ? job->ranks.find(caller) : decltype(job->ranks.end()){};
+    if (job == nullptr || it == job->ranks.end() || it->second.joining_epoch != epoch) {
+      if (s.ok()) s = absl::AbortedError(absl::StrCat("rank ", caller, " left during ", what));
+    } else {
+      it->second.joining_epoch = 0;
+      if (absl::IsFailedPrecondition(s)) {
+        // Left out: the rank may join the next epoch.
+        it->second.info.set_epoch(epoch);
       }
       if (s.ok()) {
-        absl::StatusOr<std::vector<int>> present = coordinator->Present(key, everyone);
-        s = present.status();
-        if (present.ok()) candidates = *present;
+        it->second.info.set_epoch(epoch);
+        if (epoch > job->epoch) {
+          job->epoch = epoch;
+          job->members = members;
+          ++reconfigurations_;
+          v1::Reconfiguration& record = job->reconfigurations.emplace_back();
+          record.set_epoch(epoch);
+          for (const std::string& f : job->failed_since) record.add_failed(f);
+          for (int r : job->replaced_since) record.add_replaced(r);
+          if (job->first_failure != absl::InfiniteFuture()) {
+            record.set_took_millis(absl::ToInt64Milliseconds(absl::Now() - job->first_failure));
+          }
+          job->failed_since.clear();
+          job->replaced_since.clear();
+          job->first_failure = absl::InfiniteFuture();
+          MLOG(INFO) << "job " << job_id << ": epoch " << epoch << " formed by " << members.size()
+                     << " of " << job->world_size << " ranks (" << absl::StrJoin(members, ",")
+                     << "; " << record.took_millis() << " ms after the first failure)";
+        }
+        // Ranks that failed or left are alive again where another process
+        // now holds them.
+        for (auto r = job->ranks.begin(); r != job->ranks.end();) {
+          const v1::RankInfo& info = r->second.info;
+          bool dead = info.state() == v1::RANK_STATE_FAILED || info.state() == v1::RANK_STATE_LEFT;
+          auto holder = holders->find(r->first);
+          if (dead && !r->second.joining && holder != holders->end() &&
+              holder->second.pid != info.pid()) {
+            if (!r->second.session_id.empty()) sessions_.erase(r->second.session_id);
+            r = job->ranks.erase(r);
+          } else {
+            ++r;
+          }
+        }
+        response.set_epoch(epoch);
+        response.set_world_size(static_cast<int>(members.size()));
+        for (int m : members) response.add_members(m);
       }
     }
-    // The first to decide fixes the epoch's members for every rank.
-    std::vector<int> members;
-    if (s.ok()) {
-      absl::StatusOr<std::vector<int>> decided =
-          coordinator->Decide(absl::StrCat("epoch/", epoch, "/members"), candidates);
-      s = decided.status();
-      if (decided.ok()) members = *decided;
-    }
-    if (s.ok() && std::find(members.begin(), members.end(), caller) == members.end()) {
-      s = absl::FailedPreconditionError(absl::StrCat(what, " formed without rank ", caller,
-                                                     " (members ", absl::StrJoin(members, ","),
-                                                     "); join epoch ", epoch + 1));
-    }
-    absl::StatusOr<std::map<int, RemoteRank>> holders = absl::UnknownError("unset");
-    if (s.ok()) {
-      holders = coordinator->FetchRanks(members);
-      s = holders.status();
-    }
-    if (s.ok()) s = coordinator->SetLatestEpoch(epoch);
-    v1::ReconfigureResponse response;
-    {
-      absl::MutexLock lock(&mu_);
-      Job* job = FindJob(job_id);
-      auto it = job != nullptr ? job->ranks.find(caller) : decltype(job->ranks.end()){};
-      if (job == nullptr || it == job->ranks.end() || it->second.joining_epoch != epoch) {
-        if (s.ok()) s = absl::AbortedError(absl::StrCat("rank ", caller, " left during ", what));
-      } else {
-        it->second.joining_epoch = 0;
-        if (absl::IsFailedPrecondition(s)) {
-          // Left out: the rank may join the next epoch.
-          it->second.info.set_epoch(epoch);
-        }
-        if (s.ok()) {
-          it->second.info.set_epoch(epoch);
-          if (epoch > job->epoch) {
-            job->epoch = epoch;
-            job->members = members;
-            ++reconfigurations_;
-            v1::Reconfiguration& record = job->reconfigurations.emplace_back();
-            record.set_epoch(epoch);
-            for (const std::string& f : job->failed_since) record.add_failed(f);
-            for (int r : job->replaced_since) record.add_replaced(r);
-            if (job->first_failure != absl::InfiniteFuture()) {
-              record.set_took_millis(absl::ToInt64Milliseconds(absl::Now() - job->first_failure));
-            }
-            job->failed_since.clear();
-            job->replaced_since.clear();
-            job->first_failure = absl::InfiniteFuture();
-            MLOG(INFO) << "job " << job_id << ": epoch " << epoch << " formed by " << members.size()
-                       << " of " << job->world_size << " ranks (" << absl::StrJoin(members, ",")
-                       << "; " << record.took_millis() << " ms after the first failure)";
-          }
-          // Ranks that failed or left are alive again where another process
-          // now holds them.
-          for (auto r = job->ranks.begin(); r != job->ranks.end();) {
-            const v1::RankInfo& info = r->second.info;
-            bool dead =
-                info.state() == v1::RANK_STATE_FAILED || info.state() == v1::RANK_STATE_LEFT;
-            auto holder = holders->find(r->first);
-            if (dead && !r->second.joining && holder != holders->end() &&
-                holder->second.pid != info.pid()) {
-              if (!r->second.session_id.empty()) sessions_.erase(r->second.session_id);
-              r = job->ranks.erase(r);
-            } else {
-              ++r;
-            }
-          }
-          response.set_epoch(epoch);
-          response.set_world_size(static_cast<int>(members.size()));
-          for (int m : members) response.add_members(m);
-        }
-      }
-    }
-    if (s.ok()) {
-      done(response);
-    } else {
-      done(s);
-    }
-  });
+  }
+  if (s.ok()) {
+    done(response);
+  } else {
+    done(s);
+  }
 }
 
 void Registry::PendingJoins(const v1::PendingJoinsRequest& req, const Caller& who,

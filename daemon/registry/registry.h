@@ -340,12 +340,20 @@ class Registry {
 
   // Runs `fn` on the registry's worker pool.
   void Spawn(WorkerPool::Kind kind, std::function<void()> fn);
-  // Whether `rank` of `job` may join it as described by `request` from
-  // `who` (generation, owner, world size, store, a rank already held).
+  // Reconfigure's wait, on a blocking thread, for rank `caller` of job
+  // `job_id` whose arrival at `key` (epoch `epoch`) was recorded with
+  // status `arrived`: until the epoch forms (its members decided), then
+  // `done` with the rank's new epoch, or the error. No lock held.
+  void AwaitEpoch(const std::shared_ptr<JobCoordinator>& coordinator, const std::string& job_id,
+                  int caller, int64_t epoch, const std::vector<int>& everyone,
+                  const std::string& key, absl::Time deadline, bool allow_shrink, int start_min,
+                  absl::Status arrived, const ReconfigureDone& done);
   // Counts a wait for `job`'s owner, or RESOURCE_EXHAUSTED naming the limit.
   absl::Status TakeWait(const Job& job, const std::string& what) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The wait TakeWait counted for `uid` ended.
   void ReleaseWait(int64_t uid);
+  // Whether `rank` of `job` may join it as described by `request` from
+  // `who` (generation, owner, world size, store, a rank already held).
   static absl::Status ValidateJoin(const Job& job, const v1::RegisterRequest& request,
                                    const Caller& who);
   // Makes waits of `job` re-check why they might give up.

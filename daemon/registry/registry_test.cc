@@ -523,6 +523,26 @@ TEST_CASE(
   CHECK(std::vector<int>(r0->members().begin(), r0->members().end()) == std::vector<int>{0, 1});
 }
 
+TEST_CASE("elastic: more local ranks join an epoch at once than the daemon has blocking threads") {
+  // 6 workers, 4 kept for short tasks: 2 blocking threads for 5 ranks' waits.
+  // The waits queued behind the first two must still have arrived.
+  Fixture f("", nullptr, nullptr, "node-a", Fixture::kNodeCpus,
+            [](RegistryOptions* o) { o->max_workers = 6; });
+  constexpr int kRanks = 5;
+  for (int r = 0; r < kRanks; ++r) REQUIRE(f.Register(r, kRanks).ok());
+  Result<absl::StatusOr<v1::ReconfigureResponse>> joined[kRanks];
+  for (int r = 0; r < kRanks; ++r) {
+    f.registry->Reconfigure(Reconfigure(r, 1, absl::Seconds(10)), f.caller, joined[r].callback());
+  }
+  for (int r = 0; r < kRanks; ++r) {
+    INFO("rank " << r);
+    const auto& got = joined[r].Await();
+    REQUIRE(got.ok());
+    CHECK(got->epoch() == 1);
+    CHECK(got->world_size() == kRanks);
+  }
+}
+
 TEST_CASE("a group's segment carries the CPUs the node's ranks share") {
   Fixture f;
   REQUIRE(f.Register(0, 2).ok());
