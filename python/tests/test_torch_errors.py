@@ -98,6 +98,17 @@ def test_all_gather_into_tensor_in_place_is_not_an_overlap(errors):
         assert r["got"] == want, r
 
 
+def test_premul_sum_launch_failure_leaves_the_tensors_unscaled(errors):
+    got = by_rank(errors, "premul_launch_fails")
+    assert sorted(got) == list(range(WORLD))
+    for rank, r in got.items():
+        assert len(r["errors"]) == 2, r
+        for e in r["errors"]:
+            assert e is not None and "the group was destroyed" in e, r
+        assert r["coalesced"] == [[rank + 1.0] * 3, [rank + 3.0] * 2], r
+        assert r["rooted"] == [rank + 1.0] * 3, r
+
+
 def test_wait_timeout_while_a_peer_is_late(errors):
     (r,) = by_rank(errors, "wait_timeout").values()
     first = r["first"]

@@ -661,6 +661,24 @@ def mode_errors(musterctl):
     r = attempt(lambda: dist.all_gather_into_tensor(out, out[2 * RANK:2 * RANK + 2]))
     report("all_gather_in_place", error=r.get("error"), got=out.tolist())
 
+    # PREMUL_SUM scales the caller's tensors in place where muster's call
+    # takes no factor (all_reduce_coalesced; reduce at the root). A call that
+    # fails to launch (here: the group's muster group destroyed under torch's
+    # group) leaves them as they were.
+    gone = dist.new_group(list(range(WORLD)))
+    dist.barrier()
+    muster.torch.build().shutdown(muster.torch._backend(gone))
+    coalesced = [torch.full((3,), RANK + 1.0), torch.full((2,), RANK + 3.0)]
+    rooted = torch.full((3,), RANK + 1.0)
+    launch_errors = [
+        attempt(lambda: dist.all_reduce_coalesced(coalesced, op=reduce_op("PREMUL_SUM"),
+                                                  group=gone)).get("error"),
+        attempt(lambda: dist.reduce(rooted, dst=0, op=reduce_op("PREMUL_SUM"),
+                                    group=gone)).get("error"),
+    ]
+    report("premul_launch_fails", errors=launch_errors, coalesced=[as_list(t) for t in coalesced],
+           rooted=as_list(rooted))
+
     # Work.wait(timeout) while a peer is late; the collective goes on.
     dist.barrier()
     t = torch.full((3,), float(RANK + 1))

@@ -213,6 +213,29 @@ void CheckPremulDType(const at::Tensor& t, const char* what) {
               c10::toString(t.scalar_type()));
 }
 
+// PREMUL_SUM where the caller's own tensors are the buffers (allreduce_coalesced,
+// reduce at the root): they are multiplied in place, then `launch(started)`
+// runs, setting `started` once muster took the collective. If it throws
+// before that, they get back the values they held, from a copy taken first
+// (one extra copy per such call; only PREMUL_SUM pays it).
+template <typename LaunchFn>
+auto ScaleInPlaceThenLaunch(std::vector<at::Tensor>& tensors, double scale, LaunchFn launch)
+    -> decltype(launch(std::declval<bool&>())) {
+  std::vector<at::Tensor> before;
+  before.reserve(tensors.size());
+  for (const auto& t : tensors) before.push_back(t.clone());
+  for (auto& t : tensors) t.mul_(scale);
+  bool started = false;
+  try {
+    return launch(started);
+  } catch (...) {
+    if (!started) {
+      for (size_t i = 0; i < tensors.size(); ++i) tensors[i].copy_(before[i]);
+    }
+    throw;
+  }
+}
+
 void CheckSingle(const std::vector<at::Tensor>& tensors, const char* what) {
   TORCH_CHECK(tensors.size() == 1, "muster ", what, ": expects one tensor per call (got ",
               tensors.size(), ")");
@@ -810,16 +833,20 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::allreduce_coalesced(
     ms.push_back(ts.Output(t));
     if (r.op == MUSTER_PREMUL_SUM) CheckPremulDType(t, what);
   }
-  if (r.op == MUSTER_PREMUL_SUM) {
-    for (auto& t : tensors) t.mul_(r.scale);
-  }
   int op = r.op == MUSTER_PREMUL_SUM ? MUSTER_SUM : r.op;
-  return Launch(
-      c10d::OpType::ALLREDUCE_COALESCED, what,
-      [&](muster_group* g, muster_work** w) {
-        return muster_all_reduce_coalesced(g, ms.data(), ms.size(), op, w);
-      },
-      tensors, ts.TakeKeep(), ts.stream());
+  auto launch = [&](bool& started) {
+    return Launch(
+        c10d::OpType::ALLREDUCE_COALESCED, what,
+        [&](muster_group* g, muster_work** w) {
+          int code = muster_all_reduce_coalesced(g, ms.data(), ms.size(), op, w);
+          started = code == MUSTER_OK;
+          return code;
+        },
+        tensors, ts.TakeKeep(), ts.stream());
+  };
+  if (r.op == MUSTER_PREMUL_SUM) return ScaleInPlaceThenLaunch(tensors, r.scale, launch);
+  bool started = false;
+  return launch(started);
 }
 
 c10::intrusive_ptr<c10d::Work> MusterBackend::reduce(std::vector<at::Tensor>& tensors,
@@ -831,6 +858,7 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::reduce(std::vector<at::Tensor>& te
   TensorSet ts(What(what));
   int root = static_cast<int>(opts.rootRank);
   muster_tensor t;
+  bool scale_in_place = false;
   if (r.op == MUSTER_PREMUL_SUM) {
     // SUM of the scaled inputs; only the root's tensor changes (as in NCCL):
     // other ranks send a scaled copy.
@@ -838,17 +866,26 @@ c10::intrusive_ptr<c10d::Work> MusterBackend::reduce(std::vector<at::Tensor>& te
     r.op = MUSTER_SUM;
     if (getRank() == root) {
       t = ts.Output(tensors[0]);
-      tensors[0].mul_(r.scale);
+      scale_in_place = true;
     } else {
       t = ts.Output(tensors[0].mul(r.scale));
     }
   } else {
     t = ts.Output(tensors[0]);
   }
-  return Launch(
-      c10d::OpType::REDUCE, what,
-      [&](muster_group* g, muster_work** w) { return muster_reduce(g, &t, root, r.op, w); },
-      tensors, ts.TakeKeep(), ts.stream());
+  auto launch = [&](bool& started) {
+    return Launch(
+        c10d::OpType::REDUCE, what,
+        [&](muster_group* g, muster_work** w) {
+          int code = muster_reduce(g, &t, root, r.op, w);
+          started = code == MUSTER_OK;
+          return code;
+        },
+        tensors, ts.TakeKeep(), ts.stream());
+  };
+  if (scale_in_place) return ScaleInPlaceThenLaunch(tensors, r.scale, launch);
+  bool started = false;
+  return launch(started);
 }
 
 c10::intrusive_ptr<c10d::Work> MusterBackend::allgather(
