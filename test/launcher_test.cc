@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <filesystem>
 #include <functional>
 #include <regex>
 
@@ -18,6 +19,13 @@ namespace muster::testing {
 namespace {
 
 std::string MusterRun() { return RunfilePath("tools/muster-run"); }
+
+// Whether process `pid` is gone, or a zombie its new parent has not reaped.
+bool Gone(pid_t pid) {
+  std::string stat = ReadFileOrEmpty(absl::StrCat("/proc/", pid, "/stat"));
+  size_t paren = stat.rfind(')');
+  return stat.empty() || (paren != std::string::npos && stat.substr(paren + 2, 1) == "Z");
+}
 
 // Whether `condition` holds within `timeout` (checked every 20 ms).
 bool Eventually(const std::function<bool()>& condition, absl::Duration timeout) {
@@ -182,18 +190,37 @@ TEST_CASE("a rank has ended when its process has: what it left running is stoppe
   std::smatch m;
   REQUIRE(std::regex_search(r.out, m, std::regex("leftover=([0-9]+)")));
   const pid_t leftover = std::stoi(m[1]);
-  // Gone, or a zombie its new parent has not reaped yet.
-  CHECK(Eventually(
-      [&] {
-        std::string stat = ReadFileOrEmpty(absl::StrCat("/proc/", leftover, "/stat"));
-        size_t paren = stat.rfind(')');
-        return stat.empty() || (paren != std::string::npos && stat.substr(paren + 2, 1) == "Z");
-      },
-      absl::Seconds(5)));
+  CHECK(Eventually([&] { return Gone(leftover); }, absl::Seconds(5)));
   // Each rank leads a session of its own (as torchrun's start_new_session):
   // reading the terminal cannot stop it.
   REQUIRE(std::regex_search(r.out, m, std::regex("session=([0-9]+) pid=([0-9]+)")));
   CHECK(m[1] == m[2]);
+}
+
+TEST_CASE("ranks and the embedded musterd die with a muster-run killed by SIGKILL") {
+  TempDir dir;
+  auto p = Subprocess::Start(
+      {MusterRun(), "--nproc-per-node", "1", "--", "/bin/sh", "-c", "echo pid=$$; exec sleep 60"},
+      dir.path(), IsolatedEnv(dir));
+  REQUIRE(p.ok());
+  REQUIRE((*p)->AwaitStdout("[rank 0] pid=", absl::Seconds(20)));
+  REQUIRE(
+      Eventually([&] { return absl::StrContains((*p)->Stderr(), "socket "); }, absl::Seconds(5)));
+  std::smatch m;
+  std::string out = (*p)->Stdout(), err = (*p)->Stderr();
+  REQUIRE(std::regex_search(out, m, std::regex("pid=([0-9]+)")));
+  const pid_t rank = std::stoi(m[1]);
+  REQUIRE(std::regex_search(err, m, std::regex("socket ([^,) ]+)")));
+  const std::string socket = m[1];
+  REQUIRE((*p)->Signal(SIGKILL).ok());
+  REQUIRE((*p)->Wait(absl::Seconds(10)).ok());
+  CHECK(Eventually([&] { return Gone(rank); }, absl::Seconds(5)));
+  // Nothing answers at the embedded musterd's socket any more.
+  auto probe =
+      Run({RunfilePath("tools/musterctl"), "--socket", socket, "status"}, {}, absl::Seconds(20));
+  REQUIRE(probe.ok());
+  CHECK(probe->exit.code != 0);
+  std::filesystem::remove_all(std::filesystem::path(socket).parent_path());  // left by SIGKILL
 }
 
 TEST_CASE("console lines end at \\n, \\r\\n or a lone \\r; a line without an end is cut") {

@@ -544,19 +544,27 @@ class Launcher {
     std::fflush(to);
   }
 
-  void DrainFd(Child& c, int& fd, std::string& partial, FILE* to) {
+  // One read of a rank's stream: emits what came, or at EOF (or an error)
+  // its last partial line, and closes the stream. Returns the bytes read.
+  ssize_t DrainFd(Child& c, int& fd, std::string& partial, FILE* to) {
     char buf[65536];
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n > 0) {
       Emit(c, partial, buf, n, to, false);
     } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
-      Emit(c, partial, "", 0, to, true);
-      ::close(fd);
-      fd = -1;
-      int& file = &partial == &c.out_partial ? c.out_file : c.err_file;
-      if (file >= 0) ::close(file);
-      file = -1;
+      CloseStream(c, fd, partial, to);
     }
+    return n;
+  }
+
+  // Emits the stream's last partial line; closes its pipe and log file.
+  void CloseStream(Child& c, int& fd, std::string& partial, FILE* to) {
+    Emit(c, partial, "", 0, to, true);
+    ::close(fd);
+    fd = -1;
+    int& file = &partial == &c.out_partial ? c.out_file : c.err_file;
+    if (file >= 0) ::close(file);
+    file = -1;
   }
 
   // Sends `sig` to every running rank's process group (to the rank itself
@@ -596,19 +604,12 @@ class Launcher {
         // What is in the pipe still counts (at most 1 MiB: a writer outside
         // the group may go on writing).
         ::fcntl(*fd, F_SETFL, ::fcntl(*fd, F_GETFL) | O_NONBLOCK);
-        char buf[65536];
-        for (size_t total = 0; total < (1u << 20);) {
-          ssize_t n = ::read(*fd, buf, sizeof(buf));
+        for (size_t total = 0; *fd >= 0 && total < (1u << 20);) {
+          ssize_t n = DrainFd(c, *fd, partial, to);
           if (n <= 0) break;
-          Emit(c, partial, buf, static_cast<size_t>(n), to, false);
           total += static_cast<size_t>(n);
         }
-        Emit(c, partial, "", 0, to, true);
-        ::close(*fd);
-        *fd = -1;
-        int& file = is_out ? c.out_file : c.err_file;
-        if (file >= 0) ::close(file);
-        file = -1;
+        if (*fd >= 0) CloseStream(c, *fd, partial, to);
       }
     }
   }

@@ -275,6 +275,35 @@ TEST_CASE("a member's failure ends a pending formation at once, naming it") {
   CHECK(f.sinks[0]->rank_failures() == 1);
 }
 
+TEST_CASE("a failure record whose key first held only a queue item still counts") {
+  Fixture f;
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  REQUIRE(f.FormPair("world").ok());
+  // A store client pushes a queue item at the next failure record's key: it
+  // is present for the watcher's wait but has no value (musterd crashed on
+  // reading it).
+  absl::Notification pushed;
+  REQUIRE(f.store->Post([&](StoreServer::Loop& loop) {
+    REQUIRE(loop.kv().QueuePush("muster/job/0/failure/1", "junk").ok());
+    pushed.Notify();
+  }));
+  pushed.WaitForNotification();
+  absl::SleepFor(absl::Milliseconds(300));
+  // The real record comes (within the watcher's 5 s) and is acted on.
+  LocalStore store(f.store.get());
+  REQUIRE(store.Add("muster/job/0/failures", 1).ok());
+  REQUIRE(store
+              .Set("muster/job/0/failure/1",
+                   absl::StrCat("1\tnode-a\t", ::getpid(), "\t0\tkilled by the test"))
+              .ok());
+  CHECK(Eventually([&] {
+    auto g = f.registry->GetGroup("job", "world", Caller::InProcess());
+    return g.ok() && g->state() == v1::GROUP_STATE_BROKEN;
+  }));
+  CHECK(f.sinks[0]->rank_failures() == 1);
+}
+
 TEST_CASE("a node whose liveness keys vanished: one failure record per rank, all ranks told") {
   FakeLiveness keys;
   Fixture a("", keys.For("node-a"));
