@@ -133,15 +133,17 @@ for w in 2 3; do
     done
   done
 done
-# The all_reduce floor (CMA only; bytes a multiple of 4 x world): each run
-# checks the sums every rank ends with.
+# The all_reduce floor (bytes a multiple of 4 x world), over CMA and as
+# AllocShared buffers allow: each run checks the sums every rank ends with.
 for w in 2 3; do
-  fout="$(timeout 60 "$floor" --world "$w" --pattern allreduce --bytes 48K,768K --iters 20 \
-    --chunk 16K 2>"$errfile")"
-  rc=$?
-  [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor $w allreduce exited $rc"; cat "$errfile"; fail=1; }
-  check "copy floor $w allreduce" "$fout" \
-    "^\\{\"world\":$w,\"pattern\":\"allreduce\",\"method\":\"cma\",.*\"bytes\":786432,\"chunk\":16384,\"iters\":20,\"p50_us\":[0-9.e+]+"
+  for m in cma shared; do
+    fout="$(timeout 60 "$floor" --world "$w" --pattern allreduce --method "$m" --bytes 48K,768K \
+      --iters 20 --chunk 16K 2>"$errfile")"
+    rc=$?
+    [[ $rc -eq 0 ]] || { echo "FAIL: bench-copy-floor $w allreduce $m exited $rc"; cat "$errfile"; fail=1; }
+    check "copy floor $w allreduce $m" "$fout" \
+      "^\\{\"world\":$w,\"pattern\":\"allreduce\",\"method\":\"$m\",.*\"bytes\":786432,\"chunk\":16384,\"iters\":20,\"p50_us\":[0-9.e+]+"
+  done
 done
 # --nt: the push's own copies, the private copy and the all_gather read
 # through a cached block with non-temporal stores (x86-64), checked like the
@@ -160,7 +162,6 @@ for bad in "--iters 5000|over the 4096 timed iterations" "--chunk 4X|--chunk wan
   "--pattern allgather-push --method shared|writes with CMA: --method cma" \
   "--pattern allgather --method shared --nt|--nt is for --pattern allgather-push, private or allgather --method cma" \
   "--pattern gather --nt|--nt is for --pattern allgather-push, private or allgather --method cma" \
-  "--pattern allreduce --method shared|--pattern allreduce writes with CMA" \
   "--pattern allreduce --touch|--touch would change the sums" \
   "--world 3 --pattern allreduce --bytes 64K|a multiple of 4 x 3"; do
   # shellcheck disable=SC2086

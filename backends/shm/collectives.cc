@@ -997,6 +997,14 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
                        (op == ReduceOp::kPremulSum && !half_width) || op == ReduceOp::kProduct ||
                        op == ReduceOp::kBand || op == ReduceOp::kBor || op == ReduceOp::kBxor;
     bool in_own = rank_ == 0 || (rank_ == 1 && commutative);
+    // Later ranks fold the contributions before their own into the scratch
+    // block, then combine that into their own buffer (own op fold == fold
+    // op own for these ops) and go on there: the result lands in place
+    // without a copy out of the scratch block. Not PREMUL_SUM, whose scaled
+    // own contribution would be rounded on its own, nor bool, whose own
+    // bytes ReduceInit normalizes.
+    const bool fold_into_own =
+        !in_own && commutative && op != ReduceOp::kPremulSum && dtype != DType::kBool;
     size_t part_off;
     size_t part_len = Part(count, size_, rank_, &part_off);
     auto reduce_own_part = [&]() -> absl::Status {
@@ -1012,19 +1020,37 @@ absl::Status ShmCommunicator::AllReduce(void* data, size_t count, DType dtype, R
         size_t len = std::min(block, part_len - done);
         size_t off = (part_off + done) * es;
         char* own = bytes + off;
-        char* acc = in_own ? own : scratch_.data();
-        int start = in_own ? rank_ : 0;  // the contribution acc starts from
-        auto c0 = Source(start, bytes, off, len * es, acc);
-        if (!c0.ok()) return c0.status();
-        ReduceInit(acc, *c0, len, dtype, op, scale);
-        for (int j = 0; j < size_; ++j) {
-          if (j == start) continue;
-          auto cj = Source(j, bytes, off, len * es, tmp);
-          if (!cj.ok()) return cj.status();
-          ReduceInto(acc, *cj, len, dtype, op, scale);
+        if (fold_into_own) {
+          char* fold = scratch_.data();
+          auto c0 = Source(0, bytes, off, len * es, fold);
+          if (!c0.ok()) return c0.status();
+          ReduceInit(fold, *c0, len, dtype, op, scale);
+          for (int j = 1; j < size_; ++j) {
+            if (j == rank_) {
+              ReduceInto(own, fold, len, dtype, op, scale);
+              fold = own;
+              continue;
+            }
+            auto cj = Source(j, bytes, off, len * es, tmp);
+            if (!cj.ok()) return cj.status();
+            ReduceInto(fold, *cj, len, dtype, op, scale);
+          }
+          ReduceFinish(own, len, dtype, op, size_);
+        } else {
+          char* acc = in_own ? own : scratch_.data();
+          int start = in_own ? rank_ : 0;  // the contribution acc starts from
+          auto c0 = Source(start, bytes, off, len * es, acc);
+          if (!c0.ok()) return c0.status();
+          ReduceInit(acc, *c0, len, dtype, op, scale);
+          for (int j = 0; j < size_; ++j) {
+            if (j == start) continue;
+            auto cj = Source(j, bytes, off, len * es, tmp);
+            if (!cj.ok()) return cj.status();
+            ReduceInto(acc, *cj, len, dtype, op, scale);
+          }
+          ReduceFinish(acc, len, dtype, op, size_);
+          if (acc != own) std::memcpy(own, acc, len * es);
         }
-        ReduceFinish(acc, len, dtype, op, size_);
-        if (acc != own) std::memcpy(own, acc, len * es);
         if (write_peers) {
           for (int k = 1; k < size_; ++k) {  // from the next rank on: writers spread out
             RETURN_IF_ERROR(WriteTarget((rank_ + k) % size_, off, len * es, own));
