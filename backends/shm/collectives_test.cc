@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -1376,6 +1377,64 @@ TEST_CASE("16-bit PREMUL_SUM all_reduce combines in rank order on every path, bi
         INFO(DTypeName(dtype) << " world " << world << " " << PathName(path) << ": "
                               << errors.first);
         CHECK(errors.count == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("rounding SUM and AVG all_reduce combine in rank order on every path, bitwise") {
+  // Values of both signs over 2^-8..2^8, so that most elements' rounded
+  // sum depends on the order. A rank past 1 folds the contributions before
+  // its own and then combines that with its own (commutative, the same
+  // sum); any other grouping would show here.
+  const size_t count = 64 << 10;  // direct under the forced paths
+  for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+    const size_t es = DTypeSize(dtype);
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg}) {
+      for (int world = 2; world <= 4; ++world) {
+        std::vector<std::string> inputs(world, std::string(count * es, '\0'));
+        for (int r = 0; r < world; ++r) {
+          for (size_t i = 0; i < count; ++i) {
+            uint32_t h = static_cast<uint32_t>((i * 2654435761u) ^ (r * 40503u + 17));
+            float f = std::ldexp(1.0f + (h % 1021) / 1021.0f, static_cast<int>((h >> 10) % 17) - 8);
+            if ((h >> 20) & 1) f = -f;
+            char* at = inputs[r].data() + i * es;
+            if (dtype == DType::kFloat32) {
+              std::memcpy(at, &f, 4);
+            } else {
+              uint16_t v = dtype == DType::kFloat16 ? FloatToHalf(f) : FloatToBFloat16(f);
+              std::memcpy(at, &v, 2);
+            }
+          }
+        }
+        std::string want(count * es, '\0');
+        ReduceInit(want.data(), inputs[0].data(), count, dtype, op, 1);
+        for (int r = 1; r < world; ++r) {
+          ReduceInto(want.data(), inputs[r].data(), count, dtype, op, 1);
+        }
+        ReduceFinish(want.data(), count, dtype, op, world);
+        for (Path path : {Path::kSlots, Path::kMapped, Path::kCma}) {
+          Errors errors;
+          RunRanks(world, 1 << 20, [&](ShmCommunicator& c) {
+            c.set_direct_options(Force(path));
+            Buffer buf(path == Path::kMapped, count * es, 0);
+            if (!buf.ok()) return errors.Add("no buffer");
+            std::memcpy(buf.data(), inputs[c.rank()].data(), count * es);
+            absl::Status s = c.AllReduce(buf.data(), count, dtype, op, 1, Soon());
+            if (!s.ok()) return errors.Add(absl::StrCat("rank ", c.rank(), ": ", s.ToString()));
+            if (std::strcmp(c.last_path(), PathName(path)) != 0) {
+              return errors.Add(absl::StrCat("rank ", c.rank(), " took ", c.last_path()));
+            }
+            for (size_t i = 0; i < count; ++i) {
+              if (std::memcmp(buf.data() + i * es, want.data() + i * es, es) != 0) {
+                return errors.Add(absl::StrCat("rank ", c.rank(), " element ", i, " differs"));
+              }
+            }
+          });
+          INFO(DTypeName(dtype) << " " << ReduceOpName(op) << " world " << world << " "
+                                << PathName(path) << ": " << errors.first);
+          CHECK(errors.count == 0);
+        }
       }
     }
   }
