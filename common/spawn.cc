@@ -62,10 +62,10 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);
     }
-    if (options.new_session) {
-      ::setsid();
-    } else if (options.new_process_group) {
-      ::setpgid(0, 0);
+    if (options.new_process_group) ::setpgid(0, 0);
+    if (options.ignore_terminal_stops) {
+      ::signal(SIGTTIN, SIG_IGN);
+      ::signal(SIGTTOU, SIG_IGN);
     }
     int in = options.stdin_fd >= 0 ? options.stdin_fd : null_fd;
     if (in >= 0) ::dup2(in, STDIN_FILENO);
@@ -87,7 +87,7 @@ absl::StatusOr<pid_t> Spawn(const SpawnOptions& options) {
   }
   // Also from here, so that the group exists when Spawn returns (a signal to
   // it must not miss the child). Fails harmlessly once the child has exec'd.
-  if (options.new_process_group && !options.new_session) ::setpgid(pid, pid);
+  if (options.new_process_group) ::setpgid(pid, pid);
   if (null_fd >= 0) ::close(null_fd);
   return pid;
 }

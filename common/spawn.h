@@ -34,9 +34,12 @@ struct SpawnOptions {
   // The child leads its own process group (signals to it reach its
   // children too).
   bool new_process_group = false;
-  // The child leads a new session (setsid: its own process group too, and no
-  // controlling terminal, so reading the caller's terminal cannot stop it).
-  bool new_session = false;
+  // The child ignores SIGTTIN and SIGTTOU (kept across exec): from a
+  // background process group, reading or configuring the caller's terminal
+  // then fails (EIO) instead of stopping it. (Not a session of its own:
+  // with autogroup scheduling each session is a scheduling group, and a
+  // rank's sched_yield no longer hands its CPU to a rank of another.)
+  bool ignore_terminal_stops = false;
   // The child is killed (SIGKILL) when the calling thread's process dies.
   bool die_with_parent = false;
   // The child's signal mask; default: nothing blocked. SIGPIPE is reset to

@@ -179,7 +179,8 @@ TEST_CASE("a rank has ended when its process has: what it left running is stoppe
   absl::Time start = absl::Now();
   auto r = Launch({"--nproc-per-node", "1", "--", "/bin/sh", "-c",
                    "sleep 60 & echo leftover=$!; "
-                   "echo session=$(cut -d' ' -f6 /proc/$$/stat) pid=$$; exit 0"},
+                   "echo group=$(cut -d' ' -f5 /proc/$$/stat) session=$(cut -d' ' -f6 "
+                   "/proc/$$/stat) pid=$$ $(grep SigIgn /proc/$$/status); exit 0"},
                   IsolatedEnv(dir));
   INFO(r.out << r.err);
   CHECK(r.exit.code == 0);
@@ -191,10 +192,16 @@ TEST_CASE("a rank has ended when its process has: what it left running is stoppe
   REQUIRE(std::regex_search(r.out, m, std::regex("leftover=([0-9]+)")));
   const pid_t leftover = std::stoi(m[1]);
   CHECK(Eventually([&] { return Gone(leftover); }, absl::Seconds(5)));
-  // Each rank leads a session of its own (as torchrun's start_new_session):
-  // reading the terminal cannot stop it.
-  REQUIRE(std::regex_search(r.out, m, std::regex("session=([0-9]+) pid=([0-9]+)")));
-  CHECK(m[1] == m[2]);
+  // Each rank leads a process group of its own in muster-run's session (one
+  // scheduling group under autogroup), and ignores SIGTTIN and SIGTTOU:
+  // reading the terminal fails instead of stopping it.
+  REQUIRE(std::regex_search(
+      r.out, m, std::regex("group=([0-9]+) session=([0-9]+) pid=([0-9]+) SigIgn:\\s*([0-9a-f]+)")));
+  CHECK(m[1] == m[3]);
+  CHECK(m[2] != m[3]);
+  const uint64_t ignored = std::stoull(m[4], nullptr, 16);
+  CHECK((ignored >> (SIGTTIN - 1) & 1) == 1);
+  CHECK((ignored >> (SIGTTOU - 1) & 1) == 1);
 }
 
 TEST_CASE("ranks and the embedded musterd die with a muster-run killed by SIGKILL") {

@@ -319,11 +319,14 @@ class Launcher {
     options.search_path = true;
     options.env = env;
     options.null_stdin = false;  // ranks keep muster-run's stdin, as with torchrun
-    // Ranks get a session of their own, as torchrun's (start_new_session):
-    // signals reach a rank's whole process group only through muster-run,
-    // and reading the terminal does not stop them (SIGTTIN). The embedded
-    // musterd gets a process group of its own.
-    options.new_session = child != nullptr;
+    // Ranks and the embedded musterd get a process group of their own:
+    // signals reach a rank's whole group only through muster-run. Reading
+    // the terminal fails in a rank instead of stopping it (SIGTTIN ignored).
+    // They stay in muster-run's session, unlike torchrun's
+    // (start_new_session): with autogroup scheduling a session is a
+    // scheduling group, and a waiting rank's sched_yield would not hand its
+    // CPU to a rank in another (docs/benchmarks.md, "ranks in one session").
+    options.ignore_terminal_stops = child != nullptr;
     options.new_process_group = true;
     // Killed if muster-run dies without stopping them (SIGKILL, a crash).
     options.die_with_parent = true;
