@@ -159,11 +159,8 @@ TEST_CASE("SIGINT while muster-run stops the ranks after a failure ends the job:
        "if [ $RANK = 0 ]; then sleep 1; exit 1; fi; trap '' TERM; while true; do sleep 0.05; done"},
       dir.path(), IsolatedEnv(dir));
   REQUIRE(p.ok());
-  absl::Time deadline = absl::Now() + absl::Seconds(20);
-  while (absl::Now() < deadline && !absl::StrContains((*p)->Stderr(), "stopping the other ranks")) {
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  REQUIRE(absl::StrContains((*p)->Stderr(), "stopping the other ranks"));
+  REQUIRE(Eventually([&] { return absl::StrContains((*p)->Stderr(), "stopping the other ranks"); },
+                     absl::Seconds(20)));
   REQUIRE((*p)->Signal(SIGINT).ok());
   auto exit = (*p)->Wait(absl::Seconds(15));
   REQUIRE(exit.ok());
