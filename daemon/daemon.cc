@@ -28,6 +28,7 @@
 #include "daemon/gpu/gpu_service.h"
 #include "daemon/metrics/metrics_server.h"
 #include "daemon/metrics/metrics_text.h"
+#include "daemon/peer_trace.h"
 #include "daemon/ready_file.h"
 #include "daemon/registry/registry.h"
 #include "daemon/registry/services.h"
@@ -254,37 +255,18 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     };
   }
   // Trace(gather): another node's daemon, over its TCP gRPC server, with
-  // this daemon's cluster credentials (the token; with --tls-ca, TLS with
-  // this daemon's certificate as the client's).
+  // this daemon's cluster credentials (the token, sent only once the peer
+  // proved it knows it: daemon/peer_trace.h; with --tls-ca, TLS with this
+  // daemon's certificate as the client's).
   {
     registry_options.peer_address_key = options.access.token;
     registry_options.peers_verified_by_tls = !options.tls_ca_pem.empty();
-    std::string token = options.access.token, ca = options.tls_ca_pem;
-    std::string cert = options.tls_cert_pem, key = options.tls_key_pem;
-    registry_options.peer_trace = [token, ca, cert, key](
-                                      const std::string& address, const v1::TraceRequest& request,
-                                      absl::Time deadline) -> absl::StatusOr<v1::TraceResponse> {
-      std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
-      if (!ca.empty()) {
-        grpc::SslCredentialsOptions ssl;
-        ssl.pem_root_certs = ca;
-        ssl.pem_cert_chain = cert;
-        ssl.pem_private_key = key;
-        credentials = grpc::SslCredentials(ssl);
-      }
-      grpc::ChannelArguments args;
-      args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
-      auto stub = v1::Groups::NewStub(grpc::CreateCustomChannel(address, credentials, args));
-      grpc::ClientContext context;
-      context.set_deadline(absl::ToChronoTime(deadline));
-      if (!token.empty()) context.AddMetadata("authorization", absl::StrCat("Bearer ", token));
-      v1::TraceResponse response;
-      grpc::Status status = stub->Trace(&context, request, &response);
-      if (!status.ok()) {
-        return absl::Status(static_cast<absl::StatusCode>(status.error_code()),
-                            status.error_message());
-      }
-      return response;
+    PeerCredentials credentials{options.access.token, options.tls_ca_pem, options.tls_cert_pem,
+                                options.tls_key_pem};
+    registry_options.peer_trace = [credentials](
+                                      const std::string& daemon, const std::string& address,
+                                      const v1::TraceRequest& request, absl::Time deadline) {
+      return TracePeer(credentials, daemon, address, request, deadline);
     };
   }
   const AccessPolicy* policy = daemon->access_.get();
@@ -342,7 +324,10 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
     // the hostname when it is a wildcard.
     std::string host = options.listen_address;
     if (host.empty() || host == "0.0.0.0" || host == "::" || host == "[::]") host = Hostname();
-    daemon->registry_->SetControlAddress(JoinHostPort(host, daemon->grpc_port_));
+    const std::string address = JoinHostPort(host, daemon->grpc_port_);
+    daemon->registry_->SetControlAddress(address);
+    daemon->admin_service_->SetIdentity(daemon->registry_->daemon_id(), address,
+                                        options.access.token);
   }
   daemon->unix_listener_->Serve(daemon->server_.get());
   MLOG(INFO) << "musterd " << kVersion << " serving gRPC on unix:" << options.socket_path

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <regex>
 
@@ -147,6 +148,35 @@ TEST_CASE("SIGINT is forwarded to the ranks and muster-run exits 130") {
   std::string out = (*p)->Stdout();
   REQUIRE(std::regex_search(out, m, std::regex("pid=([0-9]+)")));
   CHECK(::kill(std::stoi(m[1]), 0) != 0);  // the rank is gone
+}
+
+TEST_CASE("SIGINT while the embedded musterd starts stops muster-run at once with 130") {
+  TempDir dir;
+  // A musterd that never becomes ready (muster-run would wait 15 s for it)
+  // and, like musterd before it serves, does not act on SIGTERM.
+  const std::string fake = dir.File("fake-musterd"), pid_file = dir.File("fake.pid");
+  {
+    std::ofstream script(fake);
+    script << "#!/bin/sh\ntrap '' TERM\necho $$ > " << pid_file << ".tmp && mv " << pid_file
+           << ".tmp " << pid_file << "\nexec sleep 60\n";
+  }
+  std::filesystem::permissions(fake, std::filesystem::perms::owner_all);
+  auto p = Subprocess::Start({MusterRun(), "--musterd", fake, "--nproc-per-node", "1", "--",
+                              "/bin/sh", "-c", "touch " + dir.File("rank-ran")},
+                             dir.path(), IsolatedEnv(dir));
+  REQUIRE(p.ok());
+  REQUIRE(Eventually([&] { return FileExists(pid_file); }, absl::Seconds(10)));
+  const pid_t daemon = std::stoi(ReadFileOrEmpty(pid_file));
+  const absl::Time sent = absl::Now();
+  REQUIRE((*p)->Signal(SIGINT).ok());
+  auto exit = (*p)->Wait(absl::Seconds(10));
+  REQUIRE(exit.ok());
+  INFO((*p)->Stdout() << (*p)->Stderr());
+  CHECK(absl::Now() - sent < absl::Seconds(5));
+  CHECK(exit->code == 130);
+  CHECK(absl::StrContains((*p)->Stderr(), "interrupted by Interrupt before any rank started"));
+  CHECK_FALSE(FileExists(dir.File("rank-ran")));
+  CHECK(Eventually([&] { return Gone(daemon); }, absl::Seconds(5)));
 }
 
 TEST_CASE("SIGINT while muster-run stops the ranks after a failure ends the job: no restart") {

@@ -9,6 +9,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -138,7 +139,11 @@ class Launcher {
       }
     }
     if (!PrepareDaemon() || !PrepareLogs()) {
-      StopDaemon();
+      StopDaemon(interrupted_ != 0 ? absl::Seconds(1) : absl::Seconds(10));
+      if (interrupted_ != 0) {
+        Say(absl::StrCat("interrupted by ", strsignal(interrupted_), " before any rank started"));
+        return 128 + interrupted_;
+      }
       return 1;
     }
     int code = RunAttempts();
@@ -216,6 +221,7 @@ class Launcher {
       Say(absl::StrCat("no musterd answers at --socket ", o_.socket));
       return false;
     }
+    if (interrupted_ != 0) return false;
     std::string musterd = FindMusterd(o_.musterd_path);
     if (musterd.empty()) {
       Say("no musterd is running and none was found next to muster-run or on PATH "
@@ -266,10 +272,17 @@ class Launcher {
         }
         break;
       }
+      // Ctrl-C while musterd starts stops muster-run at once (StopDaemon
+      // then ends musterd); SIGCHLD here reaps musterd if it died.
+      ReadSignals();
+      if (interrupted_ != 0) return false;
       int status;
-      if (::waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_) {
+      if (daemon_pid_ > 0 && ::waitpid(daemon_pid_, &status, WNOHANG) == daemon_pid_) {
         daemon_pid_ = -1;
-        Say(absl::StrCat("the embedded musterd ", Describe(status), ":"));
+        daemon_died_reason_ = Describe(status);
+      }
+      if (daemon_pid_ < 0) {
+        Say(absl::StrCat("the embedded musterd ", daemon_died_reason_, ":"));
         std::ifstream log(daemon_log_);
         std::fprintf(stderr, "%s", std::string(std::istreambuf_iterator<char>(log), {}).c_str());
         return false;
@@ -285,11 +298,13 @@ class Launcher {
     return true;
   }
 
-  void StopDaemon() {
+  // SIGTERM, and SIGKILL after `grace`. musterd reads SIGTERM only once it
+  // serves: one interrupted while starting gets a short grace.
+  void StopDaemon(absl::Duration grace = absl::Seconds(10)) {
     if (daemon_pid_ > 0) {
       ::kill(daemon_pid_, SIGTERM);
       int status = 0;
-      absl::Time deadline = absl::Now() + absl::Seconds(10);
+      absl::Time deadline = absl::Now() + grace;
       while (::waitpid(daemon_pid_, &status, WNOHANG) == 0 && absl::Now() < deadline) {
         absl::SleepFor(absl::Milliseconds(5));
       }
@@ -645,7 +660,7 @@ class Launcher {
   }
 
   // Pumps output and signals until every rank ended, or `until` says stop.
-  // Returns the signal that interrupted muster-run (0 if none).
+  // Sets interrupted_ when a forwarded signal arrives.
   void Pump(int timeout_ms) {
     EndLeftovers();
     std::vector<pollfd> fds;
@@ -667,17 +682,7 @@ class Launcher {
     for (size_t i = 0; i < fds.size(); ++i) {
       if (fds[i].revents == 0) continue;
       if (i == 0) {
-        signalfd_siginfo si;
-        while (::read(signal_fd_, &si, sizeof(si)) == sizeof(si)) {
-          if (si.ssi_signo == SIGCHLD) {
-            Reap();
-          } else if (interrupted_ == 0) {
-            interrupted_ = static_cast<int>(si.ssi_signo);
-            Say(absl::StrCat("received ", strsignal(interrupted_), "; forwarding it to the ranks"));
-            SignalRanks(interrupted_);
-            kill_deadline_ = absl::Now() + o_.stop_grace;
-          }
-        }
+        ReadSignals();
         continue;
       }
       Child& c = *owners[i].first;
@@ -685,6 +690,25 @@ class Launcher {
         DrainFd(c, c.err_fd, c.err_partial, stderr);
       } else {
         DrainFd(c, c.out_fd, c.out_partial, stdout);
+      }
+    }
+  }
+
+  // Reads what signalfd holds: SIGCHLD reaps, the first forwarded signal
+  // sets interrupted_ and goes on to the running ranks.
+  void ReadSignals() {
+    signalfd_siginfo si;
+    while (::read(signal_fd_, &si, sizeof(si)) == sizeof(si)) {
+      if (si.ssi_signo == SIGCHLD) {
+        Reap();
+      } else if (interrupted_ == 0) {
+        interrupted_ = static_cast<int>(si.ssi_signo);
+        const bool ranks_run = std::any_of(ranks_.begin(), ranks_.end(),
+                                           [](const Child& c) { return c.running; });
+        Say(absl::StrCat("received ", strsignal(interrupted_),
+                         ranks_run ? "; forwarding it to the ranks" : "; stopping"));
+        SignalRanks(interrupted_);
+        kill_deadline_ = absl::Now() + o_.stop_grace;
       }
     }
   }
@@ -769,6 +793,7 @@ class Launcher {
       if (c.running) ::kill(-c.pid, SIGKILL);
     }
     while (AnyRunning()) Pump(50);
+    if (interrupted_ != 0) return false;
     const std::string prefix = absl::StrCat("muster/", o_.job_id, "/", generation, "/");
     int64_t epoch = 0;
     if (auto present = store.Check({prefix + "epoch"}); present.ok() && *present) {
@@ -998,6 +1023,10 @@ class Launcher {
     if (MultiNode() && store == nullptr) return 1;
     if (o_.rendezvous == LaunchOptions::Rendezvous::kStore && store != nullptr &&
         !JoinNodes(*store)) {
+      if (interrupted_ != 0) {
+        Say(absl::StrCat("interrupted by ", strsignal(interrupted_), " before any rank started"));
+        return 128 + interrupted_;
+      }
       return 1;
     }
     std::unique_ptr<TcpStore> local_store = store == nullptr ? LocalStore() : nullptr;

@@ -1835,7 +1835,8 @@ void Registry::TraceGathered(const v1::TraceRequest& request, const Caller& who,
   // The other daemons of the groups' members, and the jobs the caller may
   // see here (a peer answers a cluster principal for every job: what it
   // says of other jobs is dropped).
-  std::set<std::string> peers, allowed;
+  std::set<std::string> allowed;
+  std::set<std::pair<std::string, std::string>> peers;  // daemon id, address
   std::set<std::string> no_address;
   {
     absl::MutexLock lock(&mu_);
@@ -1851,7 +1852,7 @@ void Registry::TraceGathered(const v1::TraceRequest& request, const Caller& who,
           if (m.daemon_grpc().empty()) {
             no_address.insert(m.daemon());
           } else {
-            peers.insert(m.daemon_grpc());
+            peers.insert({m.daemon(), m.daemon_grpc()});
           }
         }
       }
@@ -1874,25 +1875,27 @@ void Registry::TraceGathered(const v1::TraceRequest& request, const Caller& who,
     v1::TraceRequest peer_request = request;
     peer_request.set_gather(false);  // each answers for its own members only
     const absl::Time deadline = absl::Now() + kPeerTraceTimeout;
-    std::vector<std::string> addresses(peers.begin(), peers.end());
-    std::vector<absl::StatusOr<v1::TraceResponse>> answers(addresses.size(),
+    std::vector<std::pair<std::string, std::string>> daemons(peers.begin(), peers.end());
+    std::vector<absl::StatusOr<v1::TraceResponse>> answers(daemons.size(),
                                                            absl::UnavailableError("not asked"));
     // One thread per peer, at most 32 at once: every peer gets the same
     // deadline, so the answer takes one peer's time, not their sum.
     constexpr size_t kBatch = 32;
-    for (size_t first = 0; first < addresses.size(); first += kBatch) {
+    for (size_t first = 0; first < daemons.size(); first += kBatch) {
       std::vector<std::thread> threads;
-      for (size_t i = first; i < std::min(addresses.size(), first + kBatch); ++i) {
+      for (size_t i = first; i < std::min(daemons.size(), first + kBatch); ++i) {
         threads.emplace_back([&, i] {
-          answers[i] = ask ? ask(addresses[i], peer_request, deadline)
+          const auto& [daemon, address] = daemons[i];
+          answers[i] = ask ? ask(daemon, address, peer_request, deadline)
                            : absl::UnavailableError("this musterd cannot call peers");
         });
       }
       for (std::thread& t : threads) t.join();
     }
-    for (size_t i = 0; i < addresses.size(); ++i) {
+    for (size_t i = 0; i < daemons.size(); ++i) {
       if (!answers[i].ok()) {
-        response.add_unreachable(absl::StrCat(addresses[i], ": ", answers[i].status().ToString()));
+        response.add_unreachable(
+            absl::StrCat(daemons[i].second, ": ", answers[i].status().ToString()));
         continue;
       }
       for (v1::GroupTrace& theirs : *answers[i]->mutable_groups()) {

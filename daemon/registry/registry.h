@@ -112,11 +112,12 @@ struct RegistryOptions {
   // How the registry reaches the job store at `master` ("host:port");
   // unset: over TCP with store_token (TcpJobStore).
   std::function<JobStoreAccess(const std::string& master)> job_store;
-  // How Trace(gather) asks another node's daemon at `address` ("host:port",
-  // its TCP gRPC server) for its members' records, giving up at
-  // `deadline`; unset: it asks none (the answer lists them unreachable).
+  // How Trace(gather) asks the daemon with id `daemon` at `address`
+  // ("host:port", its TCP gRPC server) for its members' records, giving up
+  // at `deadline`; unset: it asks none (the answer lists them unreachable).
   std::function<absl::StatusOr<v1::TraceResponse>(
-      const std::string& address, const v1::TraceRequest& request, absl::Time deadline)>
+      const std::string& daemon, const std::string& address, const v1::TraceRequest& request,
+      absl::Time deadline)>
       peer_trace;
   // Trace(gather) sends this daemon's cluster credentials to the addresses
   // the other daemons published in the job's store, which the job's user can
@@ -237,6 +238,8 @@ class Registry {
   // Trace(gather), signed with options.peer_address_key. Set before the
   // first session (never changes after).
   void SetControlAddress(const std::string& address);
+  // This daemon's id, as its members name it (GroupMember.daemon).
+  const std::string& daemon_id() const { return daemon_id_; }
   // Whether Trace(gather) may send credentials to `published`, a peer's
   // RemoteRank::control: its address, or "" if it may not.
   std::string TrustedPeerAddress(const std::string& daemon, const std::string& published) const;

@@ -702,10 +702,11 @@ TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with t
     return [&, daemon](RegistryOptions* o) {
       o->daemon_address = daemon;
       o->peer_address_key = "the cluster token";
-      o->peer_trace = [&](const std::string& address, const v1::TraceRequest&,
+      o->peer_trace = [&](const std::string& peer, const std::string& address,
+                          const v1::TraceRequest&,
                           absl::Time) -> absl::StatusOr<v1::TraceResponse> {
         std::lock_guard<std::mutex> lock(mu);
-        asked.push_back(address);
+        asked.push_back(peer + "@" + address);
         return v1::TraceResponse();
       };
     };
@@ -738,7 +739,7 @@ TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with t
   REQUIRE(gather("world").ok());
   {
     std::lock_guard<std::mutex> lock(mu);
-    CHECK(asked == std::vector<std::string>{"10.0.0.2:7002"});
+    CHECK(asked == std::vector<std::string>{"daemon-b@10.0.0.2:7002"});
   }
 
   // The user points rank 1's record at a listener of its own: unsigned, then
