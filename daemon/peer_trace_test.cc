@@ -95,39 +95,35 @@ TEST_CASE("the genuine peer proves the token and then gets the call with it") {
   CHECK(peer.groups.authorizations() == std::vector<std::string>{"Bearer the cluster token"});
 }
 
+// Asking `peer` for `daemon` fails UNAUTHENTICATED, saying `why`, and no
+// call reached its Groups service (so neither did the token).
+void CheckNotSent(Peer& peer, const std::string& daemon, const std::string& why) {
+  auto answer = Ask(peer, daemon);
+  REQUIRE_FALSE(answer.ok());
+  CHECK(answer.status().code() == absl::StatusCode::kUnauthenticated);
+  CHECK(absl::StrContains(answer.status().message(), why));
+  CHECK(peer.groups.authorizations().empty());
+}
+
 TEST_CASE("a server that cannot prove the token is never sent it") {
   SECTION("it holds another token") {
     Peer peer("daemon-b", "some other token");
-    auto answer = Ask(peer, "daemon-b");
-    REQUIRE_FALSE(answer.ok());
-    CHECK(answer.status().code() == absl::StatusCode::kUnauthenticated);
-    CHECK(absl::StrContains(answer.status().message(), "wrong proof of the cluster token"));
-    CHECK(peer.groups.authorizations().empty());
+    CheckNotSent(peer, "daemon-b", "wrong proof of the cluster token");
   }
   SECTION("it is a live daemon asked for another daemon's id (a relay)") {
     Peer peer("daemon-c", kToken);
-    auto answer = Ask(peer, "daemon-b");
-    REQUIRE_FALSE(answer.ok());
-    CHECK(answer.status().code() == absl::StatusCode::kUnauthenticated);
-    CHECK(absl::StrContains(answer.status().message(), "did not prove it is musterd daemon-b"));
-    CHECK(absl::StrContains(answer.status().message(), "not the daemon id and address asked"));
-    CHECK(peer.groups.authorizations().empty());
+    CheckNotSent(peer, "daemon-b",
+                 "did not prove it is musterd daemon-b with the cluster token, so it was not "
+                 "sent the token (PERMISSION_DENIED: ProveDaemon: this musterd is not the daemon "
+                 "id and address asked for)");
   }
   SECTION("it is the right daemon, asked at an address it does not publish (a relay)") {
     Peer peer("daemon-b", kToken, true, "10.0.0.2:7002");
-    auto answer = Ask(peer, "daemon-b");
-    REQUIRE_FALSE(answer.ok());
-    CHECK(answer.status().code() == absl::StatusCode::kUnauthenticated);
-    CHECK(absl::StrContains(answer.status().message(), "not the daemon id and address asked"));
-    CHECK(peer.groups.authorizations().empty());
+    CheckNotSent(peer, "daemon-b", "not the daemon id and address asked");
   }
   SECTION("it serves no Admin.ProveDaemon (a listener of the user's own, or an old musterd)") {
     Peer peer("daemon-b", kToken, /*with_admin=*/false);
-    auto answer = Ask(peer, "daemon-b");
-    REQUIRE_FALSE(answer.ok());
-    CHECK(answer.status().code() == absl::StatusCode::kUnauthenticated);
-    CHECK(absl::StrContains(answer.status().message(), "UNIMPLEMENTED"));
-    CHECK(peer.groups.authorizations().empty());
+    CheckNotSent(peer, "daemon-b", "UNIMPLEMENTED");
   }
   SECTION("it is down: reported as such, not as an impostor") {
     std::string address;
@@ -143,10 +139,7 @@ TEST_CASE("a server that cannot prove the token is never sent it") {
   }
   SECTION("it has no token at all") {
     Peer peer("daemon-b", "");
-    auto answer = Ask(peer, "daemon-b");
-    REQUIRE_FALSE(answer.ok());
-    CHECK(absl::StrContains(answer.status().message(), "has no cluster token"));
-    CHECK(peer.groups.authorizations().empty());
+    CheckNotSent(peer, "daemon-b", "has no cluster token");
   }
 }
 

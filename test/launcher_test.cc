@@ -531,6 +531,28 @@ TEST_CASE("--rdzv-backend c10d: nodes join through the store in arrival order") 
   }
 }
 
+TEST_CASE("SIGINT while the nodes gather stops muster-run with 130, no rank started") {
+  TempDir dir;
+  const int port = 21000 + ::getpid() % 19000;
+  // One node of two: it serves the store and waits for the other, which
+  // never comes.
+  auto p =
+      Subprocess::Start({MusterRun(), "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend",
+                         "c10d", "--rdzv-endpoint", absl::StrCat("127.0.0.1:", port), "--rdzv-id",
+                         "gatherjob", "--", "/bin/sh", "-c", "touch " + dir.File("rank-ran")},
+                        dir.path(), IsolatedEnv(dir));
+  REQUIRE(p.ok());
+  REQUIRE(Eventually([&] { return absl::StrContains((*p)->Stderr(), "waiting for nodes"); },
+                     absl::Seconds(20)));
+  REQUIRE((*p)->Signal(SIGINT).ok());
+  auto exit = (*p)->Wait(absl::Seconds(15));
+  REQUIRE(exit.ok());
+  INFO((*p)->Stdout() << (*p)->Stderr());
+  CHECK(exit->code == 130);
+  CHECK(absl::StrContains((*p)->Stderr(), "interrupted by Interrupt before any rank started"));
+  CHECK_FALSE(FileExists(dir.File("rank-ran")));
+}
+
 TEST_CASE("--nnodes MIN:MAX closes with the nodes that came once no more come") {
   TempDir dir;
   const int port = 20000 + (::getpid() + 7) % 20000;
