@@ -288,6 +288,26 @@ TEST_CASE("malformed requests are INVALID_ARGUMENT") {
   CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
 }
 
+TEST_CASE("a Groups call naming no job is refused at once and the daemon keeps serving") {
+  // PendingJoins for a job that does not exist answered under the
+  // registry's lock, and its completion took that lock again: one call from
+  // any local user froze every job on the node.
+  auto daemon = StartDaemon();
+  auto groups = v1::Groups::NewStub(UnixChannel(daemon->socket_path()));
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    grpc::ClientContext context;
+    SetDeadline(&context, absl::Seconds(5));
+    v1::PendingJoinsRequest request;
+    request.mutable_caller()->set_job_id("no-such-job");
+    v1::PendingJoinsResponse response;
+    grpc::Status s = groups->PendingJoins(&context, request, &response);
+    INFO(s.error_message());
+    CHECK(s.error_code() == grpc::StatusCode::NOT_FOUND);
+    CHECK(absl::StrContains(s.error_message(), "no job 'no-such-job'"));
+  }
+  CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
+}
+
 // A directory every user may enter, holding copies of the test binaries
 // (the runfiles tree under /root is closed to other users).
 struct SharedDir {

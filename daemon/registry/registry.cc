@@ -1516,15 +1516,20 @@ void Registry::PendingJoins(const v1::PendingJoinsRequest& req, const Caller& wh
                             std::function<void(absl::StatusOr<v1::PendingJoinsResponse>)> done) {
   std::shared_ptr<JobCoordinator> coordinator;
   int64_t next = 0;
+  absl::Status bad;
   {
     absl::MutexLock lock(&mu_);
     auto j = CallerJob(req.caller(), who);
-    if (!j.ok()) {
-      done(j.status());
-      return;
+    if (j.ok()) {
+      coordinator = (*j)->coordinator;
+      next = (*j)->ranks[req.caller().global_rank()].info.epoch() + 1;
+    } else {
+      bad = j.status();
     }
-    coordinator = (*j)->coordinator;
-    next = (*j)->ranks[req.caller().global_rank()].info.epoch() + 1;
+  }
+  if (!bad.ok()) {
+    done(bad);  // outside mu_: the service's completion asks stopping()
+    return;
   }
   Spawn(WorkerPool::Kind::kShort, [coordinator, next, done = std::move(done)] {
     absl::StatusOr<int64_t> n = coordinator->Count(absl::StrCat("epoch/", next, "/count"), 0);

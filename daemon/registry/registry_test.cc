@@ -848,6 +848,94 @@ TEST_CASE("one user's waits for other ranks, and a job's groups, are bounded on 
   CHECK_FALSE(waits.Await().ok());
 }
 
+// Runs `call` on a thread of its own and waits 10 s for it to return. A call
+// that never returns has deadlocked its thread for good, so the test
+// process ends at once with the reason (instead of hanging until Bazel's
+// timeout).
+void ReturnsWithin10s(const std::string& what, std::function<void()> call) {
+  auto returned = std::make_shared<absl::Notification>();
+  std::thread([call = std::move(call), returned] {
+    call();
+    returned->Notify();
+  }).detach();
+  if (!returned->WaitForNotificationWithTimeout(absl::Seconds(10))) {
+    std::fprintf(stderr,
+                 "FAILED: %s did not return within 10 s: its callback ran under the "
+                 "registry's lock and re-entered it\n",
+                 what.c_str());
+    std::_Exit(1);
+  }
+}
+
+TEST_CASE("refusals reach their callback outside the registry's lock") {
+  // The services' completions ask stopping(), which takes the registry's
+  // lock: a callback called under it deadlocked the registry (any local
+  // user could freeze musterd with one PendingJoins naming no job).
+  Fixture f;
+  REQUIRE(f.Register(0, 1).ok());
+  Caller stranger = f.caller;
+  stranger.uid = 54321;  // not the job's user, not privileged
+  struct Case {
+    std::string job;
+    const Caller* who;
+    absl::StatusCode code;
+  };
+  for (const Case& c : {Case{"nojob", &f.caller, absl::StatusCode::kNotFound},
+                        Case{"job", &stranger, absl::StatusCode::kPermissionDenied}}) {
+    INFO("job '" << c.job << "', uid " << c.who->uid);
+    v1::RankId rank;
+    rank.set_job_id(c.job);
+    rank.set_global_rank(0);
+    std::vector<absl::Status> seen;
+    std::mutex seen_mu;
+    auto answer = [&](const absl::Status& s) {
+      (void)f.registry->stopping();  // what the services' completions do
+      std::lock_guard<std::mutex> lock(seen_mu);
+      seen.push_back(s);
+    };
+    v1::PendingJoinsRequest pending;
+    *pending.mutable_caller() = rank;
+    ReturnsWithin10s("PendingJoins", [&] {
+      f.registry->PendingJoins(pending, *c.who, [&](auto r) { answer(r.status()); });
+    });
+    v1::ReconfigureRequest reconfigure;
+    *reconfigure.mutable_caller() = rank;
+    reconfigure.set_epoch(1);
+    ReturnsWithin10s("Reconfigure", [&] {
+      f.registry->Reconfigure(reconfigure, *c.who, [&](auto r) { answer(r.status()); });
+    });
+    v1::CreateGroupRequest create = f.Group(0, {0}, "g", absl::Seconds(5));
+    *create.mutable_caller() = rank;
+    ReturnsWithin10s("CreateGroup", [&] {
+      f.registry->CreateGroup(create, *c.who, [&](auto r) { answer(r.status()); });
+    });
+    v1::BarrierRequest barrier;
+    *barrier.mutable_caller() = rank;
+    barrier.set_name("world");
+    barrier.set_sequence(1);
+    ReturnsWithin10s("Barrier", [&] {
+      f.registry->Barrier(barrier, *c.who, [&](absl::Status s) { answer(s); });
+    });
+    v1::TraceRequest trace;
+    trace.set_job_id(c.job);
+    trace.set_gather(true);
+    ReturnsWithin10s("TraceGathered", [&] {
+      f.registry->TraceGathered(trace, *c.who, [&](auto r) { answer(r.status()); });
+    });
+    REQUIRE(Eventually([&] {
+      std::lock_guard<std::mutex> lock(seen_mu);
+      return seen.size() == 5;
+    }));
+    for (const absl::Status& s : seen) {
+      INFO(s.ToString());
+      CHECK(s.code() == c.code);
+    }
+  }
+  // The registry still serves.
+  CHECK_FALSE(f.registry->stopping());
+  CHECK(f.registry->ListRanks("job", f.caller).size() == 1);
+}
+
 TEST_CASE("ValidateRegisterRequest and ValidateGroupRanks name what is wrong") {
   RegistryOptions options;
   options.max_world_size = 8;

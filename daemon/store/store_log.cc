@@ -17,11 +17,11 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
+#include "daemon/store/log_files.h"
 
 namespace muster {
 namespace {
 
-constexpr uint64_t kMinCompactBytes = 1 << 20;
 constexpr uint32_t kMaxRecordBytes = 1u << 31;
 
 struct CrcTable {
@@ -37,11 +37,11 @@ struct CrcTable {
 
 // pwrite at `offset` (the file's end for the log): a failed or short write
 // leaves bytes the caller must cut off.
-absl::Status WriteAt(int fd, const char* data, size_t size, uint64_t offset,
+absl::Status WriteAt(LogFiles* files, int fd, const char* data, size_t size, uint64_t offset,
                      const std::string& path) {
   size_t done = 0;
   while (done < size) {
-    ssize_t n = ::pwrite(fd, data + done, size - done, offset + done);
+    ssize_t n = files->Pwrite(fd, data + done, size - done, offset + done);
     if (n < 0) {
       if (errno == EINTR) continue;
       return ErrnoToStatus(errno, absl::StrCat("write ", path));
@@ -51,16 +51,17 @@ absl::Status WriteAt(int fd, const char* data, size_t size, uint64_t offset,
   return absl::OkStatus();
 }
 
-absl::Status WriteAt(int fd, const std::string& data, uint64_t offset, const std::string& path) {
-  return WriteAt(fd, data.data(), data.size(), offset, path);
+absl::Status WriteAt(LogFiles* files, int fd, const std::string& data, uint64_t offset,
+                     const std::string& path) {
+  return WriteAt(files, fd, data.data(), data.size(), offset, path);
 }
 
-absl::Status SyncDir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+absl::Status SyncDir(LogFiles* files, const std::string& dir) {
+  int fd = files->Open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC, 0);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("open ", dir));
-  int r = ::fsync(fd);
+  int r = files->Fsync(fd);
   int err = errno;
-  ::close(fd);
+  files->Close(fd);
   if (r != 0) return ErrnoToStatus(err, absl::StrCat("fsync ", dir));
   return absl::OkStatus();
 }
@@ -99,12 +100,13 @@ bool Apply(const char* p, size_t n, KvStore* store) {
 }
 
 // Reads the first `limit` bytes of the file (all of it with UINT64_MAX).
-absl::Status ReadPrefix(int fd, uint64_t limit, const std::string& path, std::string* out) {
+absl::Status ReadPrefix(LogFiles* files, int fd, uint64_t limit, const std::string& path,
+                        std::string* out) {
   out->clear();
   char buf[1 << 16];
   while (out->size() < limit) {
     size_t want = std::min<uint64_t>(sizeof(buf), limit - out->size());
-    ssize_t n = ::pread(fd, buf, want, out->size());
+    ssize_t n = files->Pread(fd, buf, want, out->size());
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) return ErrnoToStatus(errno, absl::StrCat("read ", path));
     if (n == 0) break;
@@ -136,6 +138,25 @@ RecordState CheckRecord(const std::string& data, size_t pos, uint32_t* len) {
   const char* payload = data.data() + pos + 8;
   if (!WellFormed(payload, *len) || Crc32c(payload, *len) != crc) return RecordState::kBad;
   return RecordState::kGood;
+}
+
+// Whether the incomplete record at `pos` is in fact whole with a damaged
+// length field: its payload's own key and value lengths give a shorter
+// record that fits the file and matches the CRC. (A torn write leaves a
+// prefix of a record, whose CRC covers bytes that are not there.)
+bool WholeWithDamagedLength(const std::string& data, size_t pos) {
+  const size_t avail = data.size() - pos;
+  if (avail < 8 + 17) return false;
+  const char* p = data.data() + pos + 8;
+  uint32_t crc;
+  std::memcpy(&crc, data.data() + pos + 4, 4);
+  uint64_t key_len, value_len;
+  std::memcpy(&key_len, p + 1, 8);
+  if (key_len > avail - 8 - 17) return false;
+  std::memcpy(&value_len, p + 9 + key_len, 8);
+  if (value_len > avail - 8 - 17 - key_len) return false;
+  const size_t len = 17 + key_len + value_len;
+  return WellFormed(p, len) && Crc32c(p, len) == crc;
 }
 
 // The first offset >= `from` where a verifiable record starts, or npos.
@@ -222,22 +243,36 @@ void EncodeLogRecord(const Mutation& mutation, std::string* out) {
   out->replace(start + 4, 4, crc);
 }
 
-absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& state_dir, bool fsync,
-                                                         KvStore* store, RecoveryStats* stats,
-                                                         bool recover) {
-  if (::mkdir(state_dir.c_str(), 0700) != 0 && errno != EEXIST) {
+absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& state_dir,
+                                                         const StoreLogOptions& options,
+                                                         KvStore* store, RecoveryStats* stats) {
+  LogFiles* files = options.files != nullptr ? options.files : LogFiles::System();
+  if (files->Mkdir(state_dir, 0700) != 0 && errno != EEXIST) {
     return ErrnoToStatus(errno, absl::StrCat("cannot create --state-dir ", state_dir));
   }
   std::string path = state_dir + "/store.log";
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  int fd = files->Open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot open ", path));
-  std::unique_ptr<StoreLog> log(new StoreLog(state_dir, path, fd, fsync));
+  std::unique_ptr<StoreLog> log(new StoreLog(state_dir, path, fd, options, files));
+  bool corrupt = false;
+  RETURN_IF_ERROR(log->Replay(store, stats, options.recover, &corrupt));
+  if (corrupt) {
+    RETURN_IF_ERROR(log->KeepOriginal(stats));
+    RETURN_IF_ERROR(log->Compact(*store));
+    MLOG(WARNING) << "store log " << path << ": --store-recover kept the original as "
+                  << stats->corrupt_copy << ", loaded " << stats->records
+                  << " verifiable records, skipped " << stats->corrupt_bytes << " bytes in "
+                  << stats->corrupt_regions << " damaged regions, and wrote a clean log";
+  }
+  log->next_compact_bytes_ = 0;
+  return log;
+}
 
+absl::Status StoreLog::Replay(KvStore* store, RecoveryStats* stats, bool recover, bool* corrupt) {
   // Read the whole file; logs are compacted, so this is about the live size.
   std::string data;
-  RETURN_IF_ERROR(ReadPrefix(fd, UINT64_MAX, path, &data));
+  RETURN_IF_ERROR(ReadPrefix(files_, fd_, UINT64_MAX, path_, &data));
   size_t pos = 0;
-  bool corrupt = false;
   while (pos < data.size()) {
     uint32_t len = 0;
     RecordState state = CheckRecord(data, pos, &len);
@@ -247,83 +282,89 @@ absl::StatusOr<std::unique_ptr<StoreLog>> StoreLog::Open(const std::string& stat
       ++stats->records;
       continue;
     }
+    const bool damaged_length =
+        state == RecordState::kIncomplete && WholeWithDamagedLength(data, pos);
     size_t next = NextRecord(data, pos, state, len);
-    if (next == std::string::npos && (state == RecordState::kIncomplete || AllZero(data, pos))) {
+    if (next == std::string::npos && !damaged_length &&
+        (state == RecordState::kIncomplete || AllZero(data, pos))) {
       stats->discarded_bytes = data.size() - pos;
-      MLOG(WARNING) << "store log " << path << ": dropping a torn last record ("
+      MLOG(WARNING) << "store log " << path_ << ": dropping a torn last record ("
                     << stats->discarded_bytes << " bytes at offset " << pos << ", after record "
                     << stats->records << "), left by a crash mid-write";
       data.resize(pos);
-      if (!corrupt && ::ftruncate(fd, pos) != 0) {
-        return ErrnoToStatus(errno, absl::StrCat("truncate ", path));
+      if (!*corrupt && files_->Ftruncate(fd_, pos) != 0) {
+        return ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
       }
       break;
     }
-    if (!recover) {
-      uint64_t following = 0;
-      for (size_t q = next; q != std::string::npos;) {
-        uint32_t n = 0;
-        RecordState s = CheckRecord(data, q, &n);
-        if (s == RecordState::kGood) {
-          ++following;
-          q += 8 + n;
-        } else {
-          q = NextRecord(data, q, s, n);
-        }
-      }
-      return absl::DataLossError(absl::StrCat(
-          "store log ", path, " is corrupt at byte offset ", pos, " (",
-          state == RecordState::kIncomplete ? "record length runs past the end of the file"
-                                            : "checksum or record format mismatch",
-          "), after ", stats->records, " good records; ", data.size() - pos,
-          " bytes follow from there to the end of the file, holding ", following,
-          " verifiable records. musterd refuses to start rather than drop them silently: "
-          "restart with --store-recover to keep the original file aside and load every "
-          "verifiable record, or restore ",
-          path, " from a backup"));
-    }
+    if (!recover)
+      return CorruptAt(data, pos, state == RecordState::kIncomplete, next, damaged_length,
+                       stats->records);
     size_t skip_to = next == std::string::npos ? data.size() : next;
-    MLOG(WARNING) << "store log " << path << ": --store-recover: skipping " << skip_to - pos
+    MLOG(WARNING) << "store log " << path_ << ": --store-recover: skipping " << skip_to - pos
                   << " damaged bytes at offset " << pos;
     ++stats->corrupt_regions;
     stats->corrupt_bytes += skip_to - pos;
-    corrupt = true;
+    *corrupt = true;
     pos = skip_to;
   }
-  log->file_bytes_ = data.size();
-  if (corrupt) {
-    // Keep the damaged original, byte for byte, then replace it by a clean log.
-    std::string aside;
-    for (int attempt = 0;; ++attempt) {
-      aside = absl::StrCat(path, ".corrupt-",
-                           absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()),
-                           attempt == 0 ? "" : absl::StrCat("-", attempt));
-      if (::link(path.c_str(), aside.c_str()) == 0) break;
-      if (errno == EEXIST && attempt < 100) continue;
-      // No hard links here: copy what we read (the file as it was).
-      int copy = ::open(aside.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-      if (copy < 0) return ErrnoToStatus(errno, absl::StrCat("create ", aside));
-      std::string original;
-      RETURN_IF_ERROR(ReadPrefix(fd, UINT64_MAX, path, &original));
-      absl::Status written = WriteAt(copy, original, 0, aside);
-      if (written.ok() && ::fsync(copy) != 0) written = ErrnoToStatus(errno, "fsync " + aside);
-      ::close(copy);
-      RETURN_IF_ERROR(written);
-      break;
-    }
-    RETURN_IF_ERROR(SyncDir(state_dir));
-    stats->corrupt_copy = aside;
-    RETURN_IF_ERROR(log->Compact(*store));
-    MLOG(WARNING) << "store log " << path << ": --store-recover kept the original as " << aside
-                  << ", loaded " << stats->records << " verifiable records, skipped "
-                  << stats->corrupt_bytes << " bytes in " << stats->corrupt_regions
-                  << " damaged regions, and wrote a clean log";
-  }
-  log->next_compact_bytes_ = 0;
-  return log;
+  file_bytes_ = data.size();
+  return absl::OkStatus();
 }
 
-StoreLog::~StoreLog() { ::close(fd_); }
+absl::Status StoreLog::CorruptAt(const std::string& data, size_t pos, bool incomplete, size_t next,
+                                 bool damaged_length, uint64_t good_records) const {
+  uint64_t following = 0;
+  for (size_t q = next; q != std::string::npos;) {
+    uint32_t n = 0;
+    RecordState s = CheckRecord(data, q, &n);
+    if (s == RecordState::kGood) {
+      ++following;
+      q += 8 + n;
+    } else {
+      q = NextRecord(data, q, s, n);
+    }
+  }
+  const char* what = damaged_length ? "a whole record whose length field is damaged"
+                     : incomplete   ? "record length runs past the end of the file"
+                                    : "checksum or record format mismatch";
+  return absl::DataLossError(
+      absl::StrCat("store log ", path_, " is corrupt at byte offset ", pos, " (", what, "), after ",
+                   good_records, " good records; ", data.size() - pos,
+                   " bytes follow from there to the end of the file, holding ", following,
+                   " verifiable records. musterd refuses to start rather than drop them silently: "
+                   "restart with --store-recover to keep the original file aside and load every "
+                   "verifiable record, or restore ",
+                   path_, " from a backup"));
+}
+
+absl::Status StoreLog::KeepOriginal(RecoveryStats* stats) {
+  // Keep the damaged original, byte for byte, then (the caller) replace it
+  // by a clean log.
+  std::string aside;
+  for (int attempt = 0;; ++attempt) {
+    aside = absl::StrCat(path_, ".corrupt-",
+                         absl::FormatTime("%Y%m%dT%H%M%SZ", absl::Now(), absl::UTCTimeZone()),
+                         attempt == 0 ? "" : absl::StrCat("-", attempt));
+    if (files_->Link(path_, aside) == 0) break;
+    if (errno == EEXIST && attempt < 100) continue;
+    // No hard links here: copy the file as it is.
+    int copy = files_->Open(aside, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (copy < 0) return ErrnoToStatus(errno, absl::StrCat("create ", aside));
+    std::string original;
+    absl::Status written = ReadPrefix(files_, fd_, UINT64_MAX, path_, &original);
+    if (written.ok()) written = WriteAt(files_, copy, original, 0, aside);
+    if (written.ok() && files_->Fsync(copy) != 0) written = ErrnoToStatus(errno, "fsync " + aside);
+    files_->Close(copy);
+    RETURN_IF_ERROR(written);
+    break;
+  }
+  RETURN_IF_ERROR(SyncDir(files_, dir_));
+  stats->corrupt_copy = aside;
+  return absl::OkStatus();
+}
+
+StoreLog::~StoreLog() { files_->Close(fd_); }
 
 void StoreLog::Record(const Mutation& mutation) {
   if (rolling_back_) return;
@@ -336,7 +377,7 @@ void StoreLog::Record(const Mutation& mutation) {
 absl::Status StoreLog::Fail(absl::Status error) {
   // No fragment may stay: cut back to the last good record (Probe retries
   // this if it fails now).
-  (void)::ftruncate(fd_, file_bytes_);
+  (void)files_->Ftruncate(fd_, file_bytes_);
   probe_bytes_ = std::min<uint64_t>(std::max<uint64_t>(pending_.size(), 4096), 1 << 20);
   written_ = 0;  // the batch is cut off whole
   error_ = error;
@@ -353,13 +394,14 @@ absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
   if (budget != UINT64_MAX) budget += small_recorded_;
   small_recorded_ = 0;
   const uint64_t n = std::min<uint64_t>(budget, pending_.size() - written_);
-  if (absl::Status s = WriteAt(fd_, pending_.data() + written_, n, file_bytes_ + written_, path_);
+  if (absl::Status s =
+          WriteAt(files_, fd_, pending_.data() + written_, n, file_bytes_ + written_, path_);
       !s.ok()) {
     return Fail(s);
   }
   written_ += n;
   if (written_ < pending_.size()) return absl::OkStatus();  // more in the next call
-  if (fsync_ && ::fdatasync(fd_) != 0) {
+  if (fsync_ && files_->Fdatasync(fd_) != 0) {
     return Fail(ErrnoToStatus(errno, absl::StrCat("fsync ", path_)));
   }
   file_bytes_ += pending_.size();
@@ -370,14 +412,15 @@ absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
     pending_.clear();
   }
   pending_keys_.clear();
-  if (file_bytes_ > kMinCompactBytes && file_bytes_ > 2 * store.total_bytes() + kMinCompactBytes &&
+  if (file_bytes_ > min_compact_bytes_ &&
+      file_bytes_ > 2 * store.total_bytes() + min_compact_bytes_ &&
       file_bytes_ >= next_compact_bytes_) {
-    // The batch is safe already; a failed compaction only waits for more.
+    // The batch is durable already (in the old file, and in the new one
+    // if the rename happened): a failed compaction only waits for more.
     if (absl::Status s = Compact(store); !s.ok()) {
-      next_compact_bytes_ = file_bytes_ + kMinCompactBytes;
-      MLOG(WARNING) << "store log: compaction failed (retried after " << kMinCompactBytes
+      next_compact_bytes_ = file_bytes_ + min_compact_bytes_;
+      MLOG(WARNING) << "store log: compaction failed (retried after " << min_compact_bytes_
                     << " more bytes): " << s.message();
-      if (fd_ < 0) return Fail(s);
     }
   }
   return absl::OkStatus();
@@ -390,7 +433,7 @@ absl::Status StoreLog::Rollback(KvStore* store) {
   if (keys.empty()) return absl::OkStatus();
   // The durable state of those keys: replay the file (the failure path only).
   std::string data;
-  RETURN_IF_ERROR(ReadPrefix(fd_, file_bytes_, path_, &data));
+  RETURN_IF_ERROR(ReadPrefix(files_, fd_, file_bytes_, path_, &data));
   KvStore durable;
   for (size_t pos = 0; pos < data.size();) {
     uint32_t len = 0;
@@ -425,15 +468,23 @@ absl::Status StoreLog::Rollback(KvStore* store) {
 
 absl::Status StoreLog::Probe() {
   if (!failing()) return absl::OkStatus();
+  // A compaction's rename first reaches the disk (until then a crash could
+  // bring back the old file, without what was written since).
+  if (dir_unsynced_) {
+    RETURN_IF_ERROR(SyncDir(files_, dir_));
+    dir_unsynced_ = false;
+  }
   // Try the log itself: zeros where the failed batch would go, then cut them
   // off again. (A crash in between leaves a zero tail, which recovery
   // drops as torn.)
-  if (::ftruncate(fd_, file_bytes_) != 0) {
+  if (files_->Ftruncate(fd_, file_bytes_) != 0) {
     return ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
   }
-  absl::Status s = WriteAt(fd_, std::string(probe_bytes_, '\0'), file_bytes_, path_);
-  if (s.ok() && fsync_ && ::fdatasync(fd_) != 0) s = ErrnoToStatus(errno, "fsync " + path_);
-  if (::ftruncate(fd_, file_bytes_) != 0 && s.ok()) {
+  absl::Status s = WriteAt(files_, fd_, std::string(probe_bytes_, '\0'), file_bytes_, path_);
+  if (s.ok() && fsync_ && files_->Fdatasync(fd_) != 0) {
+    s = ErrnoToStatus(errno, "fsync " + path_);
+  }
+  if (files_->Ftruncate(fd_, file_bytes_) != 0 && s.ok()) {
     s = ErrnoToStatus(errno, absl::StrCat("truncate ", path_));
   }
   if (!s.ok()) return s;
@@ -442,6 +493,8 @@ absl::Status StoreLog::Probe() {
 }
 
 absl::Status StoreLog::Compact(const KvStore& store) {
+  // Steps 1-3 (see the header): the live contents in a synced new file,
+  // renamed over the log. A failure before the rename leaves the old log.
   std::string tmp_path = path_ + ".compact";
   std::string data;
   for (const std::string& key : store.ListKeys()) {
@@ -450,27 +503,36 @@ absl::Status StoreLog::Compact(const KvStore& store) {
   store.ForEachQueueItem([&data](absl::string_view key, absl::string_view value) {
     EncodeLogRecord(Mutation{Mutation::Type::kQueuePush, key, value}, &data);
   });
-  int fd = ::open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  int fd = files_->Open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp_path));
-  absl::Status written = WriteAt(fd, data, 0, tmp_path);
-  if (written.ok() && ::fsync(fd) != 0) written = ErrnoToStatus(errno, "fsync " + tmp_path);
-  if (!written.ok()) {
-    ::close(fd);
-    ::unlink(tmp_path.c_str());
-    return written;
+  absl::Status s = WriteAt(files_, fd, data, 0, tmp_path);
+  if (s.ok() && files_->Fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + tmp_path);
+  if (s.ok() && files_->Rename(tmp_path, path_) != 0) {
+    s = ErrnoToStatus(errno, absl::StrCat("rename ", tmp_path, " to ", path_));
   }
-  if (::rename(tmp_path.c_str(), path_.c_str()) != 0) {
-    int err = errno;
-    ::close(fd);
-    ::unlink(tmp_path.c_str());
-    return ErrnoToStatus(err, absl::StrCat("rename ", tmp_path));
+  if (!s.ok()) {
+    files_->Close(fd);
+    files_->Unlink(tmp_path);
+    return s;
   }
-  RETURN_IF_ERROR(SyncDir(dir_));
-  uint64_t before = file_bytes_;
-  ::close(fd_);
-  fd_ = ::open(path_.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("reopen ", path_));
+  // Step 4: the new file is the log from here on, with no call that can
+  // fail in between: later writes go where a restart reads them. The old
+  // file (the same records) is closed, so its blocks are freed.
+  files_->Close(fd_);
+  fd_ = fd;
+  const uint64_t before = file_bytes_;
   file_bytes_ = data.size();
+  // Step 5: the rename reaches the disk. Until it does, a crash could bring
+  // back the old file without what is written now, so writes are refused
+  // (failing) and Probe() retries the sync.
+  if (absl::Status synced = SyncDir(files_, dir_); !synced.ok()) {
+    dir_unsynced_ = true;
+    probe_bytes_ = 4096;
+    error_ = absl::UnavailableError(
+        absl::StrCat("the store log's directory could not be synced after a compaction (",
+                     synced.message(), "); writes wait until it can"));
+    return synced;
+  }
   MLOG(INFO) << "compacted store log " << path_ << ": " << before << " -> " << file_bytes_
              << " bytes";
   return absl::OkStatus();

@@ -28,15 +28,29 @@
 // only if it is incomplete (its header or payload runs past the end of the
 // file, or the rest of the file is zero bytes) and no verifiable record
 // follows it. Anything else is corruption, including a complete last record
-// with a bad CRC: Open fails with DataLoss naming the file, P, the bytes
-// after P and the verifiable records among them. With `recover`, Open keeps
-// the original as store.log.corrupt-<UTC time> (hard link, else a copy),
-// loads every verifiable record (skipping damaged bytes), and writes a
-// clean log in its place.
+// with a bad CRC, and a whole last record whose length field was damaged
+// (its payload's own lengths give a shorter record the CRC matches): Open fails with DataLoss
+// naming the file, P, the bytes after P and the verifiable records among them. With `recover`, Open
+// keeps the original as store.log.corrupt-<UTC time> (hard link, else a copy), loads every
+// verifiable record (skipping damaged bytes), and writes a clean log in its place.
 //
 // Compaction rewrites the live contents to a new file and renames it over
-// the log once the log is more than twice the live data (and > 1 MiB); a
-// failed compaction only delays the next one (the records are already safe).
+// the log once the log is more than twice the live data (and more than
+// min_compact_bytes). Its steps, so that a failure at any of them leaves
+// every acknowledged write in the file a restart reads:
+//   1. write the live contents to store.log.compact and fsync it;
+//   2. rename it over store.log (a failure so far: the old log stays, the
+//      new file is removed, and only the next compaction waits);
+//   3. switch to the new file's descriptor (opened in step 1, so nothing can
+//      fail here) and close the old one: later writes go to the new file;
+//   4. fsync the directory. If that fails, a crash could bring back the old
+//      file without what is written later, so the log turns failing (writes
+//      are refused) until Probe() syncs the directory.
+// Batches follow one order too: write at the end, fdatasync (with fsync),
+// and only then is the batch durable and its replies may leave; a failure
+// cuts the file back to the last durable batch before anything is replied.
+//
+// Every system call goes through LogFiles, so a test fails each in turn.
 //
 // Not thread-safe: owned by the store server's loop thread.
 #ifndef MUSTER_DAEMON_STORE_STORE_LOG_H_
@@ -49,10 +63,20 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/store/kv_store.h"
+#include "daemon/store/log_files.h"
 
 namespace muster {
 
 uint32_t Crc32c(const char* data, size_t size);
+
+struct StoreLogOptions {
+  bool fsync = false;  // fdatasync every batch (and fsync on compaction)
+  // A corrupt log: keep it aside and load what verifies (else DataLoss).
+  bool recover = false;
+  // Compaction waits until the log is larger than this (and 2x the data).
+  uint64_t min_compact_bytes = 1 << 20;
+  LogFiles* files = nullptr;  // nullptr: LogFiles::System()
+};
 
 struct RecoveryStats {
   uint64_t records = 0;
@@ -70,9 +94,9 @@ class StoreLog {
   // into `store`, which must be empty, unlimited and have no listener yet
   // (set its limit after: a lowered limit must not drop recovered data).
   // A corrupt log fails with DataLoss unless `recover` (see above).
-  static absl::StatusOr<std::unique_ptr<StoreLog>> Open(const std::string& state_dir, bool fsync,
-                                                        KvStore* store, RecoveryStats* stats,
-                                                        bool recover = false);
+  static absl::StatusOr<std::unique_ptr<StoreLog>> Open(const std::string& state_dir,
+                                                        const StoreLogOptions& options,
+                                                        KvStore* store, RecoveryStats* stats);
   ~StoreLog();
   StoreLog(const StoreLog&) = delete;
   StoreLog& operator=(const StoreLog&) = delete;
@@ -90,8 +114,9 @@ class StoreLog {
   // Restores every key the buffered batch touched to its state in the file
   // and drops the batch. Mutations it makes are not recorded.
   absl::Status Rollback(KvStore* store);
-  // While failing: cuts the file back to the last good offset and tries a
-  // scratch append; OK (and no longer failing) when both worked.
+  // While failing: syncs the directory if a compaction's sync failed, cuts
+  // the file back to the last good offset and tries a scratch append; OK
+  // (and no longer failing) when all worked.
   absl::Status Probe();
   bool failing() const { return !error_.ok(); }
   // Why the log cannot be written (OK when it can).
@@ -108,14 +133,30 @@ class StoreLog {
   const std::string& path() const { return path_; }
 
  private:
-  StoreLog(std::string dir, std::string path, int fd, bool fsync)
-      : dir_(std::move(dir)), path_(std::move(path)), fd_(fd), fsync_(fsync) {}
+  StoreLog(std::string dir, std::string path, int fd, const StoreLogOptions& options,
+           LogFiles* files)
+      : dir_(std::move(dir)),
+        path_(std::move(path)),
+        fd_(fd),
+        fsync_(options.fsync),
+        min_compact_bytes_(options.min_compact_bytes),
+        files_(files) {}
+
+  // Open's steps: replay the file into `store`; keep a corrupt original.
+  absl::Status Replay(KvStore* store, RecoveryStats* stats, bool recover, bool* corrupt);
+  absl::Status CorruptAt(const std::string& data, size_t pos, bool incomplete, size_t next,
+                         bool damaged_length, uint64_t good_records) const;
+  absl::Status KeepOriginal(RecoveryStats* stats);
+  absl::Status Fail(absl::Status error);
 
   std::string dir_;
   std::string path_;
-  int fd_;
+  int fd_;  // always open: compaction switches to a descriptor it holds
   bool fsync_;
-  absl::Status Fail(absl::Status error);
+  uint64_t min_compact_bytes_;
+  LogFiles* files_;
+  // A compaction renamed the log but the directory is not synced yet.
+  bool dir_unsynced_ = false;
 
   std::string pending_;
   // Bytes of pending_ already written at file_bytes_ (a batch written over

@@ -26,8 +26,14 @@ struct Dir {
   ~Dir() { std::filesystem::remove_all(path); }
 };
 
+StoreLogOptions Recovering() {
+  StoreLogOptions options;
+  options.recover = true;
+  return options;
+}
+
 std::unique_ptr<StoreLog> OpenInto(const std::string& dir, KvStore* kv, RecoveryStats* stats) {
-  auto log = StoreLog::Open(dir, false, kv, stats);
+  auto log = StoreLog::Open(dir, {}, kv, stats);
   REQUIRE(log.ok());
   StoreLog* raw = log->get();
   kv->SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
@@ -113,7 +119,7 @@ TEST_CASE("a 16 MiB batch is written in slices and is durable only once all of i
       std::filesystem::copy_file(dir.path + "/store.log", copy.path + "/store.log");
       KvStore recovered;
       RecoveryStats copy_stats;
-      auto reopened = StoreLog::Open(copy.path, false, &recovered, &copy_stats);
+      auto reopened = StoreLog::Open(copy.path, {}, &recovered, &copy_stats);
       REQUIRE(reopened.ok());
       CHECK(recovered.Find("small") != nullptr);
       CHECK(recovered.Find("big") == nullptr);
@@ -252,7 +258,7 @@ TEST_CASE("a flipped bit anywhere but a torn tail refuses start; --store-recover
       {
         KvStore kv;
         RecoveryStats stats;
-        auto log = StoreLog::Open(dir.path, false, &kv, &stats);
+        auto log = StoreLog::Open(dir.path, {}, &kv, &stats);
         REQUIRE_FALSE(log.ok());
         INFO(log.status().ToString());
         CHECK(log.status().code() == absl::StatusCode::kDataLoss);
@@ -268,7 +274,7 @@ TEST_CASE("a flipped bit anywhere but a torn tail refuses start; --store-recover
       }
       KvStore kv;
       RecoveryStats stats;
-      auto log = StoreLog::Open(dir.path, false, &kv, &stats, /*recover=*/true);
+      auto log = StoreLog::Open(dir.path, Recovering(), &kv, &stats);
       REQUIRE(log.ok());
       CHECK(kv.NumKeys() == 9);
       CHECK(kv.Find("k" + std::to_string(flip.record)) == nullptr);
@@ -281,7 +287,7 @@ TEST_CASE("a flipped bit anywhere but a torn tail refuses start; --store-recover
       // The new log is clean: a plain start loads the same 9 keys.
       KvStore again;
       RecoveryStats again_stats;
-      auto reopened = StoreLog::Open(dir.path, false, &again, &again_stats);
+      auto reopened = StoreLog::Open(dir.path, {}, &again, &again_stats);
       REQUIRE(reopened.ok());
       CHECK(again.NumKeys() == 9);
       CHECK(again_stats.discarded_bytes == 0);

@@ -176,8 +176,10 @@ class StoreServer::Impl : public StoreServer::Loop {
   absl::Status Init(int* port) {
     if (!options_.state_dir.empty()) {
       RecoveryStats recovery;
-      ASSIGN_OR_RETURN(log_, StoreLog::Open(options_.state_dir, options_.fsync, &kv_, &recovery,
-                                            options_.recover));
+      StoreLogOptions log_options;
+      log_options.fsync = options_.fsync;
+      log_options.recover = options_.recover;
+      ASSIGN_OR_RETURN(log_, StoreLog::Open(options_.state_dir, log_options, &kv_, &recovery));
       MLOG(INFO) << "store: recovered " << kv_.NumKeys() << " keys from " << recovery.records
                  << " log records in " << log_->path();
       kv_.SetMutationListener([this](const Mutation& m) { log_->Record(m); });
@@ -470,7 +472,13 @@ class StoreServer::Impl : public StoreServer::Loop {
                                     : absl::OkStatus();
     log_writing_ = flush_status_.ok() && log_ != nullptr && log_->has_pending();
     if (log_writing_) return HoldDependentReplies();
-    if (!flush_status_.ok()) LogFailed();
+    if (!flush_status_.ok()) {
+      LogFailed();
+    } else if (log_ != nullptr && log_->failing()) {
+      // This batch is durable, but the log refuses what follows (a
+      // compaction's directory sync failed).
+      RefuseWritesUntilProbed();
+    }
     wrote_.clear();
     ++epoch_;  // replies queued from here on belong to the next flush
     std::vector<std::function<void()>> after;
@@ -597,17 +605,7 @@ class StoreServer::Impl : public StoreServer::Loop {
   // replies that read only durable state still go out. Writes are refused
   // until ProbeLog() finds the log writable again.
   void LogFailed() {
-    std::string cause(log_->error().message());
-    if (!log_failing_) {
-      log_failing_ = true;
-      MLOG(ERROR) << "store: cannot write the durability log " << log_->path() << ": " << cause
-                  << "; refusing writes until it can be written again (reads go on)";
-      {
-        std::lock_guard<std::mutex> lock(stat_mu_);
-        stat_log_error_ = cause;
-      }
-      AddTimer(absl::Now() + kLogProbeInterval, [this] { ProbeLog(); });
-    }
+    RefuseWritesUntilProbed();
     if (absl::Status s = log_->Rollback(&kv_); !s.ok()) {
       MLOG(ERROR) << "store: rolling back unlogged writes: " << s.message();
     }
@@ -631,6 +629,20 @@ class StoreServer::Impl : public StoreServer::Loop {
     }
     // Waits released by the rolled-back writes see the restored state.
     ResumeWaits();
+  }
+
+  // The log cannot take writes: refuse them until ProbeLog() finds it can.
+  void RefuseWritesUntilProbed() {
+    if (log_failing_) return;
+    std::string cause(log_->error().message());
+    log_failing_ = true;
+    MLOG(ERROR) << "store: cannot write the durability log " << log_->path() << ": " << cause
+                << "; refusing writes until it can be written again (reads go on)";
+    {
+      std::lock_guard<std::mutex> lock(stat_mu_);
+      stat_log_error_ = cause;
+    }
+    AddTimer(absl::Now() + kLogProbeInterval, [this] { ProbeLog(); });
   }
 
   absl::Status LogRefusal() const {
