@@ -75,7 +75,7 @@ int64_t TraceCoarseResolutionNanos() {
 TraceRecord* TraceWriter::Lock(uint64_t id) {
   TraceRecord* r = Slot(id);
   uint32_t v = r->version.load(std::memory_order_relaxed);
-  while (true) {
+  for (int waits = 0;;) {
     if ((v & 1) == 0) {
       if (r->version.compare_exchange_weak(v, v + 1, std::memory_order_acquire,
                                            std::memory_order_relaxed)) {
@@ -83,7 +83,10 @@ TraceRecord* TraceWriter::Lock(uint64_t id) {
       }
       continue;
     }
-    std::this_thread::yield();  // another writer of this slot (rare), briefly
+    // Another writer of this slot (rare), briefly. A slot that stays taken
+    // (its writer died mid-record) costs this record, not a hang.
+    if (++waits > kMaxWriterWaits) return nullptr;
+    std::this_thread::yield();
     v = r->version.load(std::memory_order_relaxed);
   }
   // Fields written after the version turned odd are seen by a reader only
@@ -171,8 +174,17 @@ void TraceWriter::Finished(uint64_t id, int code, int64_t now_ns) {
 
 namespace {
 
+// Retries (a record being written: its version odd or changed during the
+// copy) per ring read, all records together. Honest writers hold a record
+// for nanoseconds; a reader meets a few such at most.
+constexpr int kMaxReadRetries = 64;
+
 // Records [first, next] of `rank` (clamped to what the ring keeps); `last`
-// > 0 keeps only the last `last` of them.
+// > 0 keeps only the last `last` of them. The ring is written by the
+// group's ranks, which musterd does not trust: ids are clamped to the
+// ring's capacity, and the retries of records being written share one
+// budget per read (kMaxReadRetries), so a ring whose version words stay odd
+// or keep changing costs one pass over it.
 std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t first, uint64_t last,
                                   TraceRange* range) {
   std::vector<TraceEntry> out;
@@ -193,11 +205,12 @@ std::vector<TraceEntry> ReadRange(GroupSegment& segment, int rank, uint64_t firs
   begin = std::max(begin, first);
   if (kept == 0 || begin > next) return out;
   TraceRecord* records = segment.trace_records(rank);
+  int retries = kMaxReadRetries;
   // From begin to next, both included: at most `kept` ids, and no wrap past
   // 2^64 - 1 (the ring's header is written by the group's ranks).
   for (uint64_t id = begin;; ++id) {
     TraceRecord* r = &records[(id - 1) % capacity];
-    for (int attempt = 0; attempt < 1000; ++attempt) {
+    for (bool first = true; first || retries-- > 0; first = false) {
       uint32_t v1 = r->version.load(std::memory_order_acquire);
       if (v1 & 1) {
         std::this_thread::yield();

@@ -169,7 +169,10 @@ class TraceWriter {
  private:
   uint64_t Write(uint64_t seq, const TraceCall& call, TraceState state, int64_t submitted_ns,
                  int64_t started_ns);
-  TraceRecord* Lock(uint64_t id);  // null if the slot holds another record now
+  // Null if the slot holds another record now, or stayed taken by another
+  // writer for kMaxWriterWaits yields (the record is then not kept).
+  TraceRecord* Lock(uint64_t id);
+  static constexpr int kMaxWriterWaits = 1000;
   static void Unlock(TraceRecord* r);
   // Where record `id` lives. A power-of-two capacity (the default's) takes
   // a mask: the 64-bit division cost ~10 ns a record on the VM of
@@ -184,8 +187,8 @@ class TraceWriter {
 };
 
 // The last `last` records (0: all kept) of segment rank `rank`, oldest
-// first. Records being written at the moment are retried briefly, then
-// left out.
+// first. Records being written at the moment are retried briefly (a few
+// dozen retries per read in all, whatever the ring holds), then left out.
 std::vector<TraceEntry> ReadTrace(GroupSegment& segment, int rank, uint64_t last = 0);
 
 // The ids a ring held when it was read: records oldest..next (none when

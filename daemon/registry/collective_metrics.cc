@@ -11,6 +11,10 @@
 namespace muster {
 namespace {
 
+// Elements a single record may add to the bytes counter (a 64-bit count
+// written by a rank would wrap it).
+constexpr uint64_t kMaxCountedElements = uint64_t{1} << 40;
+
 // 1 µs, 4 µs, ... 16 s: shared-memory collectives take microseconds,
 // inter-node ones milliseconds, a stuck one its timeout.
 std::vector<double> DurationBounds() {
@@ -92,15 +96,23 @@ void CollectiveMetrics::SweepOne(Tracked& t) {
     if (ring.cursor < range.oldest) {
       uint64_t lost = range.oldest - ring.cursor;
       for (auto f = ring.finished.begin(); f != ring.finished.end() && *f < range.oldest;) {
-        --lost;  // counted earlier, not lost
+        if (lost > 0) --lost;  // counted earlier, not lost
         f = ring.finished.erase(f);
       }
-      if (lost > 0) missed_[CollectiveBackendLabel(t.backend, 0)] += lost;
+      // Saturated: the ring's header is the rank's to write.
+      uint64_t& missed = missed_[CollectiveBackendLabel(t.backend, 0)];
+      missed += std::min(lost, UINT64_MAX - missed);
       ring.cursor = range.oldest;
     }
+    if (ring.cursor > range.next) continue;  // nothing new (or a header moved back)
     bool advancing = true;
     size_t e = 0;
-    for (uint64_t id = ring.cursor; id <= range.next; ++id) {
+    // cursor..next, both included: at most a ring's worth (cursor >= oldest
+    // >= 1), counted so that next = 2^64 - 1 (the rank writes it) cannot
+    // wrap the loop.
+    const uint64_t first = ring.cursor, ids = range.next - first + 1;
+    for (uint64_t k = 0; k < ids; ++k) {
+      const uint64_t id = first + k;
       while (e < entries.size() && entries[e].id < id) ++e;
       const TraceEntry* rec = e < entries.size() && entries[e].id == id ? &entries[e] : nullptr;
       if (rec == nullptr || !Finished(rec->state)) {
@@ -113,7 +125,8 @@ void CollectiveMetrics::SweepOne(Tracked& t) {
         ++calls_[key];
         if (rec->state == TraceState::kCompleted) {
           uint64_t width = rec->dtype < kNumDTypes ? DTypeSize(static_cast<DType>(rec->dtype)) : 0;
-          bytes_[key] += rec->count * width;
+          // Saturated: a rank's count must not wrap the node's counter.
+          bytes_[key] += std::min<uint64_t>(rec->count, kMaxCountedElements) * width;
           std::unique_ptr<Histogram>& h = seconds_[key];
           if (h == nullptr) h = std::make_unique<Histogram>(DurationBounds());
           int64_t from = rec->started_ns != 0 ? rec->started_ns : rec->submitted_ns;
@@ -123,9 +136,11 @@ void CollectiveMetrics::SweepOne(Tracked& t) {
         }
         if (!advancing) ring.finished.insert(id);
       }
-      if (advancing) {
+      if (advancing && id != UINT64_MAX) {
         ring.finished.erase(id);
         ring.cursor = id + 1;
+      } else if (advancing) {
+        ring.finished.insert(id);  // the last id there is: the cursor stays
       }
     }
   }

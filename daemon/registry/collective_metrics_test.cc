@@ -8,9 +8,15 @@
 
 #include <atomic>
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <functional>
+#include <memory>
+#include <thread>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "absl/time/time.h"
 #include "backends/shm/trace.h"
 #include "muster/types.h"
 
@@ -91,6 +97,76 @@ TEST_CASE("a ring that wrapped between sweeps counts what it lost as missed") {
   w.Finished(w.Begin(25, Call(TraceOp::kAllGather, 1), 25), 0, 26);
   m.Sweep({});
   CHECK(m.snapshot().calls[Key{"all_gather", "shm"}] == 3 + 8 + 1);
+}
+
+// Runs `fn` on a thread of its own; false if it did not return within
+// `limit` (the thread is then left running: the process ends at the
+// failure).
+bool ReturnsWithin(absl::Duration limit, std::function<void()> fn) {
+  auto returned = std::make_shared<absl::Notification>();
+  std::thread([fn = std::move(fn), returned] {
+    fn();
+    returned->Notify();
+  }).detach();
+  if (returned->WaitForNotificationWithTimeout(limit)) return true;
+  std::fprintf(stderr, "FAILED: the sweep did not return within %s\n",
+               absl::FormatDuration(limit).c_str());
+  std::_Exit(1);
+}
+
+TEST_CASE("a ring header a rank scribbled on cannot make a sweep loop forever") {
+  Segment s(2, 16);
+  TraceWriter w(s.segment.get(), 0, 16);
+  w.Finished(w.Begin(1, Call(TraceOp::kAllReduce, 4), 1), 0, 2);
+  CollectiveMetrics m;
+  std::vector<CollectiveMetrics::Source> sources = {{s.name, s.segment, "shm"}};
+  m.Sweep(sources);
+  CHECK(m.snapshot().calls[Key{"all_reduce", "shm"}] == 1);
+  // The last id there is (the sweep looped from its cursor up to it, and
+  // wrapped), then back down, then a count that would wrap the bytes.
+  for (uint64_t next : {~uint64_t{0}, uint64_t{3}, ~uint64_t{0} - 1}) {
+    INFO("next = " << next);
+    s.segment->trace_ring(0).next.store(next);
+    CHECK(ReturnsWithin(absl::Seconds(10), [&] {
+      m.Sweep(sources);
+      m.Sweep(sources);
+    }));
+  }
+  // A record claiming 2^64 - 1 elements adds at most 2^40 of them.
+  s.segment->trace_ring(1).next.store(0);
+  TraceWriter w1(s.segment.get(), 1, 16);
+  TraceCall huge = Call(TraceOp::kBroadcast, ~uint64_t{0});
+  w1.Finished(w1.Begin(1, huge, 1), 0, 2);
+  m.Sweep(sources);
+  auto snap = m.snapshot();
+  CHECK(snap.calls[Key{"broadcast", "shm"}] == 1);
+  CHECK(snap.bytes[Key{"broadcast", "shm"}] == (uint64_t{1} << 40) * 4);
+}
+
+TEST_CASE("records whose version word stays odd cost one pass, not a retry loop each") {
+  // Before: 1000 yields per odd record, ~1.4 s per 2048-record ring, per
+  // sweep (a 6-group job made a /metrics scrape take 21.7 s).
+  constexpr int kRanks = 16;
+  constexpr uint64_t kRecords = 2048;
+  Segment s(kRanks, kRecords);
+  for (int r = 0; r < kRanks; ++r) {
+    TraceWriter w(s.segment.get(), r, kRecords);
+    for (uint64_t i = 0; i < kRecords; ++i) {
+      w.Finished(w.Begin(i + 1, Call(TraceOp::kAllReduce, 1), 1), 0, 2);
+    }
+    TraceRecord* records = s.segment->trace_records(r);
+    for (uint64_t i = 0; i < kRecords; ++i) records[i].version.store(1);  // taken forever
+  }
+  CollectiveMetrics m;
+  std::vector<CollectiveMetrics::Source> sources = {{s.name, s.segment, "shm"}};
+  CHECK(ReturnsWithin(absl::Seconds(5), [&] { m.Sweep(sources); }));
+  CHECK(m.snapshot().calls[Key{"all_reduce", "shm"}] == 0);
+  CHECK(ReadTrace(*s.segment, 0).empty());
+  // A writer meeting such a slot gives up on that record instead of
+  // spinning: the collective goes on unrecorded.
+  TraceWriter w(s.segment.get(), 0, kRecords);
+  CHECK(ReturnsWithin(absl::Seconds(5),
+                      [&] { CHECK(w.Begin(kRecords + 1, Call(TraceOp::kAllReduce, 1), 3) == 0); }));
 }
 
 TEST_CASE("labels are bounded") {
