@@ -5,6 +5,8 @@
 
 #include <string>
 
+#include "absl/status/status.h"
+
 namespace muster {
 
 // The daemon's default unix socket: /run/muster/musterd.sock for root,
@@ -15,6 +17,16 @@ std::string DefaultSocketPath();
 
 // MUSTER_SOCKET if set and non-empty, else DefaultSocketPath().
 std::string ClientSocketPath();
+
+// OK if only the caller (its effective uid) or root can have put a socket
+// at `socket_path`: its directory is a real directory (not a symlink) owned
+// by the caller or root and not writable by others, or, if others may
+// write it, sticky (like /tmp) with the socket, when present, owned by the
+// caller or root. Else PermissionDenied naming the directory, its owner
+// and mode: another user may have made it to pose as musterd (the default
+// /tmp/muster-<uid> can be created by anyone first). musterd checks its
+// socket's directory before it listens, the clients before they connect.
+absl::Status CheckSocketOwner(const std::string& socket_path);
 
 }  // namespace muster
 

@@ -429,6 +429,14 @@ TEST_CASE("muster-run rejects bad usage with exit 2") {
   auto unsupported = Launch({"--numa_binding", "node", "train.py"}, IsolatedEnv(dir));
   CHECK(unsupported.exit.code == 2);
   CHECK(absl::StrContains(unsupported.err, "--numa-binding is not supported by muster-run"));
+  // The job id names a directory under --log-dir: no path may be made of it.
+  for (const char* id : {"../../etc", "..", "a/b"}) {
+    auto escape =
+        Launch({"--job-id", id, "--log-dir", dir.File("logs"), "--", "true"}, IsolatedEnv(dir));
+    INFO(id << ": " << escape.err);
+    CHECK(escape.exit.code == 2);
+    CHECK(absl::StrContains(escape.err, "job id"));
+  }
   auto missing = Launch({"--", "/nonexistent/binary"}, IsolatedEnv(dir));
   CHECK(missing.exit.code == 1);
   CHECK(absl::StrContains(missing.err, "cannot run /nonexistent/binary"));

@@ -27,6 +27,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "common/cpus.h"
+#include "common/job_id.h"
 #include "common/json.h"
 #include "common/paths.h"
 #include "common/spawn.h"
@@ -183,6 +184,10 @@ class Launcher {
       o_.job_id =
           MultiNode() ? absl::StrCat("run-", o_.master_port) : absl::StrCat("run-", ::getpid());
     }
+    // It names --log-dir's subdirectory and store keys: no path in it.
+    if (absl::Status s = ValidateJobId(o_.job_id); !s.ok()) {
+      return Usage(absl::StrCat("--job-id / --rdzv-id: ", s.message()));
+    }
     if (!o_.token_file.empty()) {
       std::ifstream in(o_.token_file);
       std::stringstream ss;
@@ -204,6 +209,10 @@ class Launcher {
   // Uses a running musterd, or starts an embedded one.
   bool PrepareDaemon() {
     std::string socket = o_.socket.empty() ? ClientSocketPath() : o_.socket;
+    if (absl::Status s = CheckSocketOwner(socket); !s.ok()) {
+      Say(std::string(s.message()));
+      return false;
+    }
     if (auto status = ProbeDaemon(socket)) {
       socket_ = socket;
       if (o_.master_addr.empty()) o_.master_addr = "127.0.0.1";
@@ -703,8 +712,8 @@ class Launcher {
         Reap();
       } else if (interrupted_ == 0) {
         interrupted_ = static_cast<int>(si.ssi_signo);
-        const bool ranks_run = std::any_of(ranks_.begin(), ranks_.end(),
-                                           [](const Child& c) { return c.running; });
+        const bool ranks_run =
+            std::any_of(ranks_.begin(), ranks_.end(), [](const Child& c) { return c.running; });
         Say(absl::StrCat("received ", strsignal(interrupted_),
                          ranks_run ? "; forwarding it to the ranks" : "; stopping"));
         SignalRanks(interrupted_);

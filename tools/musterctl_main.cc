@@ -1027,6 +1027,12 @@ int main(int argc, char** argv) {
   }
   options.target.address = address;
   options.target.socket_path = socket_path.empty() ? muster::ClientSocketPath() : socket_path;
+  if (address.empty()) {
+    if (absl::Status s = muster::CheckSocketOwner(options.target.socket_path); !s.ok()) {
+      std::fprintf(stderr, "musterctl: %s\n", std::string(s.message()).c_str());
+      return 2;
+    }
+  }
   options.timeout = absl::Seconds(timeout_seconds);
   if (absl::Status loaded =
           muster::LoadCredentials(token_file, tls_ca, tls_cert, tls_key, &options.target);
