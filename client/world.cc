@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "backends/backend.h"
 #include "client/process_group_impl.h"
 #include "client/world_impl.h"
@@ -117,6 +119,7 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
 
 absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   on_gone_ = std::move(on_gone);
+  RETURN_IF_ERROR(CheckSocketOwner(o.socket));
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   channel_ = grpc::CreateCustomChannel(absl::StrCat("unix:", o.socket),
@@ -128,6 +131,37 @@ absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   session_stub_ = v1::Session::NewStub(channel_);
   groups_stub_ = v1::Groups::NewStub(channel_);
   stream_ = session_stub_->Attach(&context_);
+  // A daemon that took the connection but never answers (stuck, stopped)
+  // must not hold init past its timeout: the stream is cancelled then.
+  absl::Notification answered;
+  std::atomic<bool> timed_out{false};
+  std::thread watchdog([&] {
+    if (answered.WaitForNotificationWithTimeout(o.timeout)) return;
+    timed_out = true;
+    context_.TryCancel();
+  });
+  v1::SessionServerMessage reply;
+  absl::Status registered = Register(o, &reply);
+  answered.Notify();
+  watchdog.join();
+  if (!registered.ok() && timed_out) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "musterd at unix socket ", o.socket, " accepted the session but did not answer its ",
+        "registration within the init timeout (", absl::FormatDuration(o.timeout), ")"));
+  }
+  RETURN_IF_ERROR(registered);
+  session_id_ = reply.registered().session_id();
+  rejoin_epoch_ = reply.registered().rejoin_epoch();
+  rejoin_grows_ = reply.registered().rejoin_grows();
+  int64_t pid = reply.registered().daemon_pid();
+  daemon_ = pid > 0 ? absl::StrCat("musterd (pid ", pid, ", unix:", o.socket, ")")
+                    : absl::StrCat("musterd (unix:", o.socket, ")");
+  reader_ = std::thread([this] { ReadEvents(); });
+  return absl::OkStatus();
+}
+
+// Sends the rank's Register message and reads the daemon's answer.
+absl::Status WorldSession::Register(const InitOptions& o, v1::SessionServerMessage* reply) {
   v1::SessionClientMessage hello;
   v1::RegisterRequest* r = hello.mutable_register_();
   r->mutable_rank()->set_job_id(o.job_id);
@@ -142,25 +176,16 @@ absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   if (!stream_->Write(hello)) return Finish("registration");
   // `registered` comes first; a daemon older than that rule may send a
   // failure event ahead of it, kept like later ones.
-  v1::SessionServerMessage reply;
   while (true) {
-    if (!stream_->Read(&reply)) return Finish("registration");
-    if (reply.has_registered()) break;
-    if (!reply.has_rank_failed() && !reply.has_job_aborted()) {
+    if (!stream_->Read(reply)) return Finish("registration");
+    if (reply->has_registered()) return absl::OkStatus();
+    if (!reply->has_rank_failed() && !reply->has_job_aborted()) {
       context_.TryCancel();  // an unexpected message: end the stream, don't wait on it
       return Finish("registration");
     }
     absl::MutexLock lock(&mu_);
-    RecordEvent(reply);
+    RecordEvent(*reply);
   }
-  session_id_ = reply.registered().session_id();
-  rejoin_epoch_ = reply.registered().rejoin_epoch();
-  rejoin_grows_ = reply.registered().rejoin_grows();
-  int64_t pid = reply.registered().daemon_pid();
-  daemon_ = pid > 0 ? absl::StrCat("musterd (pid ", pid, ", unix:", o.socket, ")")
-                    : absl::StrCat("musterd (unix:", o.socket, ")");
-  reader_ = std::thread([this] { ReadEvents(); });
-  return absl::OkStatus();
 }
 
 void WorldSession::Close() {
@@ -571,7 +596,10 @@ absl::StatusOr<int64_t> World::Impl::Reconfigure(absl::Duration timeout, bool al
     {
       absl::MutexLock lock(&groups_mu_);
       for (HeldGroup& g : groups_) {
-        if (g.group.lock() == group) g.slots = slots;
+        // Compared by owner, not lock(): a temporary that turned out to be
+        // another group's last handle would run its destructor (and its
+        // Works' callbacks) under groups_mu_.
+        if (!g.group.owner_before(group) && !group.owner_before(g.group)) g.slots = slots;
       }
     }
     // The caller's handle now runs the new epoch's group; the old one's
@@ -664,9 +692,13 @@ absl::Status World::Impl::DestroyProcessGroup(ProcessGroup& group) {
                                  absl::Seconds(30), [&](grpc::ClientContext* context) {
                                    return session_->groups()->DestroyGroup(context, req, &resp);
                                  }));
+  // Handles taken under the lock are dropped after it: one may be another
+  // group's last, whose destructor completes Works (user callbacks).
+  std::vector<std::shared_ptr<ProcessGroup>> taken;
   absl::MutexLock lock(&groups_mu_);
   for (HeldGroup& held : groups_) {
-    if (held.group.lock().get() == &group) held.destroyed = true;
+    taken.push_back(held.group.lock());
+    if (taken.back().get() == &group) held.destroyed = true;
   }
   return absl::OkStatus();
 }

@@ -83,6 +83,8 @@ class WorldSession {
  private:
   // Registration failed: the stream's status says why.
   absl::Status Finish(const char* what);
+  // Open's registration: the Register message out, the daemon's answer in.
+  absl::Status Register(const InitOptions& o, v1::SessionServerMessage* reply);
 
   bool reader_started() const { return !daemon_.empty(); }
 

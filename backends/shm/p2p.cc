@@ -320,14 +320,18 @@ void ShmPointToPoint::Post(bool send, int peer, uint64_t tag, void* data, size_t
     p->done(s, -1);
     return;
   }
+  bool stopping;
   {
     absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      p->done(absl::CancelledError(absl::StrCat("group '", group_name_, "' was destroyed")), -1);
-      return;
+    stopping = stopping_;
+    if (!stopping) {
+      new_.push_back(std::move(p));
+      if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
     }
-    new_.push_back(std::move(p));
-    if (!thread_.joinable()) thread_ = std::thread([this] { Run(); });
+  }
+  if (stopping) {  // answered outside mu_, as every completion
+    p->done(absl::CancelledError(absl::StrCat("group '", group_name_, "' was destroyed")), -1);
+    return;
   }
   segment_->Wake();
 }

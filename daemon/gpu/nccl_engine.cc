@@ -630,15 +630,20 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
                                         DescribeRequest(request), ") on group ", slot.group);
   // A communicator that could not be created says why (e.g. the timeout).
   if (!slot.init_status.ok()) return done(slot.init_status);
-  bool initialized;
+  bool initialized = false;
   std::string bus_id;
+  absl::Status failed;  // done() runs after slot.mu is released, never under it
   {
     std::lock_guard<std::mutex> lock(slot.mu);
-    if (slot.failed) return done(absl::AbortedError(slot.error));
-    initialized = slot.initialized;
-    bus_id = slot.bus_id;
-    slot.serving = true;
+    if (slot.failed) {
+      failed = absl::AbortedError(slot.error);
+    } else {
+      initialized = slot.initialized;
+      bus_id = slot.bus_id;
+      slot.serving = true;
+    }
   }
+  if (!failed.ok()) return done(failed);
   // Allocations the rank freed: close them once the daemon's stream no
   // longer uses them.
   if (request.released_handles_size() > 0) {
@@ -722,9 +727,10 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   void* comm = nullptr;
   {
     std::lock_guard<std::mutex> lock(slot.mu);
-    if (slot.failed) return done(absl::AbortedError(slot.error));
+    if (slot.failed) failed = absl::AbortedError(slot.error);
     comm = slot.comm;
   }
+  if (!failed.ok()) return done(failed);
   if (comm == nullptr) return done(absl::AbortedError(absl::StrCat(what, ": no communicator")));
   if (ready != nullptr) {
     if (absl::Status s = runtime_->StreamWaitEvent(slot.stream, ready); !s.ok()) return done(s);
@@ -733,10 +739,12 @@ void NcclEngine::RunCollective(Slot& slot, const v1::GpuCollectiveRequest& reque
   {
     std::lock_guard<std::mutex> lock(slot.mu);
     if (slot.failed || slot.comm == nullptr) {
-      return done(absl::AbortedError(slot.error.empty() ? what : slot.error));
+      failed = absl::AbortedError(slot.error.empty() ? what : slot.error);
+    } else {
+      slot.busy = true;
     }
-    slot.busy = true;
   }
+  if (!failed.ok()) return done(failed);
   absl::Status launched = runtime_->Launch(comm, *plan, slot.stream);
   if (launched.ok() || absl::IsUnavailable(launched)) {
     launched = AwaitComm(slot, comm, absl::Now() + slot.timeout, absl::StrCat("launching ", what));

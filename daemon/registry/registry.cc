@@ -48,20 +48,6 @@ absl::Duration TimeoutOf(const v1::Timeout& t, absl::Duration fallback) {
 
 }  // namespace
 
-absl::Status ValidateJobId(const std::string& job_id) {
-  if (job_id.empty() || job_id.size() > 128) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("job id must be 1-128 characters, got '", job_id, "'"));
-  }
-  for (char c : job_id) {
-    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '-' && c != '.') {
-      return absl::InvalidArgumentError(
-          absl::StrCat("job id '", job_id, "' may only use letters, digits, '_', '-', '.'"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 Registry::Registry(RegistryOptions options)
     : options_(std::move(options)), daemon_id_(options_.daemon_address) {
   if (daemon_id_.empty()) {
@@ -125,6 +111,7 @@ void Registry::ReapLoop() {
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     std::vector<std::shared_ptr<JobCoordinator>> removed;
+    std::vector<std::function<void()>> answers;  // run after the lock
     absl::Time now = absl::Now();
     // Groups a member broke itself (a collective timed out, a desync): the
     // segment says so; musterd learns it here and keeps the evidence.
@@ -139,14 +126,7 @@ void Registry::ReapLoop() {
                         << " was truncated under musterd (by its user); its pages read as zeros "
                            "here";
         }
-        if (g.dumped || g.segment == nullptr ||
-            g.segment->header().aborted.load(std::memory_order_acquire) !=
-                static_cast<uint32_t>(AbortKind::kAborted)) {
-          continue;
-        }
-        // No waiting here with the registry's lock held: the word is the
-        // group's user's to write (it could hold "being recorded" for good).
-        DumpGroup(job, g, g.segment->abort_reason(/*wait=*/false));
+        DumpIfAborted(job, g);
       }
     }
     for (auto it = jobs_.begin(); it != jobs_.end();) {
@@ -158,6 +138,8 @@ void Registry::ReapLoop() {
       MLOG(INFO) << "job " << job.id << ": removed, " << absl::FormatDuration(now - job.idle_since)
                  << " after its last rank on this daemon left or failed";
       ReleaseSegments(job, "the job was removed");
+      TakeWaiters(job, absl::AbortedError(absl::StrCat("job '", job.id, "' was removed")),
+                  &answers);
       for (const auto& [r, rec] : job.ranks) {
         if (!rec.session_id.empty()) sessions_.erase(rec.session_id);
       }
@@ -167,12 +149,29 @@ void Registry::ReapLoop() {
       }
       it = jobs_.erase(it);
     }
-    if (removed.empty()) continue;
+    if (removed.empty() && answers.empty()) continue;
     // Destroying a coordinator joins its failure watcher, whose callback
-    // takes mu_: never under the lock.
+    // takes mu_; answers complete RPCs: never under the lock.
     mu_.Unlock();
+    for (auto& answer : answers) answer();
     removed.clear();
     mu_.Lock();
+  }
+}
+
+void Registry::TakeWaiters(Job& job, const absl::Status& why,
+                           std::vector<std::function<void()>>* answers) {
+  for (auto& [name, g] : job.groups) {
+    for (auto& [r, d] : g.waiting) {
+      answers->push_back([d = std::move(d), why] { d(why); });
+    }
+    g.waiting.clear();
+    for (auto& [sequence, b] : g.barriers) {
+      for (auto& [r, d] : b.waiting) {
+        answers->push_back([d = std::move(d), why] { d(why); });
+      }
+    }
+    g.barriers.clear();
   }
 }
 
@@ -620,11 +619,13 @@ void Registry::Leave(const std::string& session_id) {
     std::shared_ptr<JobCoordinator> coordinator = job->coordinator;
     RemoteRank holder{it->first, it->second.info.host(), it->second.info.pid(), daemon_id_,
                       control_address_};
-    Spawn(WorkerPool::Kind::kShort, [coordinator, holder] {
-      if (absl::Status s = coordinator->MarkGone(holder); !s.ok()) {
-        MLOG(WARNING) << "cannot record that rank " << holder.rank << " left: " << s.message();
-      }
-    });
+    // (Shutdown took the coordinators: nothing is recorded any more.)
+    if (coordinator != nullptr)
+      Spawn(WorkerPool::Kind::kShort, [coordinator, holder] {
+        if (absl::Status s = coordinator->MarkGone(holder); !s.ok()) {
+          MLOG(WARNING) << "cannot record that rank " << holder.rank << " left: " << s.message();
+        }
+      });
     if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
     InterruptWaits(*job);
   }
@@ -1185,6 +1186,9 @@ absl::Status Registry::DestroyGroup(const v1::DestroyGroupRequest& req, const Ca
   }
   if (observer_ != nullptr) observer_->GroupDestroyed(job->id, req.name(), caller);
   if (g.destroyed_by.size() == g.arrived_local.size()) {
+    // Ranks that exit right after a collective timed out destroy the
+    // group before the reaper's next look: its recorder is dumped now.
+    DumpIfAborted(*job, g);
     g.info.set_state(v1::GROUP_STATE_DESTROYED);
     if (g.segment != nullptr) GroupSegment::Unlink(g.segment->name());
     g.segment = nullptr;  // its mapping goes once the recorder's last sweep read it
@@ -1979,6 +1983,17 @@ void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {
                   << " broke (" << reason << "): flight recorder of its "
                   << source.group.ranks_size() << " local member(s) written to " << path;
   });
+}
+
+void Registry::DumpIfAborted(Job& job, Group& g) {
+  if (g.dumped || g.segment == nullptr ||
+      g.segment->header().aborted.load(std::memory_order_acquire) !=
+          static_cast<uint32_t>(AbortKind::kAborted)) {
+    return;
+  }
+  // No waiting here with the registry's lock held: the word is the group's
+  // user's to write (it could hold "being recorded" for good).
+  DumpGroup(job, g, g.segment->abort_reason(/*wait=*/false));
 }
 
 void Registry::ReleaseSegments(Job& job, const std::string& reason, AbortKind kind) {

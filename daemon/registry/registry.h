@@ -27,8 +27,17 @@
 // Thread-safety: all methods are thread-safe and never block on the network;
 // work that talks to the store runs on a bounded pool of worker threads
 // owned by the registry (WorkerPool), and results are delivered through
-// callbacks (never called with the registry's lock held). SessionSink::Push
-// is called with the lock held.
+// callbacks.
+//
+// The lock rule: no callback, RPC completion or observer that may take mu_
+// (the services' completions call stopping(); a JobCoordinator's watcher
+// takes mu_) runs while mu_ is held. Methods decide under the lock, keep
+// the answer (a Status, or closures in a vector declared before the lock),
+// and call out after it; every `done(` here sits outside a MutexLock scope
+// (registry_test's refusal case drives each entry point with a callback
+// that takes mu_). Exceptions, each safe because its callee never takes
+// mu_ or calls back: SessionSink::Push/End (the session reactor's own
+// lock only) and RegistryObserver (the GPU engine's locks only).
 #ifndef MUSTER_DAEMON_REGISTRY_REGISTRY_H_
 #define MUSTER_DAEMON_REGISTRY_REGISTRY_H_
 
@@ -45,6 +54,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "backends/shm/segment.h"
+#include "common/job_id.h"
 #include "daemon/access/caller.h"
 #include "daemon/registry/collective_metrics.h"
 #include "daemon/registry/job_coordinator.h"
@@ -340,6 +350,9 @@ class Registry {
   // formation; on a worker, shortly after, so that the members' own records
   // of the failure are in it), records the path.
   void DumpGroup(Job& job, Group& g, const std::string& reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // DumpGroup if a member marked the group's segment aborted (a collective
+  // of its own timed out or mismatched) and it was not dumped yet.
+  void DumpIfAborted(Job& job, Group& g) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Runs `fn` on the registry's worker pool.
   void Spawn(WorkerPool::Kind kind, std::function<void()> fn);
@@ -370,6 +383,11 @@ class Registry {
   static absl::Status Authorize(const Job& job, const Caller& who);
   // Starts the job's grace period if no local rank is alive or joining.
   void NoteIfIdle(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Moves the answers owed to the job's pending formations and barriers
+  // into `answers` (each calls its callback with `why`), to run after mu_.
+  static void TakeWaiters(Job& job, const absl::Status& why,
+                          std::vector<std::function<void()>>* answers)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes jobs idle for longer than job_grace, until Shutdown.
   void ReapLoop();
   // Sweeps the recorders into collective_metrics_ every
@@ -437,9 +455,6 @@ class Registry {
   uint64_t reconfigurations_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, uint64_t> group_breaks_ ABSL_GUARDED_BY(mu_);
 };
-
-// Validates a job id: 1-128 of [A-Za-z0-9_.-].
-absl::Status ValidateJobId(const std::string& job_id);
 
 }  // namespace muster
 

@@ -691,6 +691,41 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   ::rmdir(dir_template);
 }
 
+TEST_CASE("a group its ranks destroy right after their collective timed out is still dumped") {
+  // Before: the reaper looks for aborted segments once a second; ranks that
+  // exited at once destroyed the group first, and no recorder was written.
+  char dir_template[] = "/tmp/registry-dump-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  const std::string dumps = std::string(dir_template) + "/dumps";
+  Fixture f(dumps);
+  REQUIRE(f.Register(0, 2).ok());
+  REQUIRE(f.Register(1, 2).ok());
+  auto pair = f.FormPair("pair");
+  REQUIRE(pair.ok());
+  auto segment = GroupSegment::Open(pair->shm_name(), 2);
+  REQUIRE(segment.ok());
+  // What a member's SDK does when its all_reduce times out, then both exit.
+  (*segment)->Abort("all_reduce #7 timed out after 100ms");
+  for (int rank : {0, 1}) {
+    v1::DestroyGroupRequest destroy;
+    destroy.mutable_caller()->set_job_id("job");
+    destroy.mutable_caller()->set_global_rank(rank);
+    destroy.set_name("pair");
+    REQUIRE(f.registry->DestroyGroup(destroy, f.caller).ok());
+  }
+  auto jobs = f.registry->ListJobs(f.caller);
+  REQUIRE(jobs.size() == 1);
+  REQUIRE(jobs[0].dumps_size() == 1);
+  const std::string path = jobs[0].dumps(0);
+  REQUIRE(Eventually([&] { return ::access(path.c_str(), F_OK) == 0; }));
+  std::ifstream in(path);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(text.find("timed out after 100ms") != std::string::npos);
+  std::remove(path.c_str());
+  ::rmdir(dumps.c_str());
+  ::rmdir(dir_template);
+}
+
 TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with the cluster key") {
   // Two daemons of one job (ranks 0 on a, 1 on b). Gathering sends the
   // cluster credentials to b's address, which b published in the job's
