@@ -7,8 +7,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -20,23 +22,6 @@ namespace {
 
 constexpr size_t kMaxRequestBytes = 8 << 10;
 constexpr absl::Duration kRequestTimeout = absl::Seconds(5);
-
-void WriteAll(int fd, const std::string& data) {
-  size_t sent = 0;
-  absl::Time deadline = absl::Now() + kRequestTimeout;
-  while (sent < data.size()) {
-    ssize_t n = ::send(fd, data.data() + sent, data.size() - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n > 0) {
-      sent += static_cast<size_t>(n);
-      continue;
-    }
-    if (n < 0 && errno != EAGAIN && errno != EINTR) return;
-    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (left <= 0) return;
-    pollfd p{fd, POLLOUT, 0};
-    ::poll(&p, 1, left);
-  }
-}
 
 std::string Response(const std::string& status, const std::string& type, const std::string& body) {
   return absl::StrCat("HTTP/1.1 ", status, "\r\nContent-Type: ", type,
@@ -104,44 +89,100 @@ MetricsServer::~MetricsServer() {
   ::close(wake_fd_);
 }
 
+// One connection's progress: reading its request, then writing its reply.
+struct MetricsServer::Connection {
+  int fd = -1;
+  absl::Time deadline;  // to finish the request, then to take the reply
+  std::string request;
+  std::string reply;  // non-empty once answered
+  size_t sent = 0;
+};
+
 void MetricsServer::Serve() {
+  std::vector<Connection> conns;
   while (true) {
-    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, -1) < 0) {
+    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
+    absl::Time next = absl::InfiniteFuture();
+    for (const Connection& c : conns) {
+      fds.push_back({c.fd, static_cast<short>(c.reply.empty() ? POLLIN : POLLOUT), 0});
+      next = std::min(next, c.deadline);
+    }
+    int wait = next == absl::InfiniteFuture()
+                   ? -1
+                   : static_cast<int>(
+                         std::max<int64_t>(0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
+    if (::poll(fds.data(), fds.size(), wait) < 0) {
       if (errno == EINTR) continue;
       MLOG(ERROR) << "metrics: poll failed: " << std::strerror(errno);
-      return;
+      break;
     }
-    if (fds[1].revents != 0) return;
+    if (fds[1].revents != 0) break;
+    const absl::Time now = absl::Now();
+    for (size_t i = 0; i < conns.size(); ++i) {
+      Connection& c = conns[i];
+      bool done = now > c.deadline;  // a client that does not finish: dropped
+      if (!done && fds[i + 2].revents != 0) done = c.reply.empty() ? Read(c) : Write(c);
+      if (done) {
+        ::close(c.fd);
+        c.fd = -1;
+      }
+    }
+    conns.erase(
+        std::remove_if(conns.begin(), conns.end(), [](const Connection& c) { return c.fd < 0; }),
+        conns.end());
+    if (fds[0].revents != 0) Accept(&conns);
+  }
+  for (Connection& c : conns) ::close(c.fd);
+}
+
+void MetricsServer::Accept(std::vector<Connection>* conns) {
+  while (true) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) continue;
-    HandleConnection(fd);
-    ::close(fd);
+    if (fd < 0) return;
+    if (conns->size() >= kMaxConnections) {
+      // Full: the oldest goes, so that clients holding connections open
+      // cannot keep a scrape out.
+      ::close(conns->front().fd);
+      conns->erase(conns->begin());
+    }
+    Connection c;
+    c.fd = fd;
+    c.deadline = absl::Now() + kRequestTimeout;
+    conns->push_back(std::move(c));
   }
 }
 
-void MetricsServer::HandleConnection(int fd) {
-  std::string request;
-  absl::Time deadline = absl::Now() + kRequestTimeout;
-  while (!absl::StrContains(request, "\r\n\r\n") && !absl::StrContains(request, "\n\n")) {
-    if (request.size() > kMaxRequestBytes) {
-      WriteAll(fd, Response("431 Request Header Fields Too Large", "text/plain", "too large\n"));
-      return;
-    }
-    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (left <= 0) return;  // a client that does not finish its request
-    pollfd fds[2] = {{fd, POLLIN, 0}, {wake_fd_, POLLIN, 0}};
-    if (::poll(fds, 2, left) <= 0) continue;
-    if (fds[1].revents != 0) return;
-    char buf[2048];
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n == 0) return;
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EINTR) continue;
-      return;
-    }
-    request.append(buf, static_cast<size_t>(n));
+bool MetricsServer::Read(Connection& c) {
+  char buf[2048];
+  ssize_t n = ::recv(c.fd, buf, sizeof(buf), 0);
+  if (n == 0) return true;
+  if (n < 0) return errno != EAGAIN && errno != EINTR;
+  c.request.append(buf, static_cast<size_t>(n));
+  if (c.request.size() > kMaxRequestBytes) {
+    c.reply = Response("431 Request Header Fields Too Large", "text/plain", "too large\n");
+  } else if (absl::StrContains(c.request, "\r\n\r\n") || absl::StrContains(c.request, "\n\n")) {
+    c.reply = Answer(c.request);
+  } else {
+    return false;  // more to come
   }
+  c.deadline = absl::Now() + kRequestTimeout;
+  return Write(c);
+}
+
+bool MetricsServer::Write(Connection& c) {
+  while (c.sent < c.reply.size()) {
+    ssize_t n =
+        ::send(c.fd, c.reply.data() + c.sent, c.reply.size() - c.sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      c.sent += static_cast<size_t>(n);
+      continue;
+    }
+    return n == 0 || (errno != EAGAIN && errno != EINTR);
+  }
+  return true;  // all sent: closed (Connection: close)
+}
+
+std::string MetricsServer::Answer(const std::string& request) {
   std::string line = request.substr(0, request.find_first_of("\r\n"));
   size_t sp1 = line.find(' ');
   size_t sp2 = sp1 == std::string::npos ? std::string::npos : line.find(' ', sp1 + 1);
@@ -149,18 +190,16 @@ void MetricsServer::HandleConnection(int fd) {
   std::string target = sp1 == std::string::npos ? "" : line.substr(sp1 + 1, sp2 - sp1 - 1);
   std::string path = target.substr(0, target.find('?'));
   if (method != "GET" && method != "HEAD") {
-    WriteAll(fd, Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n"));
-    return;
+    return Response("405 Method Not Allowed", "text/plain", "only GET /metrics\n");
   }
   if (path != "/metrics") {
-    WriteAll(fd, Response("404 Not Found", "text/plain", "only /metrics is served here\n"));
-    return;
+    return Response("404 Not Found", "text/plain", "only /metrics is served here\n");
   }
   ++scrapes_;
   std::string body = render_();
   std::string reply = Response("200 OK", "text/plain; version=0.0.4; charset=utf-8", body);
   if (method == "HEAD") reply.resize(reply.size() - body.size());
-  WriteAll(fd, reply);
+  return reply;
 }
 
 }  // namespace muster

@@ -2,9 +2,10 @@
 // (`--metrics-listen ADDR:PORT`). Plain HTTP/1.x on one TCP address: GET
 // /metrics answers the text that `render` builds for this scrape
 // ("text/plain; version=0.0.4"); other paths are 404, other methods 405.
-// One thread serves connections one at a time; a client has 5 s to send
-// its request (at most 8 KiB of it), so a stalled client delays a scrape
-// by at most that and cannot hold memory.
+// One thread serves up to kMaxConnections connections at once (poll); a
+// client has 5 s to send its request (at most 8 KiB of it) and 5 s more to
+// take the reply, and when all are taken a new connection closes the
+// oldest, so clients that hold connections open cannot keep a scrape out.
 //
 // Thread-safety: Start and the destructor from one thread; `render` runs on
 // the server's thread.
@@ -16,6 +17,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
@@ -35,9 +37,15 @@ class MetricsServer {
   uint64_t scrapes() const { return scrapes_.load(); }
 
  private:
+  static constexpr size_t kMaxConnections = 64;
+  struct Connection;
   MetricsServer(int listen_fd, int wake_fd, int port, std::function<std::string()> render);
   void Serve();
-  void HandleConnection(int fd);
+  void Accept(std::vector<Connection>* conns);
+  // Read and Write: true once the connection is done with.
+  bool Read(Connection& c);
+  bool Write(Connection& c);
+  std::string Answer(const std::string& request);
 
   const int listen_fd_;
   const int wake_fd_;  // an eventfd: written to stop
