@@ -858,7 +858,9 @@ TEST_CASE("each size limit closes only the offending connection, with a log line
 TEST_CASE(
     "the store refuses connections past --store-max-connections and writes past "
     "--store-max-total-bytes") {
-  auto daemon = StartDaemon({"--store-max-connections=3", "--store-max-total-bytes=1000"});
+  // x, n and big fit; more does not (each key also costs its slot, see
+  // KvStore::EntryCharge).
+  auto daemon = StartDaemon({"--store-max-connections=3", "--store-max-total-bytes=1500"});
   int port = daemon->store_port();
   auto a = Connect(port);
   auto b = Connect(port);
@@ -879,8 +881,8 @@ TEST_CASE(
   REQUIRE(c->Set("more", std::string(200, 'm')).ok());  // sent; refused by the server
   auto next = c->Check({"more"});                       // the error arrives here
   CHECK(next.status().code() == absl::StatusCode::kResourceExhausted);
-  CHECK(absl::StrContains(next.status().message(), "--store-max-total-bytes=1000"));
-  CHECK(WaitForLog(*daemon, "would exceed --store-max-total-bytes=1000"));
+  CHECK(absl::StrContains(next.status().message(), "--store-max-total-bytes=1500"));
+  CHECK(WaitForLog(*daemon, "would exceed --store-max-total-bytes=1500"));
   CHECK(*a->Check({"big"}));
   CHECK_FALSE(*a->Check({"more"}));
 }

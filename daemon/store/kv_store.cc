@@ -7,6 +7,40 @@
 #include "common/store_wire.h"
 
 namespace muster {
+namespace {
+
+// A string's own allocation: libstdc++ keeps up to 15 bytes inside the
+// object; longer ones take a heap block of size + 1, which malloc rounds up
+// to 16 bytes with an 8-byte header.
+uint64_t HeapBytes(uint64_t n) { return n <= 15 ? 0 : (n + 1 + 8 + 15) & ~uint64_t{15}; }
+
+// A hash-map slot: two 32-byte strings (a key and its value, or a key and
+// its queue's deque, 80 bytes) and a control byte, at the load of 7/16 to
+// 7/8 the table keeps.
+constexpr uint64_t kEntrySlotBytes = 128;
+constexpr uint64_t kQueueSlotBytes = 192;
+// A deque's map and first 512-byte block, allocated with its first item.
+constexpr uint64_t kQueueBlockBytes = 512 + 64 + 32;
+// An item's std::string inside its deque block.
+constexpr uint64_t kItemBytes = 32;
+
+}  // namespace
+
+uint64_t KvStore::EntryCharge(uint64_t key, uint64_t value_capacity) {
+  return kEntrySlotBytes + HeapBytes(key) + HeapBytes(value_capacity);
+}
+
+uint64_t KvStore::ChargeOf(absl::string_view key, const std::string& value) {
+  return EntryCharge(key.size(), value.capacity());
+}
+
+uint64_t KvStore::QueueCharge(uint64_t key) {
+  return kQueueSlotBytes + kQueueBlockBytes + HeapBytes(key);
+}
+
+uint64_t KvStore::ItemCharge(uint64_t value) {
+  return kItemBytes + std::max(value, HeapBytes(value));
+}
 
 absl::Status KvStore::Reserve(uint64_t added, uint64_t removed, absl::string_view key) {
   uint64_t after = total_bytes_ - std::min(removed, total_bytes_) + added;
@@ -25,17 +59,17 @@ void KvStore::Report(Mutation::Type type, absl::string_view key, absl::string_vi
 void KvStore::StoreValue(absl::string_view key, std::string value) {
   auto it = map_.find(key);
   if (it == map_.end()) {
-    total_bytes_ += key.size() + value.size();
-    map_.emplace(std::string(key), std::move(value));
+    it = map_.emplace(std::string(key), std::move(value)).first;
   } else {
-    total_bytes_ = total_bytes_ - it->second.size() + value.size();
-    it->second = std::move(value);
+    total_bytes_ -= ChargeOf(key, it->second);
+    it->second.swap(value);  // the old buffer goes with `value` (not kept)
   }
+  total_bytes_ += ChargeOf(key, it->second);
 }
 
 absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
   const std::string* old = Find(key);
-  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  absl::Status ok = ReserveValue(key, old, value.size());
   if (!ok.ok()) return ok;
   StoreValue(key, std::string(value));
   Report(Mutation::Type::kSet, key, value);
@@ -45,12 +79,16 @@ absl::Status KvStore::Set(absl::string_view key, absl::string_view value) {
 
 absl::Status KvStore::SetOwned(absl::string_view key, std::string value) {
   const std::string* old = Find(key);
-  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  absl::Status ok = ReserveValue(key, old, value.size());
   if (!ok.ok()) return ok;
   StoreValue(key, std::move(value));
   Report(Mutation::Type::kSet, key, *Find(key));
   KeyWritten(key);
   return absl::OkStatus();
+}
+
+absl::Status KvStore::ReserveValue(absl::string_view key, const std::string* old, uint64_t value) {
+  return Reserve(EntryCharge(key.size(), value), old ? ChargeOf(key, *old) : 0, key);
 }
 
 const std::string* KvStore::Find(absl::string_view key) const {
@@ -72,7 +110,7 @@ absl::StatusOr<int64_t> KvStore::Add(absl::string_view key, int64_t delta) {
     value = static_cast<int64_t>(static_cast<uint64_t>(*current) + static_cast<uint64_t>(delta));
   }
   std::string text = absl::StrCat(value);
-  absl::Status ok = Reserve(text.size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+  absl::Status ok = ReserveValue(key, old, text.size());
   if (!ok.ok()) return ok;
   StoreValue(key, text);
   Report(Mutation::Type::kSet, key, text);
@@ -87,8 +125,7 @@ absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key, absl::str
   std::optional<std::string> to_store = wire::CompareSetResult(
       old ? std::optional<std::string>(*old) : std::nullopt, expected, desired, &reply);
   if (to_store.has_value()) {
-    absl::Status ok =
-        Reserve(to_store->size() + (old ? 0 : key.size()), old ? old->size() : 0, key);
+    absl::Status ok = ReserveValue(key, old, to_store->size());
     if (!ok.ok()) return ok;
     StoreValue(key, *to_store);
     Report(Mutation::Type::kSet, key, *to_store);
@@ -99,16 +136,22 @@ absl::StatusOr<std::string> KvStore::CompareSet(absl::string_view key, absl::str
 
 absl::Status KvStore::Append(absl::string_view key, absl::string_view value) {
   const std::string* old = Find(key);
-  absl::Status ok = Reserve(value.size() + (old ? 0 : key.size()), 0, key);
+  // Appending grows the string's capacity geometrically: what it will
+  // take is charged, not only its bytes.
+  const uint64_t size = (old ? old->size() : 0) + value.size();
+  const uint64_t capacity = old == nullptr || size <= old->capacity()
+                                ? size
+                                : std::max<uint64_t>(size, 2 * old->capacity());
+  absl::Status ok = Reserve(EntryCharge(key.size(), capacity), old ? ChargeOf(key, *old) : 0, key);
   if (!ok.ok()) return ok;
   auto it = map_.find(key);
   if (it == map_.end()) {
-    map_.emplace(std::string(key), std::string(value));
-    total_bytes_ += key.size() + value.size();
+    it = map_.emplace(std::string(key), std::string(value)).first;
   } else {
+    total_bytes_ -= ChargeOf(key, it->second);
     it->second.append(value.data(), value.size());
-    total_bytes_ += value.size();
   }
+  total_bytes_ += ChargeOf(key, it->second);
   Report(Mutation::Type::kAppend, key, value);
   KeyWritten(key);
   return absl::OkStatus();
@@ -123,8 +166,8 @@ absl::Status KvStore::MultiSet(const std::vector<std::string>& keys,
   uint64_t added = 0, removed = 0;
   for (const auto& [key, i] : final_value) {
     const std::string* old = Find(key);
-    added += values[i].size() + (old ? 0 : key.size());
-    removed += old ? old->size() : 0;
+    added += EntryCharge(key.size(), values[i].size());
+    removed += old ? ChargeOf(key, *old) : 0;
   }
   absl::Status ok = Reserve(added, removed, keys.empty() ? "" : keys[0]);
   if (!ok.ok()) return ok;
@@ -139,7 +182,7 @@ absl::Status KvStore::MultiSet(const std::vector<std::string>& keys,
 bool KvStore::Delete(absl::string_view key) {
   auto it = map_.find(key);
   if (it == map_.end()) return false;
-  total_bytes_ -= it->first.size() + it->second.size();
+  total_bytes_ -= ChargeOf(it->first, it->second);
   map_.erase(it);
   Report(Mutation::Type::kDelete, key);
   return true;
@@ -195,10 +238,14 @@ const std::string* KvStore::QueueFront(absl::string_view key) const {
 }
 
 absl::Status KvStore::QueuePush(absl::string_view key, absl::string_view value) {
-  absl::Status ok = Reserve(key.size() + value.size(), 0, key);
+  auto it = queues_.find(key);
+  const uint64_t charge =
+      ItemCharge(value.size()) + (it == queues_.end() ? QueueCharge(key.size()) : 0);
+  absl::Status ok = Reserve(charge, 0, key);
   if (!ok.ok()) return ok;
-  queues_[key].emplace_back(value);
-  total_bytes_ += key.size() + value.size();
+  if (it == queues_.end()) it = queues_.try_emplace(key).first;
+  it->second.emplace_back(value);
+  total_bytes_ += charge;
   Report(Mutation::Type::kQueuePush, key, value);
   KeyWritten(key, /*wake_one=*/true);
   return absl::OkStatus();
@@ -210,8 +257,11 @@ int64_t KvStore::QueuePop(absl::string_view key, std::string* value) {
   int64_t before = static_cast<int64_t>(it->second.size());
   *value = std::move(it->second.front());
   it->second.pop_front();
-  total_bytes_ -= key.size() + value->size();
-  if (it->second.empty()) queues_.erase(it);
+  total_bytes_ -= ItemCharge(value->size());
+  if (it->second.empty()) {
+    total_bytes_ -= QueueCharge(key.size());
+    queues_.erase(it);
+  }
   Report(Mutation::Type::kQueuePop, key);
   return before;
 }

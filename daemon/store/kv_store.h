@@ -9,8 +9,11 @@
 // that released it completed, so it may touch the store again.
 //
 // Mutations are reported to an optional listener (the durability log)
-// before the call returns. Memory is bounded by `max_total_bytes` (keys +
-// values + queued items); a write beyond it fails with ResourceExhausted.
+// before the call returns. Memory is bounded by `max_total_bytes`; a write
+// beyond it fails with ResourceExhausted. What counts is what holding the
+// data costs in memory (EntryCharge, QueueCharge, ItemCharge: the bytes,
+// their allocations and the table slot or queue block), so that many tiny
+// keys or queue items cannot hold many times the limit.
 //
 // Not thread-safe: owned by the store server's loop thread.
 #ifndef MUSTER_DAEMON_STORE_KV_STORE_H_
@@ -122,7 +125,15 @@ class KvStore {
   // Registrations on at most this many keys are cancelled in one go.
   static constexpr size_t kCancelInlineKeys = 256;
 
+  // What the data holds of max_total_bytes (see the charges below).
   uint64_t total_bytes() const { return total_bytes_; }
+  // The charge for a key and a value of that capacity, a queue (charged
+  // with its first item, freed with its last) and one queued item. A held
+  // value is charged at its capacity (ChargeOf), so appends are too.
+  static uint64_t EntryCharge(uint64_t key_bytes, uint64_t value_capacity);
+  static uint64_t ChargeOf(absl::string_view key, const std::string& value);
+  static uint64_t QueueCharge(uint64_t key_bytes);
+  static uint64_t ItemCharge(uint64_t value_bytes);
 
  private:
   struct WaitState {
@@ -141,6 +152,8 @@ class KvStore {
   };
 
   absl::Status Reserve(uint64_t added, uint64_t removed, absl::string_view key);
+  // Reserve for `key` holding a `value`-byte value instead of `old`.
+  absl::Status ReserveValue(absl::string_view key, const std::string* old, uint64_t value);
   // Removes `id` from the waiter list of `key`, if it is there.
   void Unlink(WaitId id, const std::string& key);
   // `state` ended: its key list is freed now if short, else later.

@@ -1,6 +1,15 @@
 #include "daemon/store/kv_store.h"
 
+#include <malloc.h>
+
 #include <catch2/catch.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 
 namespace muster {
 namespace {
@@ -84,22 +93,66 @@ TEST_CASE("queues are FIFO, wake one waiter per push, and count as present") {
 }
 
 TEST_CASE("the total size limit refuses writes that would exceed it, all or nothing") {
-  KvStore kv(100);
+  const uint64_t limit = KvStore::EntryCharge(1, 90) + 10;
+  KvStore kv(limit);
   REQUIRE(kv.Set("k", std::string(90, 'x')).ok());
   auto full = kv.Set("k2", std::string(20, 'y'));
   CHECK(full.code() == absl::StatusCode::kResourceExhausted);
-  CHECK(std::string(full.message()).find("--store-max-total-bytes=100") != std::string::npos);
+  CHECK(absl::StrContains(full.message(), absl::StrCat("--store-max-total-bytes=", limit)));
   CHECK_FALSE(kv.MultiSet({"a", "b"}, {std::string(5, 'a'), std::string(20, 'b')}).ok());
   CHECK(kv.Find("a") == nullptr);
   // Overwriting with a smaller value is always allowed.
   CHECK(kv.Set("k", "small").ok());
-  CHECK(kv.total_bytes() == 6);
+  CHECK(kv.total_bytes() == KvStore::EntryCharge(1, 5));
+}
+
+// Bytes malloc has handed out and not taken back.
+uint64_t HeapInUse() {
+  struct mallinfo2 m = ::mallinfo2();
+  return m.uordblks + m.hblkhd;
+}
+
+TEST_CASE("what the store charges follows the memory it takes, within 2x, for every kind") {
+  // Before: only key and value bytes counted; 200,000 tiny keys took ~16x
+  // their charge, one-item queues ~30x, so a client held any
+  // --store-max-total-bytes many times over.
+  struct Kind {
+    const char* what;
+    std::function<void(KvStore&, int)> write;
+    int count;
+  };
+  const std::string kilobyte(1024, 'v');
+  for (const Kind& kind : std::vector<Kind>{
+           {"tiny keys", [](KvStore&kv, int i) { (void)kv.Set(absl::StrCat("k", i), "1"); },
+            200000},
+           {"1 KiB values",
+            [&](KvStore&kv, int i) { (void)kv.Set(absl::StrCat("key/", i), kilobyte); }, 20000},
+           {"appends", [](KvStore&kv, int i) { (void)kv.Append(absl::StrCat("a", i % 100), "x"); },
+            200000},
+           {"counters", [](KvStore&kv, int i) { (void)kv.Add(absl::StrCat("n", i), 1); }, 200000},
+           {"one-item queues",
+            [](KvStore&kv, int i) { (void)kv.QueuePush(absl::StrCat("q", i), "x"); }, 50000},
+           {"one long queue", [](KvStore&kv, int) { (void)kv.QueuePush("q", "item"); }, 200000},
+       }) {
+    INFO(kind.what);
+    const uint64_t before = HeapInUse();
+    auto kv = std::make_unique<KvStore>();
+    for (int i = 0; i < kind.count; ++i) kind.write(*kv, i);
+    const double used = static_cast<double>(HeapInUse() - before);
+    const double charged = static_cast<double>(kv->total_bytes());
+    INFO("heap " << used << " bytes, charged " << charged);
+    CHECK(used <= 2 * charged);
+    CHECK(charged <= 2 * used);
+  }
 }
 
 TEST_CASE("MULTI_SET with a repeated key counts its old value once against the limit") {
   // Regression (found by review of the fuzz harness): the old value of a
   // key repeated k times was counted as freed k times.
-  KvStore kv(1200);
+  // The store holds a, b, c and d and has room for 100 bytes more: "a"
+  // growing from 48 to 384 bytes does not fit.
+  KvStore kv(KvStore::EntryCharge(1, 48) + 2 * KvStore::EntryCharge(1, 384) +
+             KvStore::EntryCharge(1, 50) + 100);
   REQUIRE(kv.Set("a", std::string(48, 'A')).ok());
   REQUIRE(kv.Set("b", std::string(384, 'B')).ok());
   REQUIRE(kv.Set("c", std::string(384, 'C')).ok());
@@ -108,7 +161,9 @@ TEST_CASE("MULTI_SET with a repeated key counts its old value once against the l
   std::vector<std::string> values(7, "");
   values.push_back(std::string(384, 'v'));
   CHECK(kv.MultiSet(keys, values).code() == absl::StatusCode::kResourceExhausted);
-  CHECK(kv.total_bytes() <= 1200);
+  const uint64_t limit = KvStore::EntryCharge(1, 48) + 2 * KvStore::EntryCharge(1, 384) +
+                         KvStore::EntryCharge(1, 50) + 100;
+  CHECK(kv.total_bytes() <= limit);
   CHECK(*kv.Find("a") == std::string(48, 'A'));
   // The final state is what counts: shrinking through repeats is fine.
   CHECK(kv.MultiSet({"b", "b"}, {std::string(900, 'x'), "small"}).ok());

@@ -13,8 +13,9 @@
 //  - every request is well formed for its op and dialect and within the
 //    StoreLimits the parser was given; a native stream is AUTH (32-byte
 //    nonce), AUTH_PROOF (empty or 32 bytes), then neither again;
-//  - KvStore::total_bytes() equals the key+value bytes of ListKeys() entries
-//    plus key+item bytes of queued items, and never exceeds max_total_bytes;
+//  - KvStore::total_bytes() equals the charges (KvStore::EntryCharge,
+//    QueueCharge, ItemCharge) of what it holds, and never exceeds
+//    max_total_bytes;
 //  - a rejected write changes nothing and reports no mutation; the reported
 //    mutations, replayed into a second store, rebuild the same contents; a
 //    simple model (std::map + deques) agrees with the store;
@@ -39,6 +40,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -714,12 +716,16 @@ class Emulator {
     for (const std::string& k : keys) {
       const std::string* v = kv_.Find(k);
       FUZZ_CHECK(v != nullptr);
-      sum += k.size() + v->size();
+      sum += KvStore::ChargeOf(k, *v);
     }
-    kv_.ForEachQueueItem(
-        [&](absl::string_view k, absl::string_view item) { sum += k.size() + item.size(); });
-    FUZZ_CHECK_MSG(kv_.total_bytes() == sum, absl::StrCat("total_bytes()=", kv_.total_bytes(),
-                                                          " but keys+values+queued=", sum));
+    std::set<std::string> queues;
+    kv_.ForEachQueueItem([&](absl::string_view k, absl::string_view item) {
+      sum += KvStore::ItemCharge(item.size());
+      if (queues.insert(std::string(k)).second) sum += KvStore::QueueCharge(k.size());
+    });
+    FUZZ_CHECK_MSG(kv_.total_bytes() == sum,
+                   absl::StrCat("total_bytes()=", kv_.total_bytes(),
+                                " but the charges of what it holds=", sum));
     FUZZ_CHECK_MSG(kv_.total_bytes() <= kMaxTotalBytes,
                    absl::StrCat("total_bytes()=", kv_.total_bytes(),
                                 " exceeds max_total_bytes=", kMaxTotalBytes));

@@ -310,6 +310,11 @@ class StoreServer::Impl : public StoreServer::Loop {
     // EOF came while requests it sent still waited their turn (yielded):
     // they run in the next iterations (ContinueYielded), then it closes.
     bool peer_gone = false;
+    // Requests handled so far, and the pace check of a large request
+    // arriving (ArmRequestPace): its timer and the count when armed.
+    uint64_t requests_done = 0;
+    TimerId pace_timer = 0;
+    uint64_t pace_requests = 0;
 
     explicit Connection(const wire::StoreLimits& limits) : parser(limits) {}
     size_t pending_out() const { return out.size() - out_off; }
@@ -582,7 +587,36 @@ class StoreServer::Impl : public StoreServer::Loop {
     uint64_t declared = c.in_off + c.parser.min_needed();
     if (declared > c.in.capacity() && c.parser.min_needed() > 0) c.in.reserve(declared);
     Recharge(c);
+    ArmRequestPace(c);
     return true;
+  }
+
+  // A large request is arriving: it must be in within the grace plus its
+  // size at the minimum rate (CheckRequestPace).
+  void ArmRequestPace(Connection& c) {
+    if (c.pace_timer != 0 || InputCharge(c) <= kSmallCharge) return;
+    c.pace_requests = c.requests_done;
+    const double seconds = static_cast<double>(InputCharge(c)) /
+                           static_cast<double>(std::max<uint64_t>(options_.min_request_rate, 1));
+    c.pace_timer = AddTimer(absl::Now() + options_.request_grace + absl::Seconds(seconds),
+                            [this, id = c.id] { CheckRequestPace(id); });
+  }
+
+  void CheckRequestPace(uint64_t id) {
+    auto it = conns_.find(id);
+    if (it == conns_.end()) return;
+    Connection& c = *it->second;
+    c.pace_timer = 0;
+    if (c.closing || InputCharge(c) <= kSmallCharge) return;
+    if (c.requests_done != c.pace_requests) {  // that one arrived; this is the next
+      ArmRequestPace(c);
+      return;
+    }
+    RefuseForMemory(c, absl::StrCat("a request of ", c.in_off + c.parser.min_needed(), " bytes (",
+                                    c.in.size() - c.in_off, " received) did not arrive within ",
+                                    absl::FormatDuration(options_.request_grace), " plus 1 s per ",
+                                    options_.min_request_rate,
+                                    " bytes; a request arriving holds the store's memory budget"));
   }
 
   // Before a reply of `bytes` (status byte included; the dispatcher
@@ -901,6 +935,7 @@ class StoreServer::Impl : public StoreServer::Loop {
         break;
       }
       c.in_off += consumed;
+      ++c.requests_done;
       const size_t out_before = c.out.size();
       Handle(c, request);
       if (conns_.find(id) == conns_.end()) return;  // closed while handling
@@ -1029,6 +1064,7 @@ class StoreServer::Impl : public StoreServer::Loop {
     Connection& c = *it->second;
     CancelConnectionWait(c);
     DropPendingAuth(c);
+    CancelTimer(c.pace_timer);
     deferred_bytes_ += c.parser.held_bytes();  // stays charged until freed
     budget_used_ += c.parser.held_bytes();
     FreeLater(c.parser.TakeHeldKeys());

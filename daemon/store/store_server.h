@@ -87,6 +87,12 @@ struct StoreServerOptions {
   // One connection's share of it: its buffered (declared) request plus its
   // parked wait. Replies are bounded by max_reply_bytes instead.
   uint64_t max_connection_bytes = 128 << 20;
+  // A request charged more than 64 KiB of the budget while it arrives must
+  // arrive within request_grace plus its size at min_request_rate bytes a
+  // second, else its connection is closed: clients that declare large
+  // requests and then go silent (or trickle) cannot hold the budget.
+  absl::Duration request_grace = absl::Seconds(10);
+  uint64_t min_request_rate = 1 << 20;
   // Non-empty: clients must prove they hold this token (native handshake), or
   // come from `allow_unauthenticated`. Never logged, never sent.
   std::string token;

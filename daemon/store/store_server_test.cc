@@ -183,6 +183,44 @@ TEST_CASE("memory charged for a partial request, a pending reply and a parked wa
   }
 }
 
+TEST_CASE("silent connections holding partial requests cannot keep the budget from others") {
+  // Before: ~150 connections that declared large requests and went silent
+  // held 7/8 of the budget for good; every other request over 64 KiB was
+  // refused. A large request must now arrive at a minimum pace.
+  StoreServerOptions options = Loopback();
+  options.memory_budget_bytes = 8 << 20;
+  options.max_connection_bytes = 2 << 20;
+  options.request_grace = absl::Milliseconds(500);
+  options.min_request_rate = 4 << 20;  // bytes a second
+  auto server = StoreServer::Start(options);
+  REQUIRE(server.ok());
+  StoreServer& s = **server;
+  const std::string big = Set113("big", std::string(1 << 20, 'v'));
+  std::vector<std::unique_ptr<Raw>> silent;
+  for (int i = 0; i < 6; ++i) {
+    silent.push_back(std::make_unique<Raw>(s.port()));
+    silent.back()->Send(big.substr(0, 100));  // declares 1 MiB, then nothing
+  }
+  REQUIRE(Eventually([&] { return s.stats().memory_bytes >= (6u << 20); }));
+  // The budget's large part is full now: a client's 1 MiB request is refused.
+  {
+    Raw refused(s.port());
+    refused.Send(big.substr(0, 100));
+    CHECK(refused.Read(1).empty());  // closed
+  }
+  // Within the grace plus 1 MiB at 4 MiB/s, the silent ones are closed.
+  for (auto& raw : silent) CHECK(raw->Read(1).empty());
+  CHECK(Eventually([&] { return s.stats().memory_bytes < kIdle; }));
+  // A client that sends at its pace is served, in pieces over ~0.2 s.
+  Raw steady(s.port());
+  for (size_t off = 0; off < big.size(); off += big.size() / 4) {
+    steady.Send(big.substr(off, big.size() / 4));
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  CHECK(Eventually([&] { return s.stats().keys == 1; }));
+  CHECK(s.stats().refused_for_memory == 7);
+}
+
 std::string Get113(const std::string& key) {
   std::string s;
   wire::PutU8(&s, 2);
