@@ -54,6 +54,10 @@ struct DaemonOptions {
   // TLS (tls_*): without credentials it is off.
   std::string listen_address = "0.0.0.0";
   int grpc_port = 29510;
+  // A gRPC connection (TCP or the unix socket) with no call in progress for
+  // this long is closed; clients reconnect on their next call. A TCP
+  // connection gets 10 s for its handshake.
+  absl::Duration grpc_idle_timeout = absl::Minutes(5);
   // Cluster token, operator group, request field limits.
   AccessOptions access;
   // TLS of the TCP listener (PEM text): certificate and key of this daemon;

@@ -125,6 +125,7 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t max_group_size = options.max_group_size;
   int64_t max_jobs = options.max_jobs;
   double job_grace_seconds = absl::ToDoubleSeconds(options.job_grace);
+  double grpc_idle_seconds = absl::ToDoubleSeconds(options.grpc_idle_timeout);
 
   muster::FlagSet flags(
       "musterd",
@@ -151,6 +152,10 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   flags.AddInt("grpc-port", &grpc_port,
                "TCP port of the gRPC server; 0 picks a free port. The TCP server runs only\n"
                "with --token-file and/or --tls-cert/--tls-key (otherwise it is off).");
+  flags.AddDouble("grpc-idle-seconds", &grpc_idle_seconds,
+                  "A gRPC connection (TCP or the unix socket) with no call in progress for this\n"
+                  "long is closed (clients reconnect on their next call), so idle connections\n"
+                  "hold no memory for long; a TCP connection gets 10 s for its handshake.");
   flags.AddString("token-file", &cluster_token_file,
                   "File holding the cluster token: every gRPC call over TCP (peer daemons,\n"
                   "musterctl --addr) must carry it. Compared in constant time, never logged.\n"
@@ -235,7 +240,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "is closed (PyTorch clients admitted by --store-allow-unauthenticated are not\n"
                   "subject to it).");
   flags.AddInt("store-max-total-bytes", &max_total_bytes,
-               "Most bytes the store holds (keys + values); writes beyond are refused.");
+               "Most memory the store's data may take: keys, values and queue items at what\n"
+               "holding them costs (their allocations and table slots); writes beyond are\n"
+               "refused.");
   flags.AddInt("store-max-reply-bytes", &max_reply_bytes,
                "Largest single store reply (MULTI_GET, GET, LIST_KEYS, GET_WAIT_FOR...),\n"
                "measured before it is built; a larger one fails that request alone.");
@@ -368,6 +375,12 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
     std::fprintf(stderr, "musterd: --job-grace-seconds must be in [0, 86400]\n");
     return 2;
   }
+  if (!(grpc_idle_seconds >= 1 && grpc_idle_seconds <= 86400)) {
+    std::fprintf(stderr, "musterd: --grpc-idle-seconds must be in [1, 86400], got %g\n",
+                 grpc_idle_seconds);
+    return 2;
+  }
+  options.grpc_idle_timeout = absl::Seconds(grpc_idle_seconds);
   options.max_world_size = static_cast<int>(max_world_size);
   options.max_group_size = static_cast<int>(max_group_size);
   options.max_jobs = static_cast<int>(max_jobs);

@@ -227,6 +227,7 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
   for (const char* flag : {"--socket",
                            "--listen",
                            "--grpc-port",
+                           "--grpc-idle-seconds",
                            "--ready-file",
                            "--shutdown-grace-seconds",
                            "--log-level",
