@@ -48,7 +48,9 @@ uint64_t P2PEngine::Write(MailboxHeader& box, char* ring, const char* src, uint6
   uint64_t cap = segment_->mailbox_bytes();
   uint64_t w = box.written.load(std::memory_order_relaxed);
   uint64_t r = box.read.load(std::memory_order_acquire);
-  uint64_t room = std::min(n, cap - (w - r));
+  // The counters are the group's ranks' to write: clamped, so that a
+  // scribbled one garbles this job's messages but no copy leaves the ring.
+  uint64_t room = std::min(n, cap - std::min(w - r, cap));
   uint64_t pos = w % cap;
   uint64_t first = std::min(room, cap - pos);
   std::memcpy(ring + pos, src, first);
@@ -61,7 +63,7 @@ uint64_t P2PEngine::Read(MailboxHeader& box, char* ring, char* dst, uint64_t n) 
   uint64_t cap = segment_->mailbox_bytes();
   uint64_t r = box.read.load(std::memory_order_relaxed);
   uint64_t w = box.written.load(std::memory_order_acquire);
-  uint64_t avail = std::min(n, w - r);
+  uint64_t avail = std::min({n, w - r, cap});  // clamped as in Write
   uint64_t pos = r % cap;
   uint64_t first = std::min(avail, cap - pos);
   if (dst != nullptr) {
@@ -137,7 +139,9 @@ bool P2PEngine::Place(int from, Incoming& in, std::vector<P2POp*>& ops) {
     }
     return true;
   }
-  if (stashed_bytes_ + in.bytes > kMaxStashBytes) return false;
+  if (stashed_bytes_ + in.bytes > kMaxStashBytes || stash_.size() >= kMaxStashMessages) {
+    return false;
+  }
   stash_.push_back(Stashed{from, in.tag, std::string(in.bytes, '\0')});
   stashed_bytes_ += in.bytes;
   in.stash = &stash_.back();
@@ -149,9 +153,13 @@ bool P2PEngine::StepIncoming(int from, std::vector<P2POp*>& ops) {
   MailboxHeader& box = segment_->mailbox(from, rank_);
   char* ring = segment_->mailbox_data(from, rank_);
   bool moved = false;
-  while (true) {
+  // At most a ring's worth per call, so deadlines are checked in between
+  // even when the peer's counter claims more than was ever written.
+  uint64_t budget = segment_->mailbox_bytes();
+  while (budget > 0) {
     if (!in.in_message) {
       uint64_t n = Read(box, ring, in.frame + in.frame_done, sizeof(in.frame) - in.frame_done);
+      budget -= std::min(budget, n);
       in.frame_done += n;
       moved |= n > 0;
       if (in.frame_done < sizeof(in.frame)) return moved;
@@ -170,7 +178,9 @@ bool P2PEngine::StepIncoming(int from, std::vector<P2POp*>& ops) {
     char* dst = in.target != nullptr  ? in.target->data
                 : in.stash != nullptr ? in.stash->data.data()
                                       : nullptr;  // discarded
-    uint64_t n = Read(box, ring, dst == nullptr ? nullptr : dst + in.done, in.bytes - in.done);
+    uint64_t n = Read(box, ring, dst == nullptr ? nullptr : dst + in.done,
+                      std::min(in.bytes - in.done, budget));
+    budget -= std::min(budget, n);
     in.done += n;
     moved |= n > 0;
     if (in.target != nullptr) in.target->done = in.done;
@@ -185,6 +195,7 @@ bool P2PEngine::StepIncoming(int from, std::vector<P2POp*>& ops) {
     in = Incoming();
     moved = true;
   }
+  return moved;
 }
 
 bool P2PEngine::StepSend(P2POp& op) {

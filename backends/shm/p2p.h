@@ -16,7 +16,7 @@
 // while it has operations pending: a frame whose receive is posted goes
 // straight into that receive's buffer (the oldest posted receive that
 // matches it); a frame nobody waits for yet is stashed in this process's
-// memory, up to kMaxStashBytes in all, and handed to the first matching
+// memory, up to kMaxStashBytes (and kMaxStashMessages) in all, and handed to the first matching
 // receive posted later. A message that does not fit in the stash stays in
 // the ring until its receive is posted, holding back later messages from
 // the same sender (as in MPI, very large unmatched messages need their
@@ -71,6 +71,8 @@ class P2PEngine {
  public:
   // Unmatched messages this process buffers at most (all peers together).
   static constexpr uint64_t kMaxStashBytes = uint64_t{64} << 20;
+  // And at most this many (empty messages count too).
+  static constexpr size_t kMaxStashMessages = 65536;
 
   P2PEngine(GroupSegment* segment, int rank, std::string group_name, std::vector<int> global_ranks);
 

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -179,6 +180,25 @@ TEST_CASE("self-sends and bad peers are refused; an unanswered receive times out
   g.engines[0]->Run({&r});
   CHECK(r.status.code() == absl::StatusCode::kDeadlineExceeded);
   CHECK(absl::Now() - start < absl::Seconds(3));
+}
+
+TEST_CASE("a mailbox counter a peer scribbled on never makes a copy leave the ring") {
+  // Before: the sender trusted `read`; with read past written, w - r
+  // wrapped and a 64 MiB send was copied over the 4 KiB ring and past the
+  // segment's end.
+  Group g(2);
+  g.maps[1]->mailbox(0, 1).read.store(uint64_t{1} << 40);
+  std::vector<char> big(64 << 20, 'x');
+  P2POp send = Op(true, 1, 5, big.data(), big.size(), absl::Milliseconds(300));
+  g.engines[0]->Run({&send});
+  CHECK(send.status.code() == absl::StatusCode::kDeadlineExceeded);
+  // And a receiver whose peer claims to have written 2^40 bytes reads at
+  // most a ring's worth at a time.
+  Group h(2);
+  h.maps[1]->mailbox(1, 0).written.store(uint64_t{1} << 40);
+  P2POp recv = Op(false, 1, 5, big.data(), big.size(), absl::Milliseconds(300));
+  h.engines[0]->Run({&recv});
+  CHECK_FALSE(recv.status.ok());
 }
 
 TEST_CASE("a local abort of the segment fails this process's pending receive at once") {
