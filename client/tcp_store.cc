@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <limits>
@@ -579,6 +580,7 @@ absl::StatusOr<std::vector<std::string>> TcpStore::ListKeys() {
     if (!k.ok()) return Fail(k.status());
     keys.push_back(std::move(*k));
   }
+  std::sort(keys.begin(), keys.end());  // the server sends them unsorted
   return keys;
 }
 

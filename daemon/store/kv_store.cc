@@ -222,6 +222,10 @@ std::vector<std::string> KvStore::ListKeys(absl::string_view prefix) const {
   return keys;
 }
 
+void KvStore::ForEachKey(const std::function<void(absl::string_view)>& fn) const {
+  for (const auto& [k, v] : map_) fn(k);
+}
+
 void KvStore::MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const {
   *count = 0;
   *bytes = 0;

@@ -83,6 +83,8 @@ class KvStore {
   // What ListKeys(prefix) would return, measured without copying: the number
   // of keys and the sum of their sizes (to bound a reply before building it).
   void MeasureKeys(absl::string_view prefix, uint64_t* count, uint64_t* bytes) const;
+  // Calls `fn` with every key, in no particular order, copying nothing.
+  void ForEachKey(const std::function<void(absl::string_view)>& fn) const;
 
   absl::Status QueuePush(absl::string_view key, absl::string_view value);
   // Length before the pop; *value set when it was > 0.

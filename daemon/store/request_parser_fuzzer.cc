@@ -357,6 +357,25 @@ bool Verbose() {
 // a KvStore, with several emulated connections parked in waits, and checks
 // each reply against a simple model (std::map + deques) and the store after
 // each request.
+// A LIST_KEYS reply (i64 count, then u64-length-prefixed keys, in the
+// store's order) with its keys sorted, to compare with the model's.
+std::string SortedKeyList(const std::string& reply) {
+  FUZZ_CHECK(reply.size() >= 8);
+  std::vector<std::string> keys;
+  for (size_t pos = 8; pos < reply.size();) {
+    FUZZ_CHECK(reply.size() - pos >= 8);
+    uint64_t n;
+    std::memcpy(&n, reply.data() + pos, 8);
+    FUZZ_CHECK(n <= reply.size() - pos - 8);
+    keys.push_back(reply.substr(pos + 8, n));
+    pos += 8 + n;
+  }
+  std::sort(keys.begin(), keys.end());
+  std::string sorted = reply.substr(0, 8);
+  for (const std::string& k : keys) wire::PutBytes(&sorted, k);
+  return sorted;
+}
+
 class Emulator {
  public:
   explicit Emulator(Dialect dialect)
@@ -436,6 +455,7 @@ class Emulator {
     StoreRequest run = req;  // Execute may take the values; the model needs them
     dispatcher_.Execute(run, ctx);
     ctx.CheckBound();
+    if (req.op == Op::kListKeys && ctx.failure.ok()) ctx.reply = SortedKeyList(ctx.reply);
     const bool failed = !ctx.failure.ok();
     const bool refused = ctx.refused_for_memory;
     if (Verbose()) {

@@ -130,10 +130,11 @@ void StoreDispatcher::Execute(StoreRequest& req, Context& ctx) {
       uint64_t count = 0, bytes = 0;
       kv.MeasureKeys("", &count, &bytes);
       if (!Admit(8 + 8 * count + bytes, req.op, ctx)) return;
-      std::vector<std::string> keys = kv.ListKeys();
+      // Straight from the map, unsorted (clients sort): copying and
+      // sorting 1.1 M keys held the store's loop for a second.
       std::string& out = ctx.Reply();
-      wire::PutI64(&out, static_cast<int64_t>(keys.size()));
-      for (const std::string& k : keys) wire::PutBytes(&out, k);
+      wire::PutI64(&out, static_cast<int64_t>(count));
+      kv.ForEachKey([&out](absl::string_view k) { wire::PutBytes(&out, k); });
       return;
     }
     case Op::kQueuePop: {
