@@ -215,6 +215,7 @@ absl::StatusOr<std::unique_ptr<Daemon>> Daemon::Start(const DaemonOptions& optio
   }
   registry_options.trace_records = options.trace_records;
   registry_options.dump_dir = options.dump_dir;
+  registry_options.dump_max_bytes = options.dump_max_bytes;
   if (registry_options.dump_dir.empty()) {
     size_t slash = options.socket_path.rfind('/');
     std::string socket_dir =

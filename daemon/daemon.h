@@ -98,6 +98,8 @@ struct DaemonOptions {
   // the state directory or the socket's; "none": not written).
   uint64_t trace_records = 2048;
   std::string dump_dir;
+  // The dumps kept at most (bytes, all jobs): the oldest go first.
+  uint64_t dump_max_bytes = uint64_t{1} << 30;
   // Test builds: the GPU runtime musterd's NCCL engine uses (default: the
   // real CUDA/NCCL one).
   // The CUDA/NCCL runtime plugin (libmuster_cuda.so); "" = look in the

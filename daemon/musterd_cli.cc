@@ -126,6 +126,7 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
   int64_t max_jobs = options.max_jobs;
   double job_grace_seconds = absl::ToDoubleSeconds(options.job_grace);
   double grpc_idle_seconds = absl::ToDoubleSeconds(options.grpc_idle_timeout);
+  int64_t dump_max_bytes = static_cast<int64_t>(options.dump_max_bytes);
 
   muster::FlagSet flags(
       "musterd",
@@ -278,6 +279,9 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
                   "Where the flight recorder of a group's local members is written when the\n"
                   "group breaks (JSON; the path is logged and shown by musterctl jobs/group).\n"
                   "Empty: <state-dir>/dumps, else dumps/ next to the socket; 'none': off.");
+  flags.AddInt("dump-max-bytes", &dump_max_bytes,
+               "Dumps kept at most, in bytes (all jobs together): after each dump the\n"
+               "oldest are removed until the rest fit.");
   flags.AddBool("store-fsync", &options.store.fsync,
                 "With --state-dir: fsync the log before acknowledging writes (survives power\n"
                 "loss, slower). Without it writes survive a crash of musterd, not of the host.");
@@ -381,6 +385,11 @@ int RunMusterd(int argc, char** argv, const std::function<void(DaemonOptions&)>&
     return 2;
   }
   options.grpc_idle_timeout = absl::Seconds(grpc_idle_seconds);
+  if (dump_max_bytes < 0) {
+    std::fprintf(stderr, "musterd: --dump-max-bytes must be >= 0\n");
+    return 2;
+  }
+  options.dump_max_bytes = static_cast<uint64_t>(dump_max_bytes);
   options.max_world_size = static_cast<int>(max_world_size);
   options.max_group_size = static_cast<int>(max_group_size);
   options.max_jobs = static_cast<int>(max_jobs);

@@ -228,6 +228,7 @@ TEST_CASE("musterd --help documents every flag; bad flags exit 2 naming the flag
                            "--listen",
                            "--grpc-port",
                            "--grpc-idle-seconds",
+                           "--dump-max-bytes",
                            "--ready-file",
                            "--shutdown-grace-seconds",
                            "--log-level",

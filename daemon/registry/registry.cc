@@ -22,6 +22,7 @@
 #include "common/process.h"
 #include "common/status_macros.h"
 #include "common/store_auth.h"
+#include "daemon/registry/dump_files.h"
 #include "muster/types.h"
 #include "proto/state_names.h"
 #include "proto/trace_json.h"
@@ -1952,37 +1953,40 @@ void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {
   source.group.set_broken_reason(reason);
   const std::string dir = options_.dump_dir;
   const int64_t owner = job.owner_uid;
-  Spawn(WorkerPool::Kind::kBlocking, [source = std::move(source), reason, path, dir, owner] {
-    // The members learn of the break through the segment within
-    // microseconds; give them a moment to record how their collective in
-    // flight ended.
-    absl::SleepFor(absl::Milliseconds(200));
-    std::string text =
-        TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason, absl::GetCurrentTimeNanos());
-    // Another user's job is not anyone's to read: the directory lists
-    // nothing to others, a dump belongs to the job's user (mode 0600).
-    ::mkdir(dir.c_str(), 0711);
-    std::string tmp = absl::StrCat(path, ".tmp");
-    int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-    if (fd >= 0 && owner >= 0 && ::geteuid() == 0 && static_cast<uid_t>(owner) != 0) {
-      (void)!::fchown(fd, static_cast<uid_t>(owner), static_cast<gid_t>(-1));
-    }
-    FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
-    if (f == nullptr && fd >= 0) ::close(fd);
-    bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-    if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
-    if (!ok) {
-      MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
-                    << ": cannot write its flight recorder to " << path << ": "
-                    << std::strerror(errno);
-      std::remove(tmp.c_str());
-      return;
-    }
-    MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
-                  << " broke (" << reason << "): flight recorder of its "
-                  << source.group.ranks_size() << " local member(s) written to " << path;
-  });
+  const uint64_t max_bytes = options_.dump_max_bytes;
+  Spawn(WorkerPool::Kind::kBlocking,
+        [source = std::move(source), reason, path, dir, owner, max_bytes] {
+          // The members learn of the break through the segment within
+          // microseconds; give them a moment to record how their collective in
+          // flight ended.
+          absl::SleepFor(absl::Milliseconds(200));
+          std::string text = TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason,
+                                           absl::GetCurrentTimeNanos());
+          // Another user's job is not anyone's to read: the directory lists
+          // nothing to others, a dump belongs to the job's user (mode 0600).
+          ::mkdir(dir.c_str(), 0711);
+          std::string tmp = absl::StrCat(path, ".tmp");
+          int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+          if (fd >= 0 && owner >= 0 && ::geteuid() == 0 && static_cast<uid_t>(owner) != 0) {
+            (void)!::fchown(fd, static_cast<uid_t>(owner), static_cast<gid_t>(-1));
+          }
+          FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
+          if (f == nullptr && fd >= 0) ::close(fd);
+          bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+          if (f != nullptr) ok = std::fclose(f) == 0 && ok;
+          if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
+          if (!ok) {
+            MLOG(WARNING) << "group '" << source.group.name() << "' of job "
+                          << source.group.job_id() << ": cannot write its flight recorder to "
+                          << path << ": " << std::strerror(errno);
+            std::remove(tmp.c_str());
+            return;
+          }
+          MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
+                        << " broke (" << reason << "): flight recorder of its "
+                        << source.group.ranks_size() << " local member(s) written to " << path;
+          PruneDumps(dir, max_bytes);
+        });
 }
 
 void Registry::DumpIfAborted(Job& job, Group& g) {

@@ -112,6 +112,9 @@ struct RegistryOptions {
   // Where a broken group's recorder is written (one JSON file per break,
   // proto/trace_json.h); "": not written.
   std::string dump_dir;
+  // After each dump, the oldest dumps are removed until those left take at
+  // most this many bytes (every user can make dumps: abort its own groups).
+  uint64_t dump_max_bytes = uint64_t{1} << 30;
   // Largest world and group accepted (checked before anything is allocated).
   int max_world_size = 1 << 20;
   int max_group_size = 1 << 20;
