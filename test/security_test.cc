@@ -315,6 +315,32 @@ TEST_CASE("idle gRPC connections, authenticated or not, are closed after --grpc-
   CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
 }
 
+TEST_CASE("a socket directory another user made is refused by musterd and musterctl") {
+  // The default /tmp/muster-<uid> can be made first by anyone: a victim's
+  // musterctl then talked to the attacker's daemon.
+  if (::geteuid() != 0) {
+    WARN("SKIPPED: needs root to give a directory to another user");
+    return;
+  }
+  TempDir dir;
+  const std::string theirs = dir.File("theirs");
+  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 12345, 12345) == 0);
+  const std::string socket = theirs + "/musterd.sock";
+  auto daemon =
+      Run({RunfilePath("daemon/musterd"), "--socket=" + socket, "--store-port=0", "--grpc-port=0"},
+          {}, absl::Seconds(20));
+  REQUIRE(daemon.ok());
+  INFO(daemon->err);
+  CHECK(daemon->exit.code != 0);
+  CHECK(absl::StrContains(daemon->err, "belongs to uid 12345"));
+  auto ctl = Run({RunfilePath("tools/musterctl"), "--socket=" + socket, "status"});
+  REQUIRE(ctl.ok());
+  INFO(ctl->err);
+  CHECK(ctl->exit.code == 2);
+  CHECK(absl::StrContains(ctl->err, "refusing the musterd socket " + socket));
+}
+
 TEST_CASE("malformed requests are INVALID_ARGUMENT") {
   auto daemon = StartDaemon();
   grpc::GenericStub stub(UnixChannel(daemon->socket_path()));
