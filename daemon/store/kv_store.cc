@@ -275,6 +275,11 @@ int64_t KvStore::QueueLen(absl::string_view key) const {
   return it == queues_.end() ? 0 : static_cast<int64_t>(it->second.size());
 }
 
+const std::deque<std::string>* KvStore::QueueItems(absl::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? nullptr : &it->second;
+}
+
 void KvStore::ForEachQueueItem(
     const std::function<void(absl::string_view, absl::string_view)>& fn) const {
   for (const auto& [key, items] : queues_) {

@@ -94,6 +94,8 @@ class KvStore {
   const std::string* QueueFront(absl::string_view key) const;
   // Every queued item, queue by queue, oldest first (for log compaction).
   void ForEachQueueItem(const std::function<void(absl::string_view, absl::string_view)>& fn) const;
+  // The items of the queue at `key` (null: none).
+  const std::deque<std::string>* QueueItems(absl::string_view key) const;
 
   // 0 if every key is present now (nothing registered); else an id whose
   // callback runs once when all are present, unless cancelled first.

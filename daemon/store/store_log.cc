@@ -17,14 +17,15 @@
 #include "common/logging.h"
 #include "common/status_macros.h"
 #include "common/store_wire.h"
+#include "daemon/store/log_compaction.h"
 #include "daemon/store/log_files.h"
 
 namespace muster {
 namespace {
 
 constexpr uint32_t kMaxRecordBytes = 1u << 31;
-// Compaction writes its new file in pieces of about this size.
-constexpr size_t kCompactChunkBytes = 1 << 20;
+// A compaction's new file is synced every this many bytes.
+constexpr uint64_t kCompactSyncBytes = 16 << 20;
 
 struct CrcTable {
   uint32_t entries[256];
@@ -366,7 +367,10 @@ absl::Status StoreLog::KeepOriginal(RecoveryStats* stats) {
   return absl::OkStatus();
 }
 
-StoreLog::~StoreLog() { files_->Close(fd_); }
+StoreLog::~StoreLog() {
+  AbortCompaction();
+  files_->Close(fd_);
+}
 
 void StoreLog::Record(const Mutation& mutation) {
   if (rolling_back_) return;
@@ -374,12 +378,15 @@ void StoreLog::Record(const Mutation& mutation) {
   EncodeLogRecord(mutation, &pending_);
   if (pending_.size() - before <= kSmallRecordBytes) small_recorded_ += pending_.size() - before;
   pending_keys_.emplace(mutation.key);
+  if (compaction_ != nullptr) compaction_->Record(mutation);
 }
 
 absl::Status StoreLog::Fail(absl::Status error) {
   // No fragment may stay: cut back to the last good record (Probe retries
   // this if it fails now).
   (void)files_->Ftruncate(fd_, file_bytes_);
+  // The compaction recorded the failed batch's mutations: it is dropped.
+  AbortCompaction();
   probe_bytes_ = std::min<uint64_t>(std::max<uint64_t>(pending_.size(), 4096), 1 << 20);
   written_ = 0;  // the batch is cut off whole
   error_ = error;
@@ -387,7 +394,10 @@ absl::Status StoreLog::Fail(absl::Status error) {
 }
 
 absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
-  if (pending_.empty()) return absl::OkStatus();
+  if (pending_.empty()) {
+    if (compaction_ != nullptr && !failing()) (void)ContinueCompaction(store);
+    return absl::OkStatus();
+  }
   if (failing()) return error_;
   // Small records recorded since the last call are written on top of the
   // slice, so a batch behind a large record always catches up, however
@@ -414,18 +424,58 @@ absl::Status StoreLog::Flush(const KvStore& store, uint64_t max_bytes) {
     pending_.clear();
   }
   pending_keys_.clear();
-  if (file_bytes_ > min_compact_bytes_ &&
+  // The batch is durable: a compaction may take its next slice (or start).
+  if (compaction_ == nullptr && file_bytes_ > min_compact_bytes_ &&
       file_bytes_ > 2 * store.total_bytes() + min_compact_bytes_ &&
       file_bytes_ >= next_compact_bytes_) {
-    // The batch is durable already (in the old file, and in the new one
-    // if the rename happened): a failed compaction only waits for more.
-    if (absl::Status s = Compact(store); !s.ok()) {
-      next_compact_bytes_ = file_bytes_ + min_compact_bytes_;
-      MLOG(WARNING) << "store log: compaction failed (retried after " << min_compact_bytes_
-                    << " more bytes): " << s.message();
-    }
+    if (absl::Status s = StartCompaction(store); !s.ok()) CompactionFailed(s);
   }
+  if (compaction_ != nullptr) (void)ContinueCompaction(store);  // failures are logged
   return absl::OkStatus();
+}
+
+void StoreLog::CompactionFailed(const absl::Status& why) {
+  next_compact_bytes_ = file_bytes_ + min_compact_bytes_;
+  MLOG(WARNING) << "store log: compaction failed (retried after " << min_compact_bytes_
+                << " more bytes): " << why.message();
+}
+
+absl::Status StoreLog::StartCompaction(const KvStore& store) {
+  compact_path_ = path_ + ".compact";
+  compact_fd_ = files_->Open(compact_path_, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (compact_fd_ < 0) return ErrnoToStatus(errno, absl::StrCat("create ", compact_path_));
+  compact_written_ = 0;
+  compact_synced_ = 0;
+  compaction_ = std::make_unique<LogCompaction>(store);
+  return absl::OkStatus();
+}
+
+absl::Status StoreLog::ContinueCompaction(const KvStore& store) {
+  const bool done = compaction_->Step(store, compact_slice_bytes_);
+  std::string& out = compaction_->out();
+  absl::Status s = WriteAt(files_, compact_fd_, out, compact_written_, compact_path_);
+  compact_written_ += out.size();
+  out.clear();
+  // Synced as it goes, so the last step's fsync (on the loop) is short.
+  if (s.ok() && compact_written_ - compact_synced_ >= kCompactSyncBytes) {
+    if (files_->Fdatasync(compact_fd_) != 0) s = ErrnoToStatus(errno, "fsync " + compact_path_);
+    compact_synced_ = compact_written_;
+  }
+  if (s.ok() && !done) return s;  // the next slice after the next batch
+  if (s.ok()) s = FinishCompaction();
+  if (!s.ok()) {
+    AbortCompaction();
+    CompactionFailed(s);
+  }
+  return s;
+}
+
+void StoreLog::AbortCompaction() {
+  if (compaction_ == nullptr) return;
+  compaction_.reset();
+  files_->Close(compact_fd_);
+  files_->Unlink(compact_path_);
+  compact_fd_ = -1;
 }
 
 absl::Status StoreLog::Rollback(KvStore* store) {
@@ -495,48 +545,28 @@ absl::Status StoreLog::Probe() {
 }
 
 absl::Status StoreLog::Compact(const KvStore& store) {
-  // Steps 1-3 (see the header): the live contents in a synced new file,
+  if (compaction_ == nullptr) RETURN_IF_ERROR(StartCompaction(store));
+  while (compaction_ != nullptr) RETURN_IF_ERROR(ContinueCompaction(store));
+  return absl::OkStatus();
+}
+
+absl::Status StoreLog::FinishCompaction() {
+  // Steps 1-3 (see the header): the new file is complete; synced, then
   // renamed over the log. A failure before the rename leaves the old log.
-  std::string tmp_path = path_ + ".compact";
-  int fd = files_->Open(tmp_path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("create ", tmp_path));
-  // Written in 1 MiB pieces, not built whole: a 256 MiB store took 256 MB
-  // more memory to compact.
-  std::string chunk;
-  uint64_t written = 0;
-  absl::Status s;
-  auto put = [&](const Mutation& m) {
-    if (!s.ok()) return;
-    EncodeLogRecord(m, &chunk);
-    if (chunk.size() < kCompactChunkBytes) return;
-    s = WriteAt(files_, fd, chunk, written, tmp_path);
-    written += chunk.size();
-    chunk.clear();
-  };
-  for (const std::string& key : store.ListKeys()) {
-    put(Mutation{Mutation::Type::kSet, key, *store.Find(key)});
+  if (files_->Fsync(compact_fd_) != 0) return ErrnoToStatus(errno, "fsync " + compact_path_);
+  if (files_->Rename(compact_path_, path_) != 0) {
+    return ErrnoToStatus(errno, absl::StrCat("rename ", compact_path_, " to ", path_));
   }
-  store.ForEachQueueItem([&](absl::string_view key, absl::string_view value) {
-    put(Mutation{Mutation::Type::kQueuePush, key, value});
-  });
-  if (s.ok()) s = WriteAt(files_, fd, chunk, written, tmp_path);
-  written += chunk.size();
-  if (s.ok() && files_->Fsync(fd) != 0) s = ErrnoToStatus(errno, "fsync " + tmp_path);
-  if (s.ok() && files_->Rename(tmp_path, path_) != 0) {
-    s = ErrnoToStatus(errno, absl::StrCat("rename ", tmp_path, " to ", path_));
-  }
-  if (!s.ok()) {
-    files_->Close(fd);
-    files_->Unlink(tmp_path);
-    return s;
-  }
+  compaction_.reset();
+  const int fd = compact_fd_;
+  compact_fd_ = -1;
   // Step 4: the new file is the log from here on, with no call that can
   // fail in between: later writes go where a restart reads them. The old
   // file (the same records) is closed, so its blocks are freed.
   files_->Close(fd_);
   fd_ = fd;
   const uint64_t before = file_bytes_;
-  file_bytes_ = written;
+  file_bytes_ = compact_written_;
   // Step 5: the rename reaches the disk. Until it does, a crash could bring
   // back the old file without what is written now, so writes are refused
   // (failing) and Probe() retries the sync.
@@ -546,7 +576,8 @@ absl::Status StoreLog::Compact(const KvStore& store) {
     error_ = absl::UnavailableError(
         absl::StrCat("the store log's directory could not be synced after a compaction (",
                      synced.message(), "); writes wait until it can"));
-    return synced;
+    MLOG(WARNING) << "store log: " << error_.message();
+    return absl::OkStatus();  // compacted; the log refuses writes until probed
   }
   MLOG(INFO) << "compacted store log " << path_ << ": " << before << " -> " << file_bytes_
              << " bytes";

@@ -38,7 +38,10 @@
 // the log once the log is more than twice the live data (and more than
 // min_compact_bytes). Its steps, so that a failure at any of them leaves
 // every acknowledged write in the file a restart reads:
-//   1. write the live contents to store.log.compact and fsync it;
+//   1. write the live contents to store.log.compact, a slice of
+//      compact_slice_bytes after each durable batch (LogCompaction: the
+//      mutations meanwhile go to the old log as always and, as needed, to
+//      the new file), then fsync it; a failed batch drops the compaction;
 //   2. rename it over store.log (a failure so far: the old log stays, the
 //      new file is removed, and only the next compaction waits);
 //   3. switch to the new file's descriptor (opened in step 1, so nothing can
@@ -63,6 +66,7 @@
 
 #include "absl/status/statusor.h"
 #include "daemon/store/kv_store.h"
+#include "daemon/store/log_compaction.h"
 #include "daemon/store/log_files.h"
 
 namespace muster {
@@ -75,6 +79,8 @@ struct StoreLogOptions {
   bool recover = false;
   // Compaction waits until the log is larger than this (and 2x the data).
   uint64_t min_compact_bytes = 1 << 20;
+  // Records a compaction writes after each batch (its slice of the loop).
+  uint64_t compact_slice_bytes = 1 << 20;
   LogFiles* files = nullptr;  // nullptr: LogFiles::System()
 };
 
@@ -126,7 +132,8 @@ class StoreLog {
   bool Touched(absl::string_view key) const {
     return pending_keys_.find(std::string(key)) != pending_keys_.end();
   }
-  // Rewrites the log as the live contents of `store`.
+  // Rewrites the log as the live contents of `store`, at once (Flush
+  // compacts in slices by itself when due).
   absl::Status Compact(const KvStore& store);
 
   uint64_t file_bytes() const { return file_bytes_; }
@@ -140,6 +147,7 @@ class StoreLog {
         fd_(fd),
         fsync_(options.fsync),
         min_compact_bytes_(options.min_compact_bytes),
+        compact_slice_bytes_(options.compact_slice_bytes),
         files_(files) {}
 
   // Open's steps: replay the file into `store`; keep a corrupt original.
@@ -148,13 +156,27 @@ class StoreLog {
                          bool damaged_length, uint64_t good_records) const;
   absl::Status KeepOriginal(RecoveryStats* stats);
   absl::Status Fail(absl::Status error);
+  // A compaction's steps (see the header): open the new file and take the
+  // keys; write a slice (and finish when none is left); drop it.
+  absl::Status StartCompaction(const KvStore& store);
+  absl::Status ContinueCompaction(const KvStore& store);
+  absl::Status FinishCompaction();
+  void AbortCompaction();
+  void CompactionFailed(const absl::Status& why);
 
   std::string dir_;
   std::string path_;
   int fd_;  // always open: compaction switches to a descriptor it holds
   bool fsync_;
   uint64_t min_compact_bytes_;
+  uint64_t compact_slice_bytes_;
   LogFiles* files_;
+  // The compaction in progress (null: none), its new file and its size.
+  std::unique_ptr<LogCompaction> compaction_;
+  std::string compact_path_;
+  int compact_fd_ = -1;
+  uint64_t compact_written_ = 0;
+  uint64_t compact_synced_ = 0;
   // A compaction renamed the log but the directory is not synced yet.
   bool dir_unsynced_ = false;
 

@@ -99,7 +99,8 @@ Snapshot Of(const KvStore& kv) {
 StoreLogOptions Options(LogFiles* files) {
   StoreLogOptions options;
   options.fsync = true;
-  options.min_compact_bytes = 64 << 10;  // several compactions in a short run
+  options.min_compact_bytes = 64 << 10;    // several compactions in a short run
+  options.compact_slice_bytes = 16 << 10;  // each over several batches
   options.files = files;
   return options;
 }
@@ -222,6 +223,54 @@ TEST_CASE("every system call of the log failing once loses no acknowledged write
     CHECK(Of(kv) == run.acknowledged);
     CHECK(*kv.Find("n") != "1");  // the workload's counter moved on
   }
+}
+
+TEST_CASE("a compaction in slices keeps every write made while it runs") {
+  Dir dir;
+  KvStore kv;
+  RecoveryStats stats;
+  StoreLogOptions options = Options(nullptr);
+  options.compact_slice_bytes = 1024;  // about one key per batch
+  auto opened = StoreLog::Open(dir.path, options, &kv, &stats);
+  REQUIRE(opened.ok());
+  std::unique_ptr<StoreLog> log = std::move(*opened);
+  StoreLog* raw = log.get();
+  kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  // 40 keys of 4 KiB and two queues, then enough overwrites of one key that
+  // a compaction starts.
+  for (int i = 0; i < 40; ++i) {
+    REQUIRE(kv.Set(absl::StrCat("k", i), std::string(4096, 'a')).ok());
+  }
+  for (int i = 0; i < 3; ++i) REQUIRE(kv.QueuePush(absl::StrCat("q", i % 2), "old").ok());
+  REQUIRE(log->Flush(kv).ok());
+  uint64_t before = log->file_bytes();
+  int batches = 0;
+  for (; log->file_bytes() >= before; ++batches) {
+    REQUIRE(batches < 2000);
+    before = log->file_bytes();
+    // Every kind of write, to keys the compaction has and has not reached
+    // yet, and to new ones.
+    const int i = batches;
+    REQUIRE(
+        kv.Set(absl::StrCat("k", i % 40), std::string(4096, static_cast<char>('b' + i % 20))).ok());
+    REQUIRE(kv.Append(absl::StrCat("k", (i * 7) % 40), "+").ok());
+    if (i % 5 == 0) kv.Delete(absl::StrCat("k", (i * 3) % 40));
+    REQUIRE(kv.Set(absl::StrCat("new", i), "n").ok());
+    REQUIRE(kv.Add("counter", 1).ok());
+    REQUIRE(kv.QueuePush(absl::StrCat("q", i % 3), absl::StrCat("item", i)).ok());
+    if (i % 2 == 0) {
+      std::string popped;
+      kv.QueuePop("q0", &popped);
+    }
+    REQUIRE(log->Flush(kv).ok());
+  }
+  CHECK(batches > 5);  // the compaction took several batches
+  const Snapshot acknowledged = Of(kv);
+  log.reset();
+  KvStore again;
+  auto reopened = StoreLog::Open(dir.path, Options(nullptr), &again, &stats);
+  REQUIRE(reopened.ok());
+  CHECK(Of(again) == acknowledged);
 }
 
 TEST_CASE("compactions keep no descriptor and no deleted log open") {
