@@ -34,6 +34,7 @@
 #include "daemon/store/store_frontend.h"
 #include "muster/tcp_store.h"
 #include "test/etcd_test_cluster.h"
+#include "test/subprocess.h"
 
 namespace muster {
 namespace {
@@ -725,34 +726,8 @@ TEMPLATE_TEST_CASE("queues over PyTorch 2.x's wire protocol", "[etcd][queue]", M
   CHECK(absl::Now() - cancelled_at < absl::Seconds(2));
   CHECK(c.Len("jobs") == 0);
 }
-// A TCP connection to 127.0.0.1:port (-1 if refused).
-int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Whether the server closes `fd` within `limit` (reading and dropping what
-// it sends meanwhile); closes `fd` either way.
-bool ClosedWithin(int fd, absl::Duration limit) {
-  const absl::Time until = absl::Now() + limit;
-  bool closed = fd < 0;
-  while (!closed && absl::Now() < until) {
-    pollfd p{fd, POLLIN, 0};
-    if (::poll(&p, 1, 50) <= 0) continue;
-    char buf[256];
-    closed = ::recv(fd, buf, sizeof(buf), 0) <= 0;
-  }
-  if (fd >= 0) ::close(fd);
-  return closed;
-}
+using testing::ClosedWithin;
+using testing::ConnectLoopback;
 
 TEST_CASE(
     "the etcd front-end with a token refuses torch clients at their first bytes, closes "
@@ -772,7 +747,7 @@ TEST_CASE(
 
   // A 1.13 SET declaring a 16 MiB value, 26 bytes of it sent: closed at
   // once, nothing of it buffered.
-  int torch = RawConnect(port);
+  int torch = ConnectLoopback(port);
   REQUIRE(torch >= 0);
   std::string set;
   wire::PutU8(&set, 0);
@@ -784,11 +759,11 @@ TEST_CASE(
 
   // Two idle connections fill the unauthenticated pool: a third, 0.1 s
   // later, is refused at accept.
-  int idle1 = RawConnect(port);
+  int idle1 = ConnectLoopback(port);
   absl::SleepFor(absl::Milliseconds(50));
-  int idle2 = RawConnect(port);
+  int idle2 = ConnectLoopback(port);
   absl::SleepFor(absl::Milliseconds(100));
-  CHECK(ClosedWithin(RawConnect(port), absl::Seconds(1)));
+  CHECK(ClosedWithin(ConnectLoopback(port), absl::Seconds(1)));
   // Later a token holder replaces the oldest idle one and gets in
   // (max_connections counts only authenticated connections); the other is
   // closed at the auth timeout.
@@ -813,7 +788,7 @@ TEST_CASE("the etcd front-end: a CANCEL_WAIT sent together with its WAIT cancels
   options.port = 0;
   auto started = StoreFrontend::Start(options, NewEtcdStore(FreshPrefix()));
   REQUIRE(started.ok());
-  int fd = RawConnect((*started)->port());
+  int fd = ConnectLoopback((*started)->port());
   REQUIRE(fd >= 0);
   std::string bytes;
   wire::PutU8(&bytes, 0);  // VALIDATE

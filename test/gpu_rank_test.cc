@@ -60,8 +60,7 @@ class Job {
       env["MASTER_PORT"] = std::to_string(daemon_.store_port());
       env["MUSTER_SOCKET"] = daemon_.socket_path();
       env["MUSTER_JOB_ID"] = job_id_;
-      auto p =
-          Subprocess::Start({RunfilePath("test/muster-gpu-rank"), mode}, dir_.path(), env);
+      auto p = Subprocess::Start({RunfilePath("test/muster-gpu-rank"), mode}, dir_.path(), env);
       if (!p.ok()) {
         Check(false, absl::StrCat("start rank ", r, ": ", p.status().ToString()));
         return false;

@@ -23,15 +23,8 @@ namespace muster::testing {
 namespace {
 
 absl::StatusOr<ParsedMetrics> Scrape(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return absl::UnavailableError("cannot connect to /metrics");
-  }
+  int fd = ConnectLoopback(port);
+  if (fd < 0) return absl::UnavailableError("cannot connect to /metrics");
   std::string request = "GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n";
   (void)::send(fd, request.data(), request.size(), 0);
   std::string reply;

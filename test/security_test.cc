@@ -260,35 +260,6 @@ TEST_CASE("over TCP every service refuses calls without the cluster token or wit
   CHECK(served->exit.code == 0);
 }
 
-// A raw TCP connection to 127.0.0.1:`port`; -1 if it failed.
-int RawConnect(int port) {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(static_cast<uint16_t>(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
-// Reads and drops what comes until the peer closes; false if it has not
-// closed within `limit`.
-bool ClosedWithin(int fd, absl::Duration limit) {
-  const absl::Time deadline = absl::Now() + limit;
-  char buf[4096];
-  while (absl::Now() < deadline) {
-    pollfd p{fd, POLLIN, 0};
-    int left = static_cast<int>(absl::ToInt64Milliseconds(deadline - absl::Now()));
-    if (::poll(&p, 1, std::max(left, 1)) <= 0) continue;
-    ssize_t n = ::recv(fd, buf, sizeof(buf), 0);
-    if (n <= 0) return true;
-  }
-  return false;
-}
-
 TEST_CASE("idle gRPC connections, authenticated or not, are closed after --grpc-idle-seconds") {
   // Before: thousands of idle unauthenticated TCP connections stayed open
   // for good (3,000 held 52 MB).
@@ -298,19 +269,17 @@ TEST_CASE("idle gRPC connections, authenticated or not, are closed after --grpc-
   auto daemon = StartDaemon(options);
   REQUIRE(daemon->grpc_port() > 0);
   // An HTTP/2 client that sent its preface and settings, then nothing.
-  int idle = RawConnect(daemon->grpc_port());
+  int idle = ConnectLoopback(daemon->grpc_port());
   REQUIRE(idle >= 0);
   const std::string preface = std::string("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n") +
                               std::string("\x00\x00\x00\x04\x00\x00\x00\x00\x00", 9);
   REQUIRE(::send(idle, preface.data(), preface.size(), MSG_NOSIGNAL) ==
           static_cast<ssize_t>(preface.size()));
   // A connection that never even starts its handshake.
-  int silent = RawConnect(daemon->grpc_port());
+  int silent = ConnectLoopback(daemon->grpc_port());
   REQUIRE(silent >= 0);
   CHECK(ClosedWithin(idle, absl::Seconds(15)));
   CHECK(ClosedWithin(silent, absl::Seconds(20)));
-  ::close(idle);
-  ::close(silent);
   // The daemon serves on.
   CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
 }

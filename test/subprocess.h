@@ -88,6 +88,12 @@ absl::StatusOr<RunResult> Run(const std::vector<std::string>& argv,
 std::string ReadFileOrEmpty(const std::string& path);
 bool FileExists(const std::string& path);
 
+// A TCP connection to 127.0.0.1:`port` (-1 if refused).
+int ConnectLoopback(int port);
+// Whether the peer closes `fd` within `limit` (what it sends meanwhile is
+// read and dropped); closes `fd` either way.
+bool ClosedWithin(int fd, absl::Duration limit);
+
 }  // namespace muster::testing
 
 #endif  // MUSTER_TEST_SUBPROCESS_H_

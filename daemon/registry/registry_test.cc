@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <map>
@@ -90,6 +91,19 @@ bool Eventually(const std::function<bool()>& condition) {
   }
   return false;
 }
+
+// A temporary directory; the registry writes dumps into its dumps/.
+struct DumpDir {
+  std::string root;
+  std::string dumps;
+  DumpDir() {
+    char tmpl[] = "/tmp/registry-dumps-XXXXXX";
+    REQUIRE(::mkdtemp(tmpl) != nullptr);
+    root = tmpl;
+    dumps = root + "/dumps";
+  }
+  ~DumpDir() { std::filesystem::remove_all(root); }
+};
 
 // Liveness keys kept in a map, and the lost-key watches' callbacks, so a
 // test can play "this node's lease expired" (the etcd implementation is
@@ -204,6 +218,18 @@ struct Fixture {
     req.mutable_options()->mutable_timeout()->set_millis(absl::ToInt64Milliseconds(timeout));
     req.mutable_options()->set_local_synchronization(local_sync);
     return req;
+  }
+
+  // Ranks 0 and 1 of a world of 2 register and form "pair"; its segment,
+  // opened as a rank opens it.
+  std::unique_ptr<GroupSegment> PairSegment() {
+    REQUIRE(Register(0, 2).ok());
+    REQUIRE(Register(1, 2).ok());
+    auto pair = FormPair("pair");
+    REQUIRE(pair.ok());
+    auto segment = GroupSegment::Open(pair->shm_name(), 2);
+    REQUIRE(segment.ok());
+    return std::move(*segment);
   }
 
   // Registered ranks 0 and 1 form `name` (both ask at once): rank 0's
@@ -574,13 +600,8 @@ TEST_CASE("elastic: more local ranks join an epoch at once than the daemon has b
 
 TEST_CASE("a group's segment carries the CPUs the node's ranks share") {
   Fixture f;
-  REQUIRE(f.Register(0, 2).ok());
-  REQUIRE(f.Register(1, 2).ok());
-  auto pair = f.FormPair("pair");
-  REQUIRE(pair.ok());
-  auto segment = GroupSegment::Open(pair->shm_name(), 2);
-  REQUIRE(segment.ok());
-  CHECK((*segment)->node_cpus() == Fixture::kNodeCpus);
+  auto segment = f.PairSegment();
+  CHECK(segment->node_cpus() == Fixture::kNodeCpus);
 }
 
 TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
@@ -608,9 +629,8 @@ TEST_CASE("without --node-cpus a group's segment counts its ranks' CPUs") {
 }
 
 TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped once") {
-  char dir_template[] = "/tmp/registry-trace-XXXXXX";
-  REQUIRE(::mkdtemp(dir_template) != nullptr);
-  const std::string dumps = std::string(dir_template) + "/dumps";
+  DumpDir dir;
+  const std::string& dumps = dir.dumps;
   Fixture f(dumps);
   REQUIRE(f.Register(0, 2).ok());
   REQUIRE(f.Register(1, 2).ok());
@@ -686,26 +706,16 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   REQUIRE(jobs.size() == 1);
   REQUIRE(jobs[0].dumps_size() == 1);
   CHECK(jobs[0].dumps(0) == path);
-  std::remove(path.c_str());
-  ::rmdir(dumps.c_str());
-  ::rmdir(dir_template);
 }
 
 TEST_CASE("a group its ranks destroy right after their collective timed out is still dumped") {
   // Before: the reaper looks for aborted segments once a second; ranks that
   // exited at once destroyed the group first, and no recorder was written.
-  char dir_template[] = "/tmp/registry-dump-XXXXXX";
-  REQUIRE(::mkdtemp(dir_template) != nullptr);
-  const std::string dumps = std::string(dir_template) + "/dumps";
-  Fixture f(dumps);
-  REQUIRE(f.Register(0, 2).ok());
-  REQUIRE(f.Register(1, 2).ok());
-  auto pair = f.FormPair("pair");
-  REQUIRE(pair.ok());
-  auto segment = GroupSegment::Open(pair->shm_name(), 2);
-  REQUIRE(segment.ok());
+  DumpDir dir;
+  Fixture f(dir.dumps);
+  auto segment = f.PairSegment();
   // What a member's SDK does when its all_reduce times out, then both exit.
-  (*segment)->Abort("all_reduce #7 timed out after 100ms");
+  segment->Abort("all_reduce #7 timed out after 100ms");
   for (int rank : {0, 1}) {
     v1::DestroyGroupRequest destroy;
     destroy.mutable_caller()->set_job_id("job");
@@ -721,9 +731,6 @@ TEST_CASE("a group its ranks destroy right after their collective timed out is s
   std::ifstream in(path);
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   CHECK(text.find("timed out after 100ms") != std::string::npos);
-  std::remove(path.c_str());
-  ::rmdir(dumps.c_str());
-  ::rmdir(dir_template);
 }
 
 TEST_CASE("Trace(gather) asks only the peer addresses their daemon signed with the cluster key") {

@@ -89,9 +89,9 @@ using Snapshot = std::map<std::string, std::string>;
 Snapshot Of(const KvStore& kv) {
   Snapshot s;
   for (const std::string& key : kv.ListKeys()) s[key] = *kv.Find(key);
-  int i = 0;
+  std::map<std::string, int> items;  // numbered per queue: queues come in no order
   kv.ForEachQueueItem([&](absl::string_view key, absl::string_view value) {
-    s[absl::StrCat("queue ", key, " #", i++)] = std::string(value);
+    s[absl::StrCat("queue ", key, " #", items[std::string(key)]++)] = std::string(value);
   });
   return s;
 }
@@ -105,29 +105,45 @@ StoreLogOptions Options(LogFiles* files) {
   return options;
 }
 
+// Opens the log under `dir` into `kv` and records kv's mutations in it.
+std::unique_ptr<StoreLog> OpenLogged(const std::string& dir, const StoreLogOptions& options,
+                                     KvStore* kv) {
+  RecoveryStats stats;
+  auto log = StoreLog::Open(dir, options, kv, &stats);
+  REQUIRE(log.ok());
+  StoreLog* raw = log->get();
+  kv->SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  return std::move(*log);
+}
+
 // A log holding a few records and a torn tail (half a record), so that
 // recovery reads, drops and truncates.
 Snapshot Prepare(const std::string& dir) {
   KvStore kv;
-  RecoveryStats stats;
-  auto log = StoreLog::Open(dir, Options(nullptr), &kv, &stats);
-  REQUIRE(log.ok());
-  StoreLog* raw = log->get();
-  kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  std::unique_ptr<StoreLog> log = OpenLogged(dir, Options(nullptr), &kv);
   REQUIRE(kv.Set("before", "restart").ok());
   REQUIRE(kv.Add("n", 1).ok());
-  REQUIRE((*log)->Flush(kv).ok());
+  REQUIRE(log->Flush(kv).ok());
   Snapshot acknowledged = Of(kv);
   std::string torn;
   EncodeLogRecord(Mutation{Mutation::Type::kSet, "torn", "never acknowledged"}, &torn);
   torn.resize(torn.size() / 2);
-  const uint64_t end = (*log)->file_bytes();
-  log->reset();
+  const uint64_t end = log->file_bytes();
+  log.reset();
   int fd = ::open((dir + "/store.log").c_str(), O_WRONLY | O_CLOEXEC);
   REQUIRE(fd >= 0);
   REQUIRE(::pwrite(fd, torn.data(), torn.size(), end) == static_cast<ssize_t>(torn.size()));
   ::close(fd);
   return acknowledged;
+}
+
+// What a restart (without faults) reads back from `dir`.
+Snapshot Reopened(const std::string& dir) {
+  KvStore kv;
+  RecoveryStats stats;
+  auto log = StoreLog::Open(dir, Options(nullptr), &kv, &stats);
+  REQUIRE(log.ok());
+  return Of(kv);
 }
 
 int OpenFds() {
@@ -216,26 +232,18 @@ TEST_CASE("every system call of the log failing once loses no acknowledged write
     // A restart (without faults) reads exactly what was acknowledged, and
     // nothing of the run is left open.
     CHECK(OpenFds() == fds);
-    KvStore kv;
-    RecoveryStats stats;
-    auto reopened = StoreLog::Open(dir.path, Options(nullptr), &kv, &stats);
-    REQUIRE(reopened.ok());
-    CHECK(Of(kv) == run.acknowledged);
-    CHECK(*kv.Find("n") != "1");  // the workload's counter moved on
+    const Snapshot restarted = Reopened(dir.path);
+    CHECK(restarted == run.acknowledged);
+    CHECK(restarted.at("n") != "1");  // the workload's counter moved on
   }
 }
 
 TEST_CASE("a compaction in slices keeps every write made while it runs") {
   Dir dir;
   KvStore kv;
-  RecoveryStats stats;
   StoreLogOptions options = Options(nullptr);
   options.compact_slice_bytes = 1024;  // about one key per batch
-  auto opened = StoreLog::Open(dir.path, options, &kv, &stats);
-  REQUIRE(opened.ok());
-  std::unique_ptr<StoreLog> log = std::move(*opened);
-  StoreLog* raw = log.get();
-  kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  std::unique_ptr<StoreLog> log = OpenLogged(dir.path, options, &kv);
   // 40 keys of 4 KiB and two queues, then enough overwrites of one key that
   // a compaction starts.
   for (int i = 0; i < 40; ++i) {
@@ -267,10 +275,7 @@ TEST_CASE("a compaction in slices keeps every write made while it runs") {
   CHECK(batches > 5);  // the compaction took several batches
   const Snapshot acknowledged = Of(kv);
   log.reset();
-  KvStore again;
-  auto reopened = StoreLog::Open(dir.path, Options(nullptr), &again, &stats);
-  REQUIRE(reopened.ok());
-  CHECK(Of(again) == acknowledged);
+  CHECK(Reopened(dir.path) == acknowledged);
 }
 
 TEST_CASE("compactions keep no descriptor and no deleted log open") {
@@ -278,19 +283,15 @@ TEST_CASE("compactions keep no descriptor and no deleted log open") {
   Snapshot before = Prepare(dir.path);
   const int fds = OpenFds();
   KvStore kv;
-  RecoveryStats stats;
-  auto log = StoreLog::Open(dir.path, Options(nullptr), &kv, &stats);
-  REQUIRE(log.ok());
-  StoreLog* raw = log->get();
-  kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  std::unique_ptr<StoreLog> log = OpenLogged(dir.path, Options(nullptr), &kv);
   int compactions = 0;
-  uint64_t last = (*log)->file_bytes();
+  uint64_t last = log->file_bytes();
   for (int i = 0; compactions < 30; ++i) {
     REQUIRE(i < 10000);
     REQUIRE(kv.Set("k", std::string(32 << 10, 'x')).ok());
-    REQUIRE((*log)->Flush(kv).ok());
-    if ((*log)->file_bytes() < last) ++compactions;
-    last = (*log)->file_bytes();
+    REQUIRE(log->Flush(kv).ok());
+    if (log->file_bytes() < last) ++compactions;
+    last = log->file_bytes();
   }
   CHECK(OpenFds() == fds + 1);  // the log's one descriptor
   for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
@@ -321,32 +322,25 @@ TEST_CASE("a failed directory sync after a compaction refuses writes until a pro
   (void)Prepare(dir.path);
   FailFirstDirSync files;
   KvStore kv;
-  RecoveryStats stats;
-  auto log = StoreLog::Open(dir.path, Options(&files), &kv, &stats);
-  REQUIRE(log.ok());
-  StoreLog* raw = log->get();
-  kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+  std::unique_ptr<StoreLog> log = OpenLogged(dir.path, Options(&files), &kv);
   for (int i = 0; !files.failed_once; ++i) {
     REQUIRE(i < 100);
     REQUIRE(kv.Set(absl::StrCat("k", i % 5), std::string(16 << 10, 'y')).ok());
-    REQUIRE((*log)->Flush(kv).ok());  // the batch itself is durable
+    REQUIRE(log->Flush(kv).ok());  // the batch itself is durable
   }
-  REQUIRE((*log)->failing());
-  CHECK(absl::StrContains((*log)->error().message(), "could not be synced after a compaction"));
+  REQUIRE(log->failing());
+  CHECK(absl::StrContains(log->error().message(), "could not be synced after a compaction"));
   REQUIRE(kv.Set("refused", "while failing").ok());
-  CHECK_FALSE((*log)->Flush(kv).ok());
-  REQUIRE((*log)->Rollback(&kv).ok());
+  CHECK_FALSE(log->Flush(kv).ok());
+  REQUIRE(log->Rollback(&kv).ok());
   CHECK(kv.Find("refused") == nullptr);
-  CHECK((*log)->Probe().ok());
-  CHECK_FALSE((*log)->failing());
+  CHECK(log->Probe().ok());
+  CHECK_FALSE(log->failing());
   REQUIRE(kv.Set("after", "probe").ok());
-  REQUIRE((*log)->Flush(kv).ok());
+  REQUIRE(log->Flush(kv).ok());
   const Snapshot acknowledged = Of(kv);
-  log->reset();
-  KvStore again;
-  auto reopened = StoreLog::Open(dir.path, Options(nullptr), &again, &stats);
-  REQUIRE(reopened.ok());
-  CHECK(Of(again) == acknowledged);
+  log.reset();
+  CHECK(Reopened(dir.path) == acknowledged);
 }
 
 TEST_CASE("a whole last record whose length field was damaged is corruption, not a torn tail") {
@@ -354,16 +348,12 @@ TEST_CASE("a whole last record whose length field was damaged is corruption, not
   uint64_t last_record = 0;
   {
     KvStore kv;
-    RecoveryStats stats;
-    auto log = StoreLog::Open(dir.path, Options(nullptr), &kv, &stats);
-    REQUIRE(log.ok());
-    StoreLog* raw = log->get();
-    kv.SetMutationListener([raw](const Mutation& m) { raw->Record(m); });
+    std::unique_ptr<StoreLog> log = OpenLogged(dir.path, Options(nullptr), &kv);
     REQUIRE(kv.Set("first", "1").ok());
-    REQUIRE((*log)->Flush(kv).ok());
-    last_record = (*log)->file_bytes();
+    REQUIRE(log->Flush(kv).ok());
+    last_record = log->file_bytes();
     REQUIRE(kv.Set("second", "acknowledged").ok());
-    REQUIRE((*log)->Flush(kv).ok());
+    REQUIRE(log->Flush(kv).ok());
   }
   // Flip a high bit of the last record's length: it now runs past the end.
   int fd = ::open((dir.path + "/store.log").c_str(), O_RDWR | O_CLOEXEC);
