@@ -1,6 +1,7 @@
 """How the torch backend joins muster's job under each launcher
 (muster/torch/_options.py; pure Python, no ranks)."""
 import importlib.util
+import os
 
 import pytest
 
@@ -108,3 +109,28 @@ def test_a_stamp_naming_a_file_outside_the_build_folder_is_ignored(tmp_path):
     (folder / "muster_stamp.json").write_text(
         '{"key": "k", "name": "muster_torch_C", "so": "%s"}' % outside)
     assert build._load_built(str(folder), "k") is None
+
+
+def test_the_cxx_standard_is_torchs_own_from_torch_2():
+    # torch 2.15's headers need C++20, which cpp_extension passes; a forced
+    # -std=c++17 after it broke the build. Torch 1.13 passes C++14, older
+    # than the backend's code.
+    import torch
+    build = _load_build()
+    flags = build.compile_flags()
+    major = int(torch.__version__.split(".")[0])
+    if major >= 2:
+        assert not any(f.startswith("-std=") for f in flags)
+    else:
+        assert "-std=c++17" in flags
+
+
+def test_two_installs_of_muster_build_in_folders_of_their_own(tmp_path, monkeypatch):
+    monkeypatch.setenv("MUSTER_TORCH_BUILD_DIR", str(tmp_path))
+    build = _load_build()
+    checkout = build.build_dir("/src/bazel-bin/client/libmuster.so", "/src/client/include")
+    installed = build.build_dir("/venv/lib/muster/libmuster.so", "/venv/lib/muster/include")
+    assert checkout != installed
+    assert checkout == build.build_dir("/src/bazel-bin/client/libmuster.so",
+                                       "/src/client/include")
+    assert os.path.dirname(checkout) == str(tmp_path)

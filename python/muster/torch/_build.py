@@ -8,8 +8,10 @@ this source tree builds it on first import.
 
 Environment:
   MUSTER_TORCH_BUILD_DIR  cache root (default ~/.cache/muster); the extension
-                          is built in <root>/torch-<torch version>-<python tag>,
-                          so one root serves several torch versions
+                          is built in <root>/torch-<torch version>-<python tag>-
+                          <hash of the libmuster.so and header paths>, so one
+                          root serves several torch versions and several
+                          installs of muster side by side
   MUSTER_INCLUDE_DIR      directory holding muster/muster.h (default: the
                           repository's client/include)
   MUSTER_LIBRARY          libmuster.so (see muster._capi.library_path)
@@ -86,15 +88,30 @@ def include_dir():
         % ", ".join(c for c in candidates if c))
 
 
-def build_dir():
+def build_dir(lib=None, include=None):
+    """Where the extension for this torch, Python and muster install lives."""
     import torch
     root = os.environ.get("MUSTER_TORCH_BUILD_DIR") or os.path.join(
         os.path.expanduser("~"), ".cache", "muster")
     tag = "cp%d%d" % sys.version_info[:2]
-    return os.path.join(root, "torch-%s-%s" % (torch.__version__, tag))
+    # Two installs (a checkout and a pip-installed copy) each get their own
+    # build instead of rebuilding over each other in turn.
+    install = hashlib.sha256(
+        ("%s\0%s" % (lib or os.path.realpath(library_path()), include or include_dir())).encode()
+    ).hexdigest()[:12]
+    return os.path.join(root, "torch-%s-%s-%s" % (torch.__version__, tag, install))
 
 
-_CFLAGS = ["-O2", "-std=c++17", "-Wno-unused-parameter"]
+def compile_flags():
+    """Our flags on top of torch's own: cpp_extension already passes the C++
+    standard and ABI torch was built with (C++17 from torch 2.0, C++20 from
+    2.15); torch 1.13 passes C++14, which the backend's code is past."""
+    import torch
+    flags = ["-O2", "-Wno-unused-parameter"]
+    major, minor = (int(x) for x in torch.__version__.split("+")[0].split(".")[:2])
+    if (major, minor) < (2, 0):
+        flags.append("-std=c++17")
+    return flags
 
 
 def _build_key(lib, include):
@@ -104,7 +121,7 @@ def _build_key(lib, include):
     for p in _SOURCES + _HEADERS + [os.path.join(include, "muster", "muster.h")]:
         with open(p, "rb") as f:
             h.update(f.read())
-    for part in (lib, include, torch.__version__, sys.version, " ".join(_CFLAGS)):
+    for part in (lib, include, torch.__version__, sys.version, " ".join(compile_flags())):
         h.update(b"\0" + part.encode())
     return h.hexdigest()
 
@@ -188,9 +205,9 @@ def load():
         # same file), so handles pass between muster and muster.torch.
         from muster import _capi
         _capi.lib()
-        directory = build_dir()
-        private_dir(directory)
         include = include_dir()
+        directory = build_dir(lib, include)
+        private_dir(directory)
         key = _build_key(lib, include)
         module = _load_built(directory, key)
         if module is None:
@@ -232,7 +249,7 @@ def _compile(directory, lib, include):
             name=_NAME,
             sources=_SOURCES,
             extra_include_paths=[include, os.path.join(_HERE, "csrc")],
-            extra_cflags=_CFLAGS,
+            extra_cflags=compile_flags(),
             extra_ldflags=["-L" + lib_dir, "-l:" + os.path.basename(lib), "-Wl,-rpath," + lib_dir],
             build_directory=directory,
             verbose=verbose,
