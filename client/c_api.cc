@@ -235,7 +235,7 @@ int muster_daemon_store_port(const char* socket, int32_t* port) {
       const char* env = std::getenv("MUSTER_SOCKET");
       path = env != nullptr && env[0] != '\0' ? env : muster::ClientSocketPath();
     }
-    if (absl::Status s = muster::CheckSocketOwner(path); !s.ok()) return FromStatus(s);
+    if (absl::Status s = muster::CheckDefaultSocketOwner(path); !s.ok()) return FromStatus(s);
     auto channel =
         grpc::CreateChannel(absl::StrCat("unix:", path), grpc::InsecureChannelCredentials());
     auto stub = muster::v1::Admin::NewStub(channel);

@@ -119,7 +119,7 @@ absl::StatusOr<InitOptions> InitOptionsFromEnv(InitOptions o) {
 
 absl::Status WorldSession::Open(const InitOptions& o, GoneCallback on_gone) {
   on_gone_ = std::move(on_gone);
-  RETURN_IF_ERROR(CheckSocketOwner(o.socket));
+  RETURN_IF_ERROR(CheckDefaultSocketOwner(o.socket));
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_ENABLE_RETRIES, 0);
   channel_ = grpc::CreateCustomChannel(absl::StrCat("unix:", o.socket),

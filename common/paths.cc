@@ -65,4 +65,9 @@ absl::Status CheckSocketOwner(const std::string& socket_path) {
   return absl::OkStatus();
 }
 
+absl::Status CheckDefaultSocketOwner(const std::string& socket_path) {
+  if (socket_path != DefaultSocketPath()) return absl::OkStatus();
+  return CheckSocketOwner(socket_path);
+}
+
 }  // namespace muster

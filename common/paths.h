@@ -24,9 +24,14 @@ std::string ClientSocketPath();
 // write it, sticky (like /tmp) with the socket, when present, owned by the
 // caller or root. Else PermissionDenied naming the directory, its owner
 // and mode: another user may have made it to pose as musterd (the default
-// /tmp/muster-<uid> can be created by anyone first). musterd checks its
-// socket's directory before it listens, the clients before they connect.
+// /tmp/muster-<uid> can be created by anyone first).
 absl::Status CheckSocketOwner(const std::string& socket_path);
+
+// CheckSocketOwner when `socket_path` is DefaultSocketPath(), else OK: a
+// path the user named (MUSTER_SOCKET, --socket) is theirs to trust, e.g. a
+// daemon run by a service account. musterd checks before it listens, the
+// clients before they connect.
+absl::Status CheckDefaultSocketOwner(const std::string& socket_path);
 
 }  // namespace muster
 

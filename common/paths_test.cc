@@ -86,6 +86,9 @@ TEST_CASE("another user's socket directory, or one others may write, is refused"
   s = CheckSocketOwner(t.path + "/link/musterd.sock");
   CHECK(s.code() == absl::StatusCode::kPermissionDenied);
   CHECK(absl::StrContains(s.message(), "is not a directory"));
+
+  // Only the default path is checked: a path the user named is trusted.
+  CHECK(CheckDefaultSocketOwner(theirs + "/musterd.sock").ok());
 }
 
 }  // namespace

@@ -53,7 +53,7 @@ absl::StatusOr<std::unique_ptr<SocketLock>> SocketLock::Acquire(const std::strin
                      " bytes; unix sockets allow ", sizeof(sockaddr_un::sun_path) - 1));
   }
   RETURN_IF_ERROR(MakeParentDirs(socket_path));
-  RETURN_IF_ERROR(CheckSocketOwner(socket_path));
+  RETURN_IF_ERROR(CheckDefaultSocketOwner(socket_path));
   std::string lock_path = socket_path + ".lock";
   int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoToStatus(errno, absl::StrCat("cannot open lock file ", lock_path));

@@ -284,32 +284,6 @@ TEST_CASE("idle gRPC connections, authenticated or not, are closed after --grpc-
   CHECK(DaemonStatus(daemon->socket_path()).pid() == daemon->pid());
 }
 
-TEST_CASE("a socket directory another user made is refused by musterd and musterctl") {
-  // The default /tmp/muster-<uid> can be made first by anyone: a victim's
-  // musterctl then talked to the attacker's daemon.
-  if (::geteuid() != 0) {
-    WARN("SKIPPED: needs root to give a directory to another user");
-    return;
-  }
-  TempDir dir;
-  const std::string theirs = dir.File("theirs");
-  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
-  REQUIRE(::chown(theirs.c_str(), 12345, 12345) == 0);
-  const std::string socket = theirs + "/musterd.sock";
-  auto daemon =
-      Run({RunfilePath("daemon/musterd"), "--socket=" + socket, "--store-port=0", "--grpc-port=0"},
-          {}, absl::Seconds(20));
-  REQUIRE(daemon.ok());
-  INFO(daemon->err);
-  CHECK(daemon->exit.code != 0);
-  CHECK(absl::StrContains(daemon->err, "belongs to uid 12345"));
-  auto ctl = Run({RunfilePath("tools/musterctl"), "--socket=" + socket, "status"});
-  REQUIRE(ctl.ok());
-  INFO(ctl->err);
-  CHECK(ctl->exit.code == 2);
-  CHECK(absl::StrContains(ctl->err, "refusing the musterd socket " + socket));
-}
-
 TEST_CASE("malformed requests are INVALID_ARGUMENT") {
   auto daemon = StartDaemon();
   grpc::GenericStub stub(UnixChannel(daemon->socket_path()));
@@ -405,6 +379,43 @@ const v1::JobInfo* FindJob(const std::vector<v1::JobInfo>& jobs, const std::stri
     if (j.job_id() == id) return &j;
   }
   return nullptr;
+}
+
+TEST_CASE("a default socket directory another user made is refused by musterd and musterctl") {
+  // A user's default socket directory ($XDG_RUNTIME_DIR/muster, else
+  // /tmp/muster-<uid>) can be made first by another user: the victim's
+  // musterctl then talked to the attacker's daemon. Here the victim is
+  // nobody, the attacker uid 12345.
+  if (::geteuid() != 0 || ::access("/usr/bin/setpriv", X_OK) != 0) {
+    WARN("SKIPPED: needs root and setpriv to run as nobody");
+    return;
+  }
+  SharedDir shared;
+  const std::string musterd = shared.Copy("daemon/musterd", "musterd");
+  const std::string musterctl = shared.Copy("tools/musterctl", "musterctl");
+  const std::string runtime = shared.path + "/run-nobody";
+  const std::string theirs = runtime + "/muster";
+  REQUIRE(::mkdir(runtime.c_str(), 0700) == 0);
+  REQUIRE(::chown(runtime.c_str(), 65534, 65534) == 0);
+  REQUIRE(::mkdir(theirs.c_str(), 0755) == 0);
+  REQUIRE(::chown(theirs.c_str(), 12345, 12345) == 0);
+  const std::map<std::string, std::string> env = {{"XDG_RUNTIME_DIR", runtime},
+                                                  {"MUSTER_SOCKET", ""}};
+  auto daemon = Run(AsNobody({musterd, "--store-port=0", "--grpc-port=0"}), env, absl::Seconds(20));
+  REQUIRE(daemon.ok());
+  INFO(daemon->err);
+  CHECK(daemon->exit.code != 0);
+  CHECK(absl::StrContains(daemon->err, "belongs to uid 12345"));
+  auto ctl = Run(AsNobody({musterctl, "status"}), env);
+  REQUIRE(ctl.ok());
+  INFO(ctl->err);
+  CHECK(ctl->exit.code == 2);
+  CHECK(absl::StrContains(ctl->err, "refusing the musterd socket " + theirs + "/musterd.sock"));
+  // A socket the user names is the user's to trust (a service account's
+  // daemon): no refusal, only "nobody answers".
+  auto named = Run(AsNobody({musterctl, "--socket=" + theirs + "/service.sock", "status"}), env);
+  REQUIRE(named.ok());
+  CHECK_FALSE(absl::StrContains(named->err, "refusing the musterd socket"));
 }
 
 TEST_CASE("a user sees and aborts only the jobs of its own user; root sees and aborts all") {

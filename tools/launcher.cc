@@ -209,7 +209,7 @@ class Launcher {
   // Uses a running musterd, or starts an embedded one.
   bool PrepareDaemon() {
     std::string socket = o_.socket.empty() ? ClientSocketPath() : o_.socket;
-    if (absl::Status s = CheckSocketOwner(socket); !s.ok()) {
+    if (absl::Status s = CheckDefaultSocketOwner(socket); !s.ok()) {
       Say(std::string(s.message()));
       return false;
     }

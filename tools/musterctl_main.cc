@@ -1028,7 +1028,7 @@ int main(int argc, char** argv) {
   options.target.address = address;
   options.target.socket_path = socket_path.empty() ? muster::ClientSocketPath() : socket_path;
   if (address.empty()) {
-    if (absl::Status s = muster::CheckSocketOwner(options.target.socket_path); !s.ok()) {
+    if (absl::Status s = muster::CheckDefaultSocketOwner(options.target.socket_path); !s.ok()) {
       std::fprintf(stderr, "musterctl: %s\n", std::string(s.message()).c_str());
       return 2;
     }
