@@ -50,7 +50,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     if (fd < 0) continue;
     int one = 1;
     ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd, 16) != 0) {
+    if (::bind(fd, a->ai_addr, a->ai_addrlen) != 0 ||
+        ::listen(fd, 2 * static_cast<int>(kMaxConnections)) != 0) {
       why = std::strerror(errno);
       ::close(fd);
       fd = -1;
@@ -140,10 +141,14 @@ void MetricsServer::Accept(std::vector<Connection>* conns) {
     int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     if (fd < 0) return;
     if (conns->size() >= kMaxConnections) {
-      // Full: the oldest goes, so that clients holding connections open
-      // cannot keep a scrape out.
-      ::close(conns->front().fd);
-      conns->erase(conns->begin());
+      // Full: the oldest still sending its request goes (else the oldest),
+      // so that clients holding connections open cannot keep a scrape out,
+      // nor cut off one whose reply is on its way.
+      auto victim = std::find_if(conns->begin(), conns->end(),
+                                 [](const Connection& c) { return c.reply.empty(); });
+      if (victim == conns->end()) victim = conns->begin();
+      ::close(victim->fd);
+      conns->erase(victim);
     }
     Connection c;
     c.fd = fd;

@@ -5,7 +5,8 @@
 // One thread serves up to kMaxConnections connections at once (poll); a
 // client has 5 s to send its request (at most 8 KiB of it) and 5 s more to
 // take the reply, and when all are taken a new connection closes the
-// oldest, so clients that hold connections open cannot keep a scrape out.
+// oldest one still sending its request, so clients that hold connections
+// open cannot keep a scrape out.
 //
 // Thread-safety: Start and the destructor from one thread; `render` runs on
 // the server's thread.
