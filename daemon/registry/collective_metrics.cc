@@ -99,9 +99,11 @@ void CollectiveMetrics::SweepOne(Tracked& t) {
         if (lost > 0) --lost;  // counted earlier, not lost
         f = ring.finished.erase(f);
       }
-      // Saturated: the ring's header is the rank's to write.
-      uint64_t& missed = missed_[CollectiveBackendLabel(t.backend, 0)];
-      missed += std::min(lost, UINT64_MAX - missed);
+      if (lost > 0) {
+        // Saturated: the ring's header is the rank's to write.
+        uint64_t& missed = missed_[CollectiveBackendLabel(t.backend, 0)];
+        missed += std::min(lost, UINT64_MAX - missed);
+      }
       ring.cursor = range.oldest;
     }
     if (ring.cursor > range.next) continue;  // nothing new (or a header moved back)

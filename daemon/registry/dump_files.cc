@@ -1,6 +1,7 @@
 #include "daemon/registry/dump_files.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -10,8 +11,33 @@
 
 #include "absl/strings/match.h"
 #include "common/logging.h"
+#include "common/status_macros.h"
 
 namespace muster {
+
+absl::Status WriteDump(const std::string& dir, const std::string& path, const std::string& text,
+                       int64_t owner_uid) {
+  ::mkdir(dir.c_str(), 0711);
+  const std::string tmp = path + ".tmp";
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0) return ErrnoToStatus(errno, "create " + tmp);
+  if (owner_uid > 0 && ::geteuid() == 0) {
+    (void)!::fchown(fd, static_cast<uid_t>(owner_uid), static_cast<gid_t>(-1));
+  }
+  absl::Status s;
+  for (size_t done = 0; s.ok() && done < text.size();) {
+    ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) s = ErrnoToStatus(errno, "write " + tmp);
+    if (n > 0) done += static_cast<size_t>(n);
+  }
+  if (::close(fd) != 0 && s.ok()) s = ErrnoToStatus(errno, "close " + tmp);
+  if (s.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
+    s = ErrnoToStatus(errno, "rename " + tmp + " to " + path);
+  }
+  if (!s.ok()) ::unlink(tmp.c_str());
+  return s;
+}
 
 int PruneDumps(const std::string& dir, uint64_t max_bytes) {
   struct Dump {

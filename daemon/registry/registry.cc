@@ -112,7 +112,6 @@ void Registry::ReapLoop() {
   absl::MutexLock lock(&mu_);
   while (!mu_.AwaitWithTimeout(absl::Condition(&stopping_), period)) {
     std::vector<std::shared_ptr<JobCoordinator>> removed;
-    std::vector<std::function<void()>> answers;  // run after the lock
     absl::Time now = absl::Now();
     // Groups a member broke itself (a collective timed out, a desync): the
     // segment says so; musterd learns it here and keeps the evidence.
@@ -139,8 +138,6 @@ void Registry::ReapLoop() {
       MLOG(INFO) << "job " << job.id << ": removed, " << absl::FormatDuration(now - job.idle_since)
                  << " after its last rank on this daemon left or failed";
       ReleaseSegments(job, "the job was removed");
-      TakeWaiters(job, absl::AbortedError(absl::StrCat("job '", job.id, "' was removed")),
-                  &answers);
       for (const auto& [r, rec] : job.ranks) {
         if (!rec.session_id.empty()) sessions_.erase(rec.session_id);
       }
@@ -150,29 +147,12 @@ void Registry::ReapLoop() {
       }
       it = jobs_.erase(it);
     }
-    if (removed.empty() && answers.empty()) continue;
+    if (removed.empty()) continue;
     // Destroying a coordinator joins its failure watcher, whose callback
-    // takes mu_; answers complete RPCs: never under the lock.
+    // takes mu_: never under the lock.
     mu_.Unlock();
-    for (auto& answer : answers) answer();
     removed.clear();
     mu_.Lock();
-  }
-}
-
-void Registry::TakeWaiters(Job& job, const absl::Status& why,
-                           std::vector<std::function<void()>>* answers) {
-  for (auto& [name, g] : job.groups) {
-    for (auto& [r, d] : g.waiting) {
-      answers->push_back([d = std::move(d), why] { d(why); });
-    }
-    g.waiting.clear();
-    for (auto& [sequence, b] : g.barriers) {
-      for (auto& [r, d] : b.waiting) {
-        answers->push_back([d = std::move(d), why] { d(why); });
-      }
-    }
-    g.barriers.clear();
   }
 }
 
@@ -621,12 +601,13 @@ void Registry::Leave(const std::string& session_id) {
     RemoteRank holder{it->first, it->second.info.host(), it->second.info.pid(), daemon_id_,
                       control_address_};
     // (Shutdown took the coordinators: nothing is recorded any more.)
-    if (coordinator != nullptr)
+    if (coordinator != nullptr) {
       Spawn(WorkerPool::Kind::kShort, [coordinator, holder] {
         if (absl::Status s = coordinator->MarkGone(holder); !s.ok()) {
           MLOG(WARNING) << "cannot record that rank " << holder.rank << " left: " << s.message();
         }
       });
+    }
     if (observer_ != nullptr) observer_->RankGone(job->id, it->first);
     InterruptWaits(*job);
   }
@@ -1954,39 +1935,24 @@ void Registry::DumpGroup(Job& job, Group& g, const std::string& reason) {
   const std::string dir = options_.dump_dir;
   const int64_t owner = job.owner_uid;
   const uint64_t max_bytes = options_.dump_max_bytes;
-  Spawn(WorkerPool::Kind::kBlocking,
-        [source = std::move(source), reason, path, dir, owner, max_bytes] {
-          // The members learn of the break through the segment within
-          // microseconds; give them a moment to record how their collective in
-          // flight ended.
-          absl::SleepFor(absl::Milliseconds(200));
-          std::string text = TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason,
-                                           absl::GetCurrentTimeNanos());
-          // Another user's job is not anyone's to read: the directory lists
-          // nothing to others, a dump belongs to the job's user (mode 0600).
-          ::mkdir(dir.c_str(), 0711);
-          std::string tmp = absl::StrCat(path, ".tmp");
-          int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-          if (fd >= 0 && owner >= 0 && ::geteuid() == 0 && static_cast<uid_t>(owner) != 0) {
-            (void)!::fchown(fd, static_cast<uid_t>(owner), static_cast<gid_t>(-1));
-          }
-          FILE* f = fd >= 0 ? ::fdopen(fd, "w") : nullptr;
-          if (f == nullptr && fd >= 0) ::close(fd);
-          bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-          if (f != nullptr) ok = std::fclose(f) == 0 && ok;
-          if (ok) ok = std::rename(tmp.c_str(), path.c_str()) == 0;
-          if (!ok) {
-            MLOG(WARNING) << "group '" << source.group.name() << "' of job "
-                          << source.group.job_id() << ": cannot write its flight recorder to "
-                          << path << ": " << std::strerror(errno);
-            std::remove(tmp.c_str());
-            return;
-          }
-          MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
-                        << " broke (" << reason << "): flight recorder of its "
-                        << source.group.ranks_size() << " local member(s) written to " << path;
-          PruneDumps(dir, max_bytes);
-        });
+  Spawn(WorkerPool::Kind::kBlocking, [source = std::move(source), reason, path, dir, owner,
+                                      max_bytes] {
+    // The members learn of the break through the segment within
+    // microseconds; give them a moment to record how their collective
+    // in flight ended.
+    absl::SleepFor(absl::Milliseconds(200));
+    std::string text =
+        TraceDumpJson(ReadRecords(source, 0, std::nullopt), reason, absl::GetCurrentTimeNanos());
+    if (absl::Status s = WriteDump(dir, path, text, owner); !s.ok()) {
+      MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
+                    << ": cannot write its flight recorder: " << s.message();
+      return;
+    }
+    MLOG(WARNING) << "group '" << source.group.name() << "' of job " << source.group.job_id()
+                  << " broke (" << reason << "): flight recorder of its "
+                  << source.group.ranks_size() << " local member(s) written to " << path;
+    PruneDumps(dir, max_bytes);
+  });
 }
 
 void Registry::DumpIfAborted(Job& job, Group& g) {

@@ -386,11 +386,6 @@ class Registry {
   static absl::Status Authorize(const Job& job, const Caller& who);
   // Starts the job's grace period if no local rank is alive or joining.
   void NoteIfIdle(Job& job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Moves the answers owed to the job's pending formations and barriers
-  // into `answers` (each calls its callback with `why`), to run after mu_.
-  static void TakeWaiters(Job& job, const absl::Status& why,
-                          std::vector<std::function<void()>>* answers)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Removes jobs idle for longer than job_grace, until Shutdown.
   void ReapLoop();
   // Sweeps the recorders into collective_metrics_ every

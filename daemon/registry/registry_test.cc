@@ -708,6 +708,22 @@ TEST_CASE("Trace reads the members' rings; an aborted group's recorder is dumped
   CHECK(jobs[0].dumps(0) == path);
 }
 
+TEST_CASE("a job removed while a formation waits answers the waiter") {
+  // Its rank leaving ends the wait before the job is removed: no
+  // completion is dropped with the job.
+  Fixture f("", nullptr, nullptr, "node-a", Fixture::kNodeCpus,
+            [](RegistryOptions* o) { o->job_grace = absl::Milliseconds(50); });
+  REQUIRE(f.Register(0, 2).ok());
+  Result<absl::StatusOr<v1::GroupInfo>> pending;
+  f.registry->CreateGroup(f.Group(0, {0, 1}, "g", absl::Seconds(60)), f.caller,
+                          pending.callback());  // rank 1 never comes
+  f.registry->Leave(f.sessions[0]);             // the job is idle, then removed
+  const absl::StatusOr<v1::GroupInfo>& answer = pending.Await();
+  INFO(answer.status().ToString());
+  CHECK(answer.status().code() == absl::StatusCode::kAborted);
+  CHECK(Eventually([&] { return f.registry->ListJobs(f.caller).empty(); }));
+}
+
 TEST_CASE("a group its ranks destroy right after their collective timed out is still dumped") {
   // Before: the reaper looks for aborted segments once a second; ranks that
   // exited at once destroyed the group first, and no recorder was written.
