@@ -300,9 +300,10 @@ absl::Status StoreLog::Replay(KvStore* store, RecoveryStats* stats, bool recover
       }
       break;
     }
-    if (!recover)
+    if (!recover) {
       return CorruptAt(data, pos, state == RecordState::kIncomplete, next, damaged_length,
                        stats->records);
+    }
     size_t skip_to = next == std::string::npos ? data.size() : next;
     MLOG(WARNING) << "store log " << path_ << ": --store-recover: skipping " << skip_to - pos
                   << " damaged bytes at offset " << pos;

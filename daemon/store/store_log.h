@@ -29,10 +29,12 @@
 // file, or the rest of the file is zero bytes) and no verifiable record
 // follows it. Anything else is corruption, including a complete last record
 // with a bad CRC, and a whole last record whose length field was damaged
-// (its payload's own lengths give a shorter record the CRC matches): Open fails with DataLoss
-// naming the file, P, the bytes after P and the verifiable records among them. With `recover`, Open
-// keeps the original as store.log.corrupt-<UTC time> (hard link, else a copy), loads every
-// verifiable record (skipping damaged bytes), and writes a clean log in its place.
+// (its payload's own lengths give a shorter record the CRC matches): Open
+// fails with DataLoss naming the file, P, the bytes after P and the
+// verifiable records among them. With `recover`, Open keeps the original as
+// store.log.corrupt-<UTC time> (hard link, else a copy), loads every
+// verifiable record (skipping damaged bytes), and writes a clean log in its
+// place.
 //
 // Compaction rewrites the live contents to a new file and renames it over
 // the log once the log is more than twice the live data (and more than
