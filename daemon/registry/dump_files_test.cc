@@ -1,5 +1,6 @@
-// PruneDumps keeps the newest dumps that fit, removes the oldest first, and
-// leaves other files alone.
+// WriteDump writes a dump only the job's user reads, refusing a symlink in
+// its way; PruneDumps keeps the newest dumps that fit, removes the oldest
+// first, and leaves other files alone.
 #include "daemon/registry/dump_files.h"
 
 #include <sys/stat.h>
@@ -9,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <string>
 
 namespace muster {
@@ -38,6 +40,33 @@ TEST_CASE("the oldest dumps go until the rest fit; other files stay") {
   CHECK(std::filesystem::exists(dir + "/notes.txt"));
   CHECK(PruneDumps(dir + "/absent", 0) == 0);
   std::filesystem::remove_all(dir);
+}
+
+TEST_CASE("a dump is the job's user's alone, and a symlink in its way is not followed") {
+  char tmpl[] = "/tmp/muster-dumps-XXXXXX";
+  const std::string root = ::mkdtemp(tmpl);
+  const std::string dir = root + "/dumps";
+  const std::string path = dir + "/trace-job-g-e0-1.json";
+  REQUIRE(WriteDump(dir, path, "{}", 12345).ok());
+  struct stat st;
+  REQUIRE(::stat(dir.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0711);
+  REQUIRE(::stat(path.c_str(), &st) == 0);
+  CHECK((st.st_mode & 0777) == 0600);
+  if (::geteuid() == 0) CHECK(st.st_uid == 12345u);
+  CHECK_FALSE(std::filesystem::exists(path + ".tmp"));
+  // Someone who could write the folder left a symlink where the temporary
+  // file goes: the dump fails instead of writing through it.
+  const std::string victim = root + "/victim";
+  std::ofstream(victim) << "keep";
+  const std::string second = dir + "/trace-job-g-e0-2.json";
+  REQUIRE(::symlink(victim.c_str(), (second + ".tmp").c_str()) == 0);
+  absl::Status s = WriteDump(dir, second, "overwritten?", -1);
+  CHECK_FALSE(s.ok());
+  std::ifstream in(victim);
+  std::string kept((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(kept == "keep");
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
